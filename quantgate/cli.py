@@ -17,6 +17,8 @@ app = typer.Typer(
 
 # --- sub-commands: each capability registers its own here (one line each) ---
 # (registrations below)
+from quantgate.cli_models import models_app as _models  # noqa: E402
+app.add_typer(_models, name="models")
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""Adapters around the vLLM serving environment: launcher, environment lookup, server process manager."""

