@@ -48,7 +48,7 @@ def read_yaml(path: Path) -> tuple[Any, dict[tuple, int]]:
     return data, (_line_index(node) if node is not None else {})
 
 
-def validation_error(path: Path, exc: ValidationError, lines: dict[tuple, int]) -> ConfigError:
+def validation_error(path: Path, exc: ValidationError, lines: dict[tuple, int], schema: str = "") -> ConfigError:
     """Turn a pydantic error into one ConfigError listing every problem with its line."""
     problems = []
     for err in exc.errors():
@@ -59,7 +59,7 @@ def validation_error(path: Path, exc: ValidationError, lines: dict[tuple, int]) 
         problems.append(f"{path}:{line or '?'} field '{field}': {err['msg']}")
     first = problems[0].split(": ", 1)
     rest = "".join(f"\n  {p}" for p in problems[1:])
-    return ConfigError(first[1] + rest, where=first[0], fix="edit the field(s) named above; see the schema in the model's docstring")
+    return ConfigError(first[1] + rest, where=first[0], fix=f"edit the field(s) named above{f' (schema: {schema})' if schema else ''}")
 
 
 def load_model(path: Path | str, model: type[M], **context: Any) -> M:
@@ -71,4 +71,4 @@ def load_model(path: Path | str, model: type[M], **context: Any) -> M:
     try:
         return model.model_validate(data, context={"path": path, **context})
     except ValidationError as exc:
-        raise validation_error(path, exc, lines) from None
+        raise validation_error(path, exc, lines, f"{model.__module__}.{model.__name__}") from None

@@ -1,0 +1,23 @@
+# The README's two commands. Each sets up what it needs first (idempotent: a second run re-uses it all).
+#   make demo   run the demo release of the bundled model (SmolLM2-135M) on this machine
+#   make test   run the test suite (unit + real-component tests: real model, llmcompressor, vLLM, Prefect)
+SHELL := /bin/bash
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup model clean-envs
+
+demo: setup model
+	.venv/bin/quantgate release releases/demo.yaml
+
+test: setup model
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+setup:
+	scripts/setup.sh all
+
+model: setup
+	.venv/bin/quantgate models demo >/dev/null
+
+clean-envs:
+	rm -rf "$${QUANTGATE_HOME:-$$HOME/.cache/quantgate}/envs" .venv .venv-serve
