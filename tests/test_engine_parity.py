@@ -1,0 +1,29 @@
+"""Engine parity against real servers: FP32 vLLM matches transformers; BF16 vLLM on this CPU does not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from quantgate.engine_parity import run_parity
+
+
+@pytest.mark.slow
+def test_parity_passes_on_a_correct_server(demo_model, vllm_server, tmp_path):
+    with vllm_server(demo_model, name="demo") as srv:
+        report = run_parity(demo_model, srv.base_url, srv.api_key, "demo", tmp_path, dtype="float32")
+    assert report.verdict == "pass", report.reason
+    saved = json.loads((tmp_path / "parity.json").read_text())
+    assert saved["template_mismatch"] == [] and "Paris" in saved["texts"]["capital"]["served"]
+
+
+@pytest.mark.slow
+def test_parity_fails_on_a_server_whose_outputs_differ(demo_model, vllm_server, tmp_path):
+    # vLLM 0.32 CPU with BF16 activations gives different text for this model (seen here, eager and compiled);
+    # the reference runs in FP32, so the check must call it an engine problem.
+    args = ["--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "2048"]
+    with vllm_server(demo_model, name="demo", args=args) as srv:
+        report = run_parity(demo_model, srv.base_url, srv.api_key, "demo", tmp_path, dtype="float32")
+    assert report.verdict == "fail"
+    assert report.reason.startswith("engine problem") and report.agree_share < 0.9
