@@ -1,0 +1,267 @@
+"""Quantize adapter: bad input refused before any child/model load; finished outputs only; reuse; the AWQ-on-CPU
+workaround; and (slow) real quantization of the demo model to the four schemes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from quantgate.calibration import CalibrationSpec
+from quantgate.errors import ConfigError, QuantgateError
+from quantgate.quant_runner import needs_pin_memory_workaround
+from quantgate.recipes import dump_recipe, load_recipe, quant_settings
+from quantgate.quantize import MANIFEST, QuantizeRequest, _clean_stale, plan, quantize, reusable
+
+from _quant_fixtures import llama
+
+
+@pytest.fixture
+def no_child(monkeypatch):
+    """Fail the test if anything tries to start the quantization child (i.e. load a model)."""
+    def refuse(*a, **k):
+        raise AssertionError("a child process was started")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    folder = llama(tmp_path / "tiny", hidden=576, inter=1536)
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    return folder
+
+
+def req(model, tmp_path, **kw) -> QuantizeRequest:
+    return QuantizeRequest(model=model, out=tmp_path / "out", **({"scheme": "w4a16-gptq"} | kw))
+
+
+@pytest.mark.parametrize(
+    "kwargs, expect",
+    [
+        ({"scheme": "fp8-dynamic", "hardware": "a100"}, ["a100", "int8-w8a8", "w4a16-gptq", "h100"]),  # names alternatives
+        ({"scheme": "w4a16-awq", "hardware": "ARM-CPU"}, ["int8-w8a8"]),
+        ({"scheme": "int4"}, ["unknown scheme", "w4a16-awq"]),
+        ({"scheme": "fp8-dynamic", "hardware": "tpu9"}, ["unknown hardware", "h100"]),
+    ],
+)
+def test_refused_before_any_model_load(no_child, tiny, tmp_path, kwargs, expect):
+    with pytest.raises(QuantgateError) as err:
+        quantize(req(tiny, tmp_path, **kwargs))
+    assert all(e in err.value.render() for e in expect), err.value.render()
+    assert not (tmp_path / "out").exists()
+
+
+def test_invalid_recipe_and_bad_calibration_refused(no_child, tiny, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("quant_stage:\n  quant_modifiers:\n    GPTQModifier: {targets: [Linear]}\n")
+    with pytest.raises(ConfigError, match="neither `scheme` nor `config_groups`"):
+        quantize(req(tiny, tmp_path, recipe=bad))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="no records"):
+        quantize(req(tiny, tmp_path, calibration=CalibrationSpec(path=empty)))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "fine"}\n{"text": \n')
+    with pytest.raises(ConfigError, match=f"{broken}:2"):
+        quantize(req(tiny, tmp_path, calibration=CalibrationSpec(path=broken)))
+
+
+def test_chat_records_need_a_chat_template(no_child, tiny, tmp_path):
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    (tiny / "chat_template.jinja").unlink()
+    with pytest.raises(QuantgateError, match="no chat template"):
+        quantize(req(tiny, tmp_path, calibration=CalibrationSpec(path=chat)))
+
+
+def test_data_free_scheme_refuses_calibration_data(no_child, tiny, tmp_path):
+    with pytest.raises(QuantgateError, match="data-free"):
+        plan(req(tiny, tmp_path, scheme="fp8-dynamic", calibration=CalibrationSpec(path=tmp_path / "x.jsonl")))
+
+
+def test_plan_resolves_recipe_and_key_changes_with_inputs(tiny, tmp_path):
+    a = plan(req(tiny, tmp_path))
+    assert a.preflight.group_size == 64 and "group_size: 64" in a.recipe_text
+    assert a.calibration is not None and len(a.calibration.records) == a.scheme.calibration.samples
+    assert plan(req(tiny, tmp_path)).key == a.key
+    assert plan(req(tiny, tmp_path, calibration=CalibrationSpec(samples=8))).key != a.key
+    assert plan(req(tiny, tmp_path, scheme="w4a16-awq")).key != a.key
+    (tiny / "config.json").write_text((tiny / "config.json").read_text().replace("1000", "1001"))
+    assert plan(req(tiny, tmp_path)).key != a.key  # the source hash covers every file
+
+
+def test_reuse_only_for_a_complete_output_with_the_same_key(tmp_path):
+    out = tmp_path / "out"
+    assert reusable(out, "k") is None
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"x" * 10)
+    assert reusable(out, "k") is None  # no manifest: not finished
+    (out / MANIFEST).write_text(json.dumps({"key": "k", "files": {"model.safetensors": 10}}))
+    assert reusable(out, "k")["key"] == "k"
+    assert reusable(out, "other") is None
+    (out / "model.safetensors").write_bytes(b"x" * 9)
+    assert reusable(out, "k") is None  # a file changed since
+
+
+def test_existing_output_from_other_inputs_is_not_replaced_silently(no_child, tiny, tmp_path):
+    (tmp_path / "out").mkdir()
+    with pytest.raises(QuantgateError, match="--overwrite"):
+        quantize(req(tiny, tmp_path))
+
+
+def test_stale_partial_folders_of_dead_runs_are_removed(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".out.partial-{dead.pid}-abcd1234"
+    live = tmp_path / f".out.partial-{os.getpid()}-abcd1234"
+    stale.mkdir()
+    live.mkdir()
+    _clean_stale(tmp_path / "out")
+    assert not stale.exists() and live.exists()
+
+
+def test_a_killed_child_leaves_no_output(tiny, tmp_path):
+    with pytest.raises(QuantgateError, match="ran past 1 s"):
+        quantize(req(tiny, tmp_path, scheme="fp8-dynamic"), timeout_s=1)
+    assert list(tmp_path.iterdir()) == [tiny]  # no out, no partial or work folder
+
+
+def test_an_interrupted_parent_takes_the_child_down(tiny, tmp_path, monkeypatch):
+    started, real = [], subprocess.Popen
+
+    def record(*a, **k):
+        started.append(real(*a, **k))
+        return started[-1]
+
+    class Interrupt(Exception):
+        pass
+
+    def boom(*_):
+        raise Interrupt()
+
+    monkeypatch.setattr(subprocess, "Popen", record)
+    old = signal.signal(signal.SIGUSR1, boom)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        with pytest.raises(Interrupt):
+            quantize(req(tiny, tmp_path, scheme="fp8-dynamic"))
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, old)
+    assert started and started[0].poll() is not None  # the child is gone, not orphaned
+    assert list(tmp_path.iterdir()) == [tiny]
+
+
+@pytest.mark.slow
+def test_a_crashing_child_reports_its_log_and_leaves_no_output(tiny, tmp_path):
+    # the synthetic checkpoint has no tokenizer and no weights: the child fails after starting up
+    with pytest.raises(QuantgateError) as err:
+        quantize(req(tiny, tmp_path, scheme="fp8-dynamic"))
+    assert "child failed" in err.value.render() and "last lines of the log" in err.value.render()
+    assert list(tmp_path.iterdir()) == [tiny]
+
+
+@pytest.mark.slow
+def test_recipe_arguments_llmcompressor_rejects_are_refused_before_the_model_loads(demo_model, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n"
+                   "      scheme: FP8_DYNAMIC\n      ignore: [lm_head]\n      no_such_argument: 1\n")
+    with pytest.raises(QuantgateError) as err:
+        quantize(QuantizeRequest(model=demo_model, scheme="fp8-dynamic", recipe=bad, out=tmp_path / "out"))
+    assert "refused the recipe before loading the model" in err.value.render()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "version, accel, patch",
+    [("0.14.0.1", False, True), ("0.14.0.1", True, False), ("0.15.0", False, False), ("0.13.0", False, False)],
+)
+def test_pin_memory_workaround_is_narrow(version, accel, patch):
+    assert needs_pin_memory_workaround(version, accel) is patch
+
+
+@pytest.mark.slow
+def test_pin_memory_bug_and_workaround_on_this_machine(monkeypatch):
+    torch = pytest.importorskip("torch")
+    if torch.accelerator.is_available():
+        pytest.skip("the upstream bug only shows without an accelerator")
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    from quantgate.quant_runner import pin_memory_workaround
+
+    monkeypatch.setattr(IntermediatesCache, "pin_memory", IntermediatesCache.pin_memory)  # restored after the test
+    cache = IntermediatesCache.empty(1, torch.device("cpu"))
+    cache.update(0, {"x": torch.ones(4)})
+    with pytest.raises(RuntimeError, match="accelerator"):
+        cache.pin_memory(0)  # the upstream failure FIELD_NOTES describes; if this stops failing, drop the workaround
+    assert "0.14.0.1" in pin_memory_workaround()
+    cache.pin_memory(0)
+    assert torch.equal(cache.fetch(0)["x"], torch.ones(4))
+
+
+# --- real quantization of the demo model (small calibration so the four take a few minutes on 2 cores) ---------
+
+SCHEMES = {  # scheme -> (weights num_bits, weights type, group size, activations quantized?)
+    "fp8-dynamic": (8, "float", None, True),
+    "int8-w8a8": (8, "int", None, True),
+    "w4a16-gptq": (4, "int", 64, False),
+    "w4a16-awq": (4, "int", 64, False),
+}
+
+
+def demo_request(model, root, scheme: str) -> QuantizeRequest:
+    hw = "h100" if scheme == "fp8-dynamic" else "x86-cpu"
+    return QuantizeRequest(model=model, scheme=scheme, out=root / scheme, hardware=hw,
+                           calibration=CalibrationSpec(samples=16, max_seq_length=128))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # minutes on 2 idle cores; much longer when other jobs share them
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_demo_model_quantized(demo_model, tmp_path, scheme):
+    res = quantize(demo_request(demo_model, tmp_path, scheme))
+    assert not res.reused
+    bits, kind, group, acts = SCHEMES[scheme]
+    out = res.out
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert cfg["quant_method"] == "compressed-tensors"
+    (grp,) = cfg["config_groups"].values()
+    assert (grp["weights"]["num_bits"], grp["weights"]["type"], grp["weights"]["group_size"]) == (bits, kind, group)
+    assert (grp["input_activations"] is not None) is acts
+    assert "lm_head" in cfg["ignore"]
+    assert (out / "tokenizer.json").is_file() and (out / "recipe_resolved.yaml").is_file()
+    applied = load_recipe(out / "recipe.yaml")  # plain YAML in llmcompressor's grammar, as applied
+    assert dump_recipe(applied) == json.loads((out / MANIFEST).read_text())["recipe_applied"]
+    if group:
+        assert quant_settings(applied)["group_sizes"] == [group]
+    m = json.loads((out / MANIFEST).read_text())
+    src = m["source"]["weights_bytes"]
+    limit = 0.65 if bits == 8 else 0.45  # embeddings (tied, 57 MB) stay BF16
+    assert m["weights_bytes"] < limit * src and m["compression_ratio"] > 1 / limit
+    assert m["scheme"] == scheme and m["source"]["sha256"] and m["versions"]["llmcompressor"] == "0.14.0.1"
+    assert m["timings_s"]["wall"] > 0 and m["size_on_disk_bytes"] >= m["weights_bytes"]
+    if scheme != "fp8-dynamic":
+        assert m["calibration"]["samples"] == 16 and m["calibration"]["max_seq_length"] == 128
+    import torch
+
+    # only AWQ reaches the pinning, and only a machine without an accelerator needs the workaround
+    assert bool(m["workarounds"]) is (scheme == "w4a16-awq" and not torch.accelerator.is_available())
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folders left
+
+
+@pytest.mark.slow
+def test_same_inputs_reuse_the_artifact(demo_model, tmp_path, monkeypatch):
+    first = quantize(demo_request(demo_model, tmp_path, "fp8-dynamic"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("recomputed instead of reused"))
+    t = time.perf_counter()
+    again = quantize(demo_request(demo_model, tmp_path, "fp8-dynamic"))
+    assert again.reused and again.manifest["key"] == first.manifest["key"]
+    assert time.perf_counter() - t < 10
