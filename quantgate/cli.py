@@ -17,6 +17,20 @@ app = typer.Typer(
 
 # --- sub-commands: each capability registers its own here (one line each) ---
 # (registrations below)
+from quantgate.cli_gate import gate as _gate; app.command("gate")(_gate)  # noqa: E402,E702
+from quantgate.cli_perf import perf as _perf, perf_compare as _perf_cmp  # noqa: E402
+app.command("perf")(_perf); app.command("perf-compare")(_perf_cmp)  # noqa: E702
+from quantgate.cli_release import release as _release  # noqa: E402
+app.command("release")(_release)
+from quantgate.cli_judge import judge_cmd as _judge, review_app as _review  # noqa: E402
+app.command("judge")(_judge); app.add_typer(_review, name="review")  # noqa: E702
+from quantgate.cli_recall import recall as _recall; app.command("recall")(_recall)  # noqa: E402,E702
+from quantgate.cli_eval import eval_cmd as _eval, compare_cmd as _compare  # noqa: E402
+app.command("eval")(_eval); app.command("compare")(_compare)  # noqa: E702
+from quantgate.cli_quant import schemes as _schemes, quantize as _quantize  # noqa: E402
+app.command("schemes")(_schemes); app.command("quantize")(_quantize)  # noqa: E702
+from quantgate.cli_plan import plan as _plan  # noqa: E402
+app.command("plan")(_plan)
 from quantgate.cli_models import models_app as _models  # noqa: E402
 app.add_typer(_models, name="models")
 

@@ -9,7 +9,9 @@
     eval_sets: [../eval_sets/default.jsonl]
     judge: ../judges/pairwise.md
     policy: policies/default.yaml
-    serving: {dtype: float32, max_model_len: 4096}
+    quantization: {calibration: {samples: 64, max_seq_length: 256}}
+    serving: {dtype: float32}
+    eval: {limit: 50}
 
 Relative paths are relative to the spec file's folder. Cross-field checks (the hardware exists and runs each
 scheme, referenced files exist) happen at load time and name the field and line.
@@ -22,21 +24,39 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from quantgate.calibration import CalibrationSpec
 from quantgate.errors import QuantgateError
+from quantgate.recipes import RecipeOverrides
 from quantgate.yamlconfig import load_model
 
 
 class ServingSpec(BaseModel):
-    """How vLLM serves every variant of this release. `python` overrides the serving environment."""
+    """How vLLM serves every variant. The parallel layout and CPU settings come from the planner; these override."""
 
     model_config = ConfigDict(extra="forbid")
 
-    python: Path | None = None
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    max_model_len: int = Field(4096, ge=256)
-    kv_cache_gib: float = Field(2.0, gt=0, description="CPU only: VLLM_CPU_KVCACHE_SPACE")
+    python: Path | None = Field(None, description="serving interpreter (default: $QUANTGATE_SERVE_PYTHON or .venv-serve)")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(None, description="None: the planner's choice")
+    replicas: int | None = Field(None, ge=1, description="required replicas (the planner's --replicas)")
     startup_timeout_s: float = Field(600.0, gt=0)
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to `vllm serve`")
+
+
+class QuantizationSpec(BaseModel):
+    """Recipe parameters and calibration data for the candidates (defaults: quant_recipes/schemes.yaml)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    overrides: dict[str, RecipeOverrides] = Field(default_factory=dict, description="scheme id -> recipe overrides")
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+
+
+class EvalSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int | None = Field(None, ge=1, description="first N samples of each set (CI subsets); None: all")
+    concurrency: int = Field(16, ge=1)
+    max_error_rate: float = Field(0.05, ge=0, le=1)
 
 
 def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
@@ -66,7 +86,9 @@ class ReleaseSpec(BaseModel):
     eval_sets: list[Path] = Field(default_factory=list)
     judge: Path | None = None
     policy: Path | None = None
+    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
     serving: ServingSpec = Field(default_factory=ServingSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
 
     @field_validator("eval_sets")
     @classmethod

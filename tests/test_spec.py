@@ -34,7 +34,7 @@ def test_demo_spec_loads_and_resolves_paths():
 
 def test_minimal_spec_gets_defaults(tmp_path):
     spec = load_spec(write(tmp_path, GOOD))
-    assert spec.nodes == 1 and spec.serving.max_model_len == 4096 and spec.eval_sets == []
+    assert spec.nodes == 1 and spec.serving.dtype is None and spec.eval.limit is None and spec.eval_sets == []
 
 
 def test_hardware_id_is_case_insensitive(tmp_path):

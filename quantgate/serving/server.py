@@ -153,6 +153,10 @@ class VLLMServer:
         if self.proc is None:
             return
         kill_tree(self.proc.pid)
+        try:  # whatever is left in the server's process group (e.g. workers orphaned by a killed API server)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         self.proc.wait(timeout=10)
         deadline = time.monotonic() + 30
         while not port_is_free(self.config.host, self.port) and time.monotonic() < deadline:
@@ -162,8 +166,38 @@ class VLLMServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def raise_if_dead(self) -> None:
+        """Turn a server that died under load into one clear error with its exit code and log tail."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise QuantgateError(
+                f"vLLM server for {self.config.model} died (exit code {self.proc.returncode}); last log lines:\n{log_tail(self.log_path)}",
+                where=str(self.log_path),
+                fix="read the log: out of memory, a crash in a kernel, or the process was killed",
+            )
+
     def __enter__(self) -> "VLLMServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def config_from_plan(plan, model: Path, name: str, *, replica: int = 0, dtype: str | None = None,
+                     extra_args: list[str] | None = None, python: Path | None = None, startup_timeout_s: float = 600.0) -> ServerConfig:
+    """Serve one replica of a planner Plan (quantgate.planner.Plan): its vLLM arguments and environment.
+
+    `dtype` replaces the plan's --dtype (e.g. a spec override); multi-node replicas need the multi-node manager.
+    """
+    rep = plan.replica_plans[replica]
+    if rep.multi_node is not None:
+        raise QuantgateError(f"replica {replica} spans {len(rep.nodes)} nodes", fix="serve it with the multi-node manager")
+    args = dict(plan.vllm_args)
+    if dtype:
+        args["--dtype"] = dtype
+    argv: list[str] = []
+    for flag, value in args.items():
+        if value is False:
+            continue
+        argv += [flag] if value is True else [flag, str(value)]
+    return ServerConfig(model=model, name=name, args=argv + list(extra_args or []), env=dict(rep.env), python=python,
+                        startup_timeout_s=startup_timeout_s)

@@ -1,0 +1,65 @@
+"""The release flow: a release spec in, evidence for every variant out (results/runs/<run-id>/).
+
+    spec -> model -> quantize each scheme -> for the baseline, then each candidate, one server at a time:
+              plan -> serve -> engine parity (baseline) -> eval every set (cached) -> stop
+         -> compare each candidate with the baseline -> summary (Markdown artifact + summary.json)
+
+Orchestration only: every step is a call into `quantgate`. Run it with `quantgate release SPEC`, as a Prefect
+deployment (prefect.yaml), or directly: `python flows/release.py releases/demo.yaml`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from quantgate import release as rel
+from quantgate.spec import ReleaseSpec, load_spec
+
+
+@task(retries=2, retry_delay_seconds=10, cache_policy=NO_CACHE)
+def prepare_model(spec: ReleaseSpec) -> Path:
+    """Catalogue id -> verified checkpoint (downloads are the transient part, hence the retries)."""
+    return rel.resolve_model(spec.model)
+
+
+@task(cache_policy=NO_CACHE)
+def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path) -> rel.Variant:
+    """llmcompressor in a child process; an artifact with the same inputs is reused."""
+    return rel.quantize_variant(spec, model_dir, scheme, run, log=get_run_logger().info)
+
+
+@task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parity: bool) -> rel.Evidence:
+    """Plan, serve, check the engine, answer every eval set, stop the server (cached evals skip the server)."""
+    return rel.serve_and_evaluate(spec, variant, run, parity=parity, log=get_run_logger().info)
+
+
+@task(cache_policy=NO_CACHE)
+def compare(baseline: rel.Evidence, candidate: rel.Evidence, run: Path) -> dict:
+    return rel.compare_variants(baseline, candidate, run)
+
+
+@flow(name="release", log_prints=True)
+def release(spec: str = "releases/demo.yaml", run_id: str | None = None) -> dict:
+    """Run a release spec to its evidence; returns the run summary (also results/runs/<run-id>/summary.json)."""
+    s = load_spec(spec)
+    run = rel.start_run(s, spec, run_id)
+    model_dir = prepare_model(s)
+    baseline = rel.baseline_variant(model_dir)
+    candidates = [quantize(s, model_dir, scheme, run) for scheme in s.schemes]
+    base_ev = serve_and_evaluate(s, baseline, run, parity=True)
+    cand_ev = [serve_and_evaluate(s, c, run, parity=False) for c in candidates]
+    comparisons = {c.variant.name: compare(base_ev, c, run) for c in cand_ev}
+    summary = rel.finish_run(s, run, base_ev, cand_ev, comparisons)
+    create_markdown_artifact(key=f"release-{s.name}", markdown=rel.summary_markdown(summary),
+                             description=f"quantgate release {s.name}: evidence summary")
+    return summary
+
+
+if __name__ == "__main__":
+    release(sys.argv[1] if len(sys.argv) > 1 else "releases/demo.yaml")
