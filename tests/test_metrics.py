@@ -13,6 +13,12 @@ E = math.exp(-0.25)  # BLEU brevity penalty for a 4-token hypothesis against a 5
 
 # (metric, prediction, references, expected) -- each expected value worked out by hand in the comment
 CASES = [
+    ("contains", "The capital of Italy is Rome.", ["Rome"], 1.0),
+    ("contains", "Romeo and Juliet", ["Rome"], 0.0),  # whole tokens only
+    ("contains", "It is Mexico City, of course", ["Mexico City"], 1.0),
+    ("contains", "Mexico is big", ["Mexico City"], 0.0),
+    ("contains", "答案是北京。", ["北京"], 1.0),  # CJK: substring
+    ("contains", "", ["Rome"], 0.0),
     ("exact_match", "The Paris!", ["paris"], 1.0),  # article, case and punctuation dropped
     ("exact_match", "Paris, France", ["Paris"], 0.0),
     ("exact_match", "ÉTÉ", ["été"], 1.0),  # case folded, accents kept

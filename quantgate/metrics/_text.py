@@ -45,6 +45,14 @@ def exact_match(pred: str, ref: str) -> float:
     return float(normalize(pred) == normalize(ref))
 
 
+def contains(pred: str, ref: str) -> float:
+    """1 when the normalized reference appears in the normalized prediction as whole tokens (substring for CJK)."""
+    if has_cjk(ref):
+        return float(normalize(ref).replace(" ", "") in normalize(pred).replace(" ", ""))
+    want = " ".join(tokens(ref))
+    return float(bool(want) and f" {want} " in f" {' '.join(tokens(pred))} ")
+
+
 def token_f1(pred: str, ref: str) -> float:
     """Harmonic mean of token precision and recall over the multiset of normalized tokens."""
     p, r = tokens(pred), tokens(ref)
