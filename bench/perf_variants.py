@@ -1,0 +1,121 @@
+"""Serve a baseline and its quantized variants one at a time, probe each, print medians and candidate/baseline ratios.
+
+    .venv/bin/python bench/perf_variants.py BASELINE_DIR [CANDIDATE_DIR ...] [--concurrency 1,4] [--repeats 3] [--rounds 1]
+
+Every variant gets the same workload (the baseline's tokenizer, same seed and lengths) and the same serving
+arguments. With --rounds N the variants are served in turn N times (A B A B ...), so load drifting on a shared
+machine hits every variant alike; all runs of a variant are pooled before the medians. Results land in
+--out (default results/perf/<timestamp>/): <variant>/perf.json and <variant>.vs.baseline.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from quantgate.errors import QuantgateError  # noqa: E402
+from quantgate.paths import results_dir  # noqa: E402
+from quantgate.perf import probe  # noqa: E402
+from quantgate.perf_compare import compare, level_medians  # noqa: E402
+from quantgate.perf_models import PerfResult  # noqa: E402
+from quantgate.runrecord import write_json  # noqa: E402
+from quantgate.serving.server import ServerConfig, VLLMServer  # noqa: E402
+
+# CPU serving arguments: eager BF16 serves the demo model correctly (FIELD_NOTES; compiled BF16 does not)
+CPU_ARGS = ["--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "2048"]
+
+
+def pooled(parts: list[PerfResult]) -> PerfResult:
+    """One result from several rounds: runs renumbered, medians over all of them."""
+    runs = []
+    for i, p in enumerate(parts):
+        runs += [r.model_copy(update={"repeat": i * p.repeats + r.repeat}) for r in p.runs]
+    first = parts[0]
+    errors = [p.error for p in parts if p.error]
+    return first.model_copy(update={"runs": runs, "medians": level_medians(runs), "repeats": sum(p.repeats for p in parts),
+                                    "status": "error" if errors else "ok", "error": errors[0] if errors else None,
+                                    "seconds": sum(p.seconds for p in parts)})
+
+
+def fmt(v: float | None, d: int = 1) -> str:
+    return "   -" if v is None else f"{v:.{d}f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoints", nargs="+", type=Path, help="baseline folder first, then candidate folders")
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per level each time a variant is served")
+    ap.add_argument("--rounds", type=int, default=1, help="times each variant is served, in turn")
+    ap.add_argument("--serve-args", default=" ".join(CPU_ARGS), help="extra `vllm serve` arguments, same for every variant")
+    ap.add_argument("--kv-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+
+    levels = [int(x) for x in args.concurrency.split(",")]
+    out = args.out or results_dir() / "perf" / f"{dt.datetime.now():%Y%m%dT%H%M%S}"
+    names = []
+    for ck in args.checkpoints:  # unique, readable names: folder names, numbered if they repeat
+        name = ck.resolve().name
+        names.append(name if name not in names else f"{name}-{len(names)}")
+    tokenizer = args.checkpoints[0]
+    parts: dict[str, list[PerfResult]] = {n: [] for n in names}
+    for rnd in range(args.rounds):
+        for name, ck in zip(names, args.checkpoints):
+            cfg = ServerConfig(model=ck, name=name, args=args.serve_args.split(), env={"VLLM_CPU_KVCACHE_SPACE": args.kv_gib})
+            where = out / name / f"round{rnd}"
+            print(f"[round {rnd + 1}/{args.rounds}] serving {name} ({ck}) ...", flush=True)
+            try:
+                with VLLMServer(cfg, log_path=where / "server.log") as srv:
+                    parts[name].append(probe(srv.base_url, name, where, concurrency=levels, num_prompts=args.num_prompts,
+                                             input_len=args.input_len, output_len=args.output_len, repeats=args.repeats,
+                                             tokenizer=tokenizer, api_key=srv.api_key, checkpoint=ck, server_log=srv.log_path,
+                                             check=False))
+            except QuantgateError as exc:
+                print(f"  {name}: {exc.render()}", flush=True)
+    results = {n: pooled(p) for n, p in parts.items() if p}
+    for name, res in results.items():
+        write_json(out / name / "perf.json", res.model_dump(mode="json"))
+
+    print(f"\nmedians of {args.repeats * args.rounds} run(s) per level; {args.num_prompts} prompts, "
+          f"{args.input_len}->{args.output_len} tokens; results in {out}")
+    print(f"{'variant':<28}{'conc':>5}{'tok/s':>9}{'req/s':>8}{'TTFT p50':>10}{'p95':>8}{'ITL p50':>9}{'p95':>8}{'err':>6}{'MiB':>8}{'KV tok':>9}")
+    for name, res in results.items():
+        for m in res.medians:
+            kv = res.engine.kv_cache_tokens if res.engine else None
+            print(f"{name:<28}{m.concurrency:>5}{fmt(m.output_tok_s):>9}{fmt(m.requests_s, 2):>8}{fmt(m.ttft_p50_ms, 0):>10}"
+                  f"{fmt(m.ttft_p95_ms, 0):>8}{fmt(m.itl_p50_ms, 0):>9}{fmt(m.itl_p95_ms, 0):>8}{m.error_rate:>6.0%}"
+                  f"{fmt((res.weights_bytes or 0) / 2**20, 0):>8}{kv or '-':>9}")
+        if res.error:
+            print(f"  error: {res.error}")
+    base = results.get(names[0])
+    if base is None or base.status != "ok":
+        print("no usable baseline probe: no ratios")
+        return 1
+    print(f"\nratios candidate/baseline ({names[0]}):")
+    print(f"{'variant':<28}{'conc':>5}{'size':>7}{'tok/s':>7}{'req/s':>7}{'TTFT':>7}{'TTFT95':>8}{'ITL':>7}{'ITL95':>7}")
+    for name in names[1:]:
+        if name not in results or results[name].status != "ok":
+            print(f"{name:<28} (probe failed: no ratios)")
+            continue
+        cmp = compare(base, results[name])
+        write_json(out / f"{name}.vs.baseline.json", cmp)
+        for row in cmp["by_concurrency"]:
+            print(f"{name:<28}{row['concurrency']:>5}{fmt(cmp['size_ratio'], 2):>7}{fmt(row['throughput_ratio'], 2):>7}"
+                  f"{fmt(row['request_throughput_ratio'], 2):>7}{fmt(row['ttft_ratio'], 2):>7}{fmt(row['ttft_p95_ratio'], 2):>8}"
+                  f"{fmt(row['itl_ratio'], 2):>7}{fmt(row['itl_p95_ratio'], 2):>7}")
+        for note in cmp["notes"]:
+            print(f"  note: {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
