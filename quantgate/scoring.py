@@ -7,7 +7,6 @@ The lock makes `load_metric` safe to call from a background thread while the cli
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,30 +18,9 @@ _LOADED: dict[tuple[str, str], Any] = {}
 _LOCK = threading.Lock()
 
 
-def _evaluator_stub():
-    """Stand-in for `evaluate.evaluator` (model-pipeline evaluators, unused here): names resolve, use fails."""
-    import types
-
-    def unavailable(name: str):
-        def fail(*args, **kwargs):
-            raise RuntimeError(f"evaluate.{name} is disabled in quantgate (see quantgate.scoring.import_evaluate)")
-
-        return fail
-
-    stub = types.ModuleType("evaluate.evaluator")
-    stub.__getattr__ = unavailable  # type: ignore[method-assign]  # module-level __getattr__ (PEP 562)
-    return stub
-
-
 def import_evaluate():
-    """Import `evaluate` without its `evaluator` subpackage, which imports transformers (1-4 s here).
-
-    quantgate only uses `evaluate.load` and `evaluate.Metric`; `evaluate.evaluator` is replaced by a stub whose
-    names fail when called. Nothing else is touched: transformers itself stays importable as usual.
-    """
-    if "evaluate" in sys.modules:
-        return sys.modules["evaluate"]
-    sys.modules.setdefault("evaluate.evaluator", _evaluator_stub())
+    """Import `evaluate` (slow: it pulls in transformers, 1-4 s here; callers do it in a background thread)
+    with the `datasets` progress bars off. Not stubbed: the same process loads tokenizers through transformers."""
     import evaluate
     from datasets.utils.logging import disable_progress_bar
 
