@@ -19,7 +19,7 @@ def eval_cmd(
     evalset: Annotated[Path, typer.Option(help="eval set JSONL (with its .meta.yaml beside it)")],
     out: Annotated[Path, typer.Option(help="run directory; re-running into it resumes")],
     concurrency: Annotated[int, typer.Option(min=1, help="requests in flight")] = 16,
-    limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N samples")] = None,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="N samples, round-robin over categories (CI subsets)")] = None,
     api_key_env: Annotated[Optional[str], typer.Option(help="environment variable holding the API key")] = None,
     model_hash: Annotated[Optional[str], typer.Option(help="checkpoint hash for the cache key (default: the name)")] = None,
     seed: Annotated[int, typer.Option(help="sampling seed sent with every request")] = 0,

@@ -109,12 +109,12 @@ def run_eval(
     from quantgate import scoring
     from quantgate.client import ClientConfig, ErrorRateExceeded, Request, read_results, run
     from quantgate.compare import cache_key, summarize
-    from quantgate.evalset import load_evalset
+    from quantgate.evalset import load_evalset, stratified_subset
 
     out = Path(out)
     server = probe_server(endpoint, model, api_key)
     es = load_evalset(evalset, max_context=server["max_model_len"], with_dataset=False)
-    samples = es.samples[:limit] if limit else es.samples
+    samples = stratified_subset(es.samples, limit)
     metrics = sorted({m for s in samples for m in s.metrics})
     # `datasets` and `evaluate` load while the client waits on the server
     loader = _Background(lambda: (es.load_dataset(), [scoring.load_metric(m) for m in metrics]))

@@ -142,6 +142,24 @@ class EvalSet:
         return {m: table[m] for m in self.meta.metrics}
 
 
+def stratified_subset(samples: list, limit: int | None) -> list:
+    """The first `limit` samples taken round-robin over categories (in file order within each), so a CI subset still
+    covers every category; the result keeps file order. None or a limit >= len(samples): all samples."""
+    if not limit or limit >= len(samples):
+        return list(samples)
+    by_cat: dict[str, list] = {}
+    for s in samples:
+        by_cat.setdefault(s.category, []).append(s)
+    chosen: set[int] = set()
+    depth = 0
+    while len(chosen) < limit:
+        for group in by_cat.values():
+            if depth < len(group) and len(chosen) < limit:
+                chosen.add(id(group[depth]))
+        depth += 1
+    return [s for s in samples if id(s) in chosen]
+
+
 def meta_path_for(path: Path) -> Path:
     """`eval_sets/default.jsonl` -> `eval_sets/default.meta.yaml`."""
     return path.with_name(path.name.removesuffix(".jsonl") + ".meta.yaml")

@@ -136,3 +136,14 @@ def test_default_set_is_valid_and_balanced():
     assert {m for s in es.samples for m in s.metrics} == set(es.meta.metrics) <= set(load_table())
     assert len({s.prompt for s in es.samples}) == 300  # no repeated prompt
     assert max(len(s.prompt_text()) for s in es.samples) < 400  # short prompts for a small model
+
+
+def test_stratified_subset_covers_every_category_in_file_order():
+    from types import SimpleNamespace
+
+    from quantgate.evalset import stratified_subset
+
+    rows = [SimpleNamespace(id=f"{c}{i}", category=c) for c in "abc" for i in range(5)]
+    sub = stratified_subset(rows, 7)
+    assert [r.id for r in sub] == ["a0", "a1", "a2", "b0", "b1", "c0", "c1"]
+    assert stratified_subset(rows, None) == rows and stratified_subset(rows, 99) == rows
