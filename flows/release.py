@@ -2,7 +2,9 @@
 
     spec -> model -> quantize each scheme -> for the baseline, then each candidate, one server at a time:
               plan -> serve -> engine parity (baseline) -> eval every set (cached) -> stop
-         -> compare each candidate with the baseline -> summary (Markdown artifact + summary.json)
+         -> compare each candidate with the baseline -> gate (policy) -> promote -> summary (Markdown artifact)
+
+The flow run ends Failed when no candidate is promoted (REJECT), so pipelines can branch on its state.
 
 Orchestration only: every step is a call into `quantgate`. Run it with `quantgate release SPEC`, as a Prefect
 deployment (prefect.yaml), or directly: `python flows/release.py releases/demo.yaml`.
@@ -16,6 +18,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, Failed
 
 from quantgate import release as rel
 from quantgate.spec import ReleaseSpec, load_spec
@@ -34,9 +37,10 @@ def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path) -> rel.
 
 
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parity: bool) -> rel.Evidence:
-    """Plan, serve, check the engine, answer every eval set, stop the server (cached evals skip the server)."""
-    return rel.serve_and_evaluate(spec, variant, run, parity=parity, log=get_run_logger().info)
+def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parity: bool, dtype: str | None = None,
+                       tokenizer: Path | None = None) -> rel.Evidence:
+    """Plan, serve, check the engine, run the eval sets, recall grid and perf probe, stop the server (cached: no server)."""
+    return rel.serve_and_evaluate(spec, variant, run, parity=parity, dtype=dtype, tokenizer=tokenizer, log=get_run_logger().info)
 
 
 @task(cache_policy=NO_CACHE)
@@ -44,21 +48,35 @@ def compare(baseline: rel.Evidence, candidate: rel.Evidence, run: Path) -> dict:
     return rel.compare_variants(baseline, candidate, run)
 
 
+@task(cache_policy=NO_CACHE)
+def gate(spec: ReleaseSpec, run: Path, candidates: list[str]) -> list:
+    return rel.gate(spec, run, candidates)
+
+
+@task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def promote(spec: ReleaseSpec, run: Path, decision, variant: rel.Variant) -> dict:
+    return rel.promote(spec, run, decision, variant)
+
+
 @flow(name="release", log_prints=True)
-def release(spec: str = "releases/demo.yaml", run_id: str | None = None) -> dict:
-    """Run a release spec to its evidence; returns the run summary (also results/runs/<run-id>/summary.json)."""
+def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
+    """Run a release spec to a decision; the summary is results/runs/<run-id>/summary.json."""
     s = load_spec(spec)
     run = rel.start_run(s, spec, run_id)
     model_dir = prepare_model(s)
     baseline = rel.baseline_variant(model_dir)
     candidates = [quantize(s, model_dir, scheme, run) for scheme in s.schemes]
     base_ev = serve_and_evaluate(s, baseline, run, parity=True)
-    cand_ev = [serve_and_evaluate(s, c, run, parity=False) for c in candidates]
+    cand_ev = [serve_and_evaluate(s, c, run, parity=False, dtype=base_ev.dtype, tokenizer=model_dir) for c in candidates]
     comparisons = {c.variant.name: compare(base_ev, c, run) for c in cand_ev}
-    summary = rel.finish_run(s, run, base_ev, cand_ev, comparisons)
+    decisions = gate(s, run, [c.name for c in candidates])
+    variants = {c.name: c for c in candidates}
+    promotions = {d.candidate: promote(s, run, d, variants[d.candidate]) for d in decisions if d.promoted}
+    summary = rel.finish_run(s, run, base_ev, cand_ev, comparisons, decisions, promotions)
     create_markdown_artifact(key=f"release-{s.name}", markdown=rel.summary_markdown(summary),
-                             description=f"quantgate release {s.name}: evidence summary")
-    return summary
+                             description=f"quantgate release {s.name}: {summary['decision']}")
+    message = f"{summary['decision']}: {run / 'summary.json'}"
+    return Completed(message=message, data=summary) if summary["promoted"] else Failed(message=message, data=summary)
 
 
 if __name__ == "__main__":

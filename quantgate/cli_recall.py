@@ -53,22 +53,17 @@ def recall(
     if baseline is not None and not (baseline / "requests.jsonl").is_file():
         raise QuantgateError("no requests.jsonl in the baseline directory", where=f"--baseline {baseline}",
                              fix="give the --out directory of a finished `quantgate recall` run")
-    data = rc.load_needle_data(needles or rc.NEEDLES)
-    sentences = rc.load_filler(filler or rc.FILLER)
-    counter, max_pos = rc.load_tokenizer(tokenizer)
-    if max_pos:
-        nd.check_lengths(length_list, max_pos, max_answer_tokens, f"max_position_embeddings of {tokenizer}")
     if max_model_len is None:
         max_model_len = rc.served_max_model_len(endpoint, model, api_key)
         if max_model_len is None:
             raise QuantgateError("the server does not report max_model_len", where=f"--endpoint {endpoint}",
                                  fix="pass --max-model-len (the served context)")
-        nd.check_lengths(length_list, max_model_len, max_answer_tokens, f"max_model_len served at {endpoint}")
-    prompts = nd.build_grid(length_list, depth_list, kind_list, samples, seed=seed, data=data, filler=sentences, counter=counter)
-    nd.check_fits(prompts, max_model_len, max_answer_tokens)
-    grid = {"lengths": length_list, "depths": depth_list, "kinds": kind_list, "samples": samples, "seed": seed,
-            "max_model_len": max_model_len, "max_answer_tokens": max_answer_tokens, "tokenizer": str(tokenizer),
-            "needles_version": data.version, "depth_tolerance_tokens": data.depth_tolerance_tokens}
+        source = f"max_model_len served at {endpoint}"
+    else:
+        source = "--max-model-len"
+    prompts, grid = rc.build_checked_grid(tokenizer, length_list, depth_list, kind_list, samples, seed=seed,
+                                          max_model_len=max_model_len, max_answer_tokens=max_answer_tokens,
+                                          source=source, needles=needles, filler=filler)
     summary = rc.run_recall(prompts, out, endpoint=endpoint, model=model, api_key=api_key, grid=grid,
                             max_answer_tokens=max_answer_tokens, concurrency=concurrency, timeout_s=timeout,
                             progress=progress, baseline=baseline)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+REJECTED = 3  # exit code of a release that ran to a REJECT decision (2: bad input, 1: a failure)
 
 
 def load_flow(name: str):
@@ -27,10 +30,24 @@ def release(
     spec: Path = typer.Argument(..., help="release spec YAML (e.g. releases/demo.yaml)"),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="name of the run folder (default: <name>-<UTC time>)"),
 ) -> None:
-    """Run a release: quantize, serve, check and evaluate every variant, compare with the baseline."""
+    """Run a release to a decision: quantize, serve and evaluate every variant, compare, gate, promote.
+
+    Exit code 0: a candidate was promoted; 3: every candidate was rejected; 2: bad input; 1: a step failed."""
     from quantgate.spec import load_spec
 
     load_spec(spec)  # refuse a bad spec before Prefect starts anything
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    summary = load_flow("release")(spec=str(spec), run_id=run_id)
-    print(json.dumps({k: summary[k] for k in ("release", "run", "decision", "decision_note")}, indent=2))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network here: no telemetry
+    # the embedded server migrates its SQLite on first use; on a busy 2-core machine that takes longer than 20 s
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    state = load_flow("release")(spec=str(spec), run_id=run_id, return_state=True)
+    try:
+        summary = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - the flow itself crashed; Prefect logged the cause above
+        summary = None
+    if not isinstance(summary, dict):
+        print(f"error: the release flow ended {state.type.value}: {state.message}", file=sys.stderr)
+        raise typer.Exit(1)
+    print(json.dumps({k: summary[k] for k in ("release", "run", "decision", "promoted")}, indent=2))
+    for name, row in summary["candidates"].items():
+        print(f"{name}: {row['decision']}" + "".join(f"\n  - {r}" for r in row["reasons"]))
+    raise typer.Exit(0 if summary["promoted"] else REJECTED)

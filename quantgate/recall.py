@@ -15,6 +15,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from quantgate import needle as nd
 from quantgate import recall_score
 from quantgate.errors import QuantgateError
 from quantgate.needle import NeedleData, RecallPrompt, TokenCounter
@@ -155,6 +156,40 @@ def heatmap(cell_rows: Sequence[dict], path: Path, title: str, *, value: str = "
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def build_checked_grid(tokenizer: Path, lengths: Sequence[int], depths: Sequence[int], kinds: Sequence[str], samples: int, *,
+                       seed: int, max_model_len: int, max_answer_tokens: int, source: str = "max_model_len",
+                       needles: Path | None = None, filler: Path | None = None) -> tuple[list[RecallPrompt], dict]:
+    """The prompts of a grid, every one checked to fit `max_model_len` (from `source`) before anything is sent."""
+    data = load_needle_data(needles or NEEDLES)
+    sentences = load_filler(filler or FILLER)
+    counter, max_pos = load_tokenizer(tokenizer)
+    if max_pos:
+        nd.check_lengths(lengths, max_pos, max_answer_tokens, f"max_position_embeddings of {tokenizer}")
+    nd.check_lengths(lengths, max_model_len, max_answer_tokens, source)
+    prompts = nd.build_grid(lengths, depths, kinds, samples, seed=seed, data=data, filler=sentences, counter=counter)
+    nd.check_fits(prompts, max_model_len, max_answer_tokens)
+    grid = {"lengths": list(lengths), "depths": list(depths), "kinds": list(kinds), "samples": samples, "seed": seed,
+            "max_model_len": max_model_len, "max_answer_tokens": max_answer_tokens, "tokenizer": str(tokenizer),
+            "needles_version": data.version, "depth_tolerance_tokens": data.depth_tolerance_tokens}
+    return prompts, grid
+
+
+def compare_dirs(baseline: Path, candidate: Path, out: Path, model: str) -> dict:
+    """Baseline vs candidate of two finished recall runs: copies the candidate's records into `out` with delta.json
+    and the delta heatmap (the layout `quantgate recall --baseline` writes)."""
+    import shutil
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("requests.jsonl", "cells.json", "heatmap.png"):
+        if (Path(candidate) / name).is_file():
+            shutil.copy2(Path(candidate) / name, out / name)
+    delta = recall_score.compare(read_jsonl(Path(baseline) / "requests.jsonl"), read_jsonl(Path(candidate) / "requests.jsonl"))
+    delta["baseline"] = str(baseline)
+    (out / "delta.json").write_text(json.dumps(delta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    heatmap(delta["cells"], out / "delta_heatmap.png", f"recall delta: {model} minus baseline", value="delta", delta=True)
+    return delta
 
 
 def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: str, model: str, api_key: str | None,

@@ -45,8 +45,11 @@ class Evidence(BaseModel):
     folder: Path                   # <run>/<variant>
     cache: Path                    # results/cache/variants/<key>
     serve_command: list[str]
+    dtype: str | None              # the --dtype it was served with (None: vLLM's auto)
     parity: dict[str, Any] | None = None
     evals: dict[str, Path] = {}    # eval set name -> run directory of quantgate.evalrun
+    recall: Path | None = None     # run directory of quantgate.recall (None: no recall in the spec)
+    perf: Path | None = None       # output directory of quantgate.perf (None: no probe in the spec)
     served: bool                   # False when every result came from the cache
 
 
@@ -54,7 +57,16 @@ def _size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.suffix == ".safetensors")
 
 
+def policy_path(spec: ReleaseSpec) -> Path:
+    from quantgate.gate_policy import DEFAULT_POLICY
+
+    return spec.policy or DEFAULT_POLICY
+
+
 def start_run(spec: ReleaseSpec, spec_path: str | Path, run_id: str | None) -> Path:
+    from quantgate.gate_policy import load_policy
+
+    load_policy(policy_path(spec))  # a bad policy is refused before any work
     run = run_dir(run_id or new_run_id(spec.name))
     write_json(run / "run.json", {"spec_file": str(spec_path), "spec": spec.model_dump(mode="json"), "git": git_state(),
                                   "packages": package_versions()})
@@ -78,14 +90,14 @@ def quantize_variant(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path,
                    size_bytes=_size(result.out), quantization=result.manifest)
 
 
-def _server_config(spec: ReleaseSpec, variant: Variant, folder: Path):
+def _server_config(spec: ReleaseSpec, variant: Variant, folder: Path, dtype: str | None):
     from quantgate.cli_plan import build_plan
     from quantgate.serving.server import config_from_plan
 
     plan = build_plan(variant.path, spec.hardware, context=spec.context, concurrency=spec.concurrency,
                       gpus=spec.gpus, nodes=spec.nodes, replicas=spec.serving.replicas)
     write_json(folder / "plan.json", plan.model_dump(mode="json"))
-    return config_from_plan(plan, variant.path, variant.name, dtype=spec.serving.dtype, extra_args=spec.serving.extra_args,
+    return config_from_plan(plan, variant.path, variant.name, dtype=spec.serving.dtype or dtype, extra_args=spec.serving.extra_args,
                             python=spec.serving.python, startup_timeout_s=spec.serving.startup_timeout_s)
 
 
@@ -99,6 +111,46 @@ def _eval_dir(cache: Path, evalset: Path, limit: int | None) -> Path:
     return cache / "evals" / f"{evalset.stem}-{digest}-{limit or 'all'}"
 
 
+def _recall_dir(cache: Path, spec: ReleaseSpec) -> Path | None:
+    if spec.recall is None:
+        return None
+    digest = hashlib.sha256(spec.recall.model_dump_json().encode()).hexdigest()[:12]
+    return cache / "recall" / digest
+
+
+def _run_recall(spec: ReleaseSpec, variant: Variant, srv, out: Path) -> None:
+    from quantgate.recall import build_checked_grid, run_recall
+
+    r = spec.recall
+    prompts, grid = build_checked_grid(variant.path, r.lengths, r.depths, r.kinds, r.samples, seed=r.seed,
+                                       max_model_len=spec.context, max_answer_tokens=r.max_answer_tokens, source="spec context")
+    run_recall(prompts, out, endpoint=srv.base_url, model=variant.name, api_key=srv.api_key, grid=grid,
+               max_answer_tokens=r.max_answer_tokens, concurrency=spec.eval.concurrency,
+               max_error_rate=spec.eval.max_error_rate, progress=False)
+
+
+def _perf_dir(cache: Path, spec: ReleaseSpec) -> Path | None:
+    if spec.perf is None:
+        return None
+    return cache / "perf" / hashlib.sha256(spec.perf.model_dump_json().encode()).hexdigest()[:12]
+
+
+def _run_perf(spec: ReleaseSpec, variant: Variant, srv, out: Path, folder: Path, tokenizer: Path) -> None:
+    from quantgate.perf import probe
+
+    p = spec.perf
+    probe(srv.base_url, variant.name, out, concurrency=p.concurrency, num_prompts=p.num_prompts, input_len=p.input_len,
+          output_len=p.output_len, repeats=p.repeats, tokenizer=tokenizer, api_key=srv.api_key, checkpoint=variant.path,
+          server_log=srv.log_path, plan=folder / "plan.json", python=srv.config.python)
+
+
+def _perf_ok(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "perf.json").read_text()).get("status") == "ok"
+    except (OSError, ValueError):
+        return False
+
+
 def _complete(eval_dir: Path) -> bool:
     try:
         return json.loads((eval_dir / "manifest.json").read_text()).get("status") == "complete"
@@ -106,35 +158,61 @@ def _complete(eval_dir: Path) -> bool:
         return False
 
 
-def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity: bool, log: Log = print) -> Evidence:
+def _measure(spec: ReleaseSpec, variant: Variant, srv, cache: Path, evals: dict[str, Path], todo: list[str],
+             recall: Path | None, perf: Path | None, *, parity_dtype: str | None, tokenizer: Path, log: Log) -> None:
+    """Everything measured on one running server: engine parity, the eval sets, the recall grid, the perf probe."""
+    from quantgate.engine_parity import run_parity
+    from quantgate.evalrun import run_eval
+
+    if parity_dtype:
+        report = run_parity(variant.path, srv.base_url, srv.api_key, variant.name, cache, dtype=parity_dtype)
+        log(f"{variant.name}: engine parity {report.verdict}: {report.reason}")
+    for name in todo:
+        log(f"{variant.name}: eval set {name} ({spec.eval.limit or 'all'} samples)")
+        run_eval(next(p for p in spec.eval_sets if p.stem == name), srv.base_url, variant.name, evals[name],
+                 concurrency=spec.eval.concurrency, limit=spec.eval.limit, api_key=srv.api_key,
+                 model_hash=variant.content_hash, max_error_rate=spec.eval.max_error_rate, progress=False)
+    if recall is not None:
+        r = spec.recall
+        log(f"{variant.name}: long-context recall, lengths {r.lengths} x depths {r.depths} x {r.kinds}")
+        _run_recall(spec, variant, srv, recall)
+    if perf is not None:
+        log(f"{variant.name}: performance probe at concurrency {spec.perf.concurrency} (vllm bench serve)")
+        _run_perf(spec, variant, srv, perf, srv.log_path.parent, tokenizer)
+
+
+def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity: bool, dtype: str | None = None,
+                       tokenizer: Path | None = None, log: Log = print) -> Evidence:
+    """Serve one variant and measure it. `dtype` forces the activation dtype: candidates get the baseline's, so the
+    comparison isolates the quantized weights from engine numerics. `tokenizer` (default: the variant's) makes the
+    perf probe send the same prompts to every variant: pass the baseline's."""
     from quantgate.serving.env import serve_python, vllm_version
     from quantgate.serving.server import VLLMServer
 
     folder = run / variant.name
-    config = _server_config(spec, variant, folder)
+    config = _server_config(spec, variant, folder, dtype)
     engine = vllm_version(serve_python(config.python))
     cache = results_dir() / "cache" / "variants" / _cache_key(variant, config, engine)
     evals = {p.stem: _eval_dir(cache, p, spec.eval.limit) for p in spec.eval_sets}
     parity_file = cache / "parity.json"
     todo = [name for name, d in evals.items() if not _complete(d)]
     need_parity = parity and not parity_file.is_file()
+    recall = _recall_dir(cache, spec)
+    need_recall = recall is not None and not (recall / "cells.json").is_file()
+    perf = _perf_dir(cache, spec)
+    need_perf = perf is not None and not _perf_ok(perf)
     server = VLLMServer(config, log_path=folder / "server.log")
-    if todo or need_parity:
+    served = bool(todo or need_parity or need_recall or need_perf)
+    if served:
         log(f"{variant.name}: serving with `{' '.join(server.command)}` {config.env}")
         with server as srv:
-            if need_parity:
-                from quantgate.engine_parity import run_parity
-
-                dtype = _arg(config.args, "--dtype", "float32")
-                report = run_parity(variant.path, srv.base_url, srv.api_key, variant.name, cache, dtype=dtype)
-                log(f"{variant.name}: engine parity {report.verdict}: {report.reason}")
-            for name in todo:
-                from quantgate.evalrun import run_eval
-
-                log(f"{variant.name}: eval set {name} ({spec.eval.limit or 'all'} samples)")
-                run_eval(next(p for p in spec.eval_sets if p.stem == name), srv.base_url, variant.name, evals[name],
-                         concurrency=spec.eval.concurrency, limit=spec.eval.limit, api_key=srv.api_key,
-                         model_hash=variant.content_hash, max_error_rate=spec.eval.max_error_rate, progress=False)
+            try:
+                _measure(spec, variant, srv, cache, evals, todo, recall if need_recall else None, perf if need_perf else None,
+                         parity_dtype=_arg(config.args, "--dtype", "float32") if need_parity else None,
+                         tokenizer=tokenizer or variant.path, log=log)
+            except Exception:
+                srv.raise_if_dead()  # a dead server explains the failure better than a refused connection
+                raise
     else:
         log(f"{variant.name}: every result is cached in {cache}; not serving")
     parity_report = json.loads(parity_file.read_text()) if parity else None
@@ -144,12 +222,13 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity
         raise QuantgateError(f"engine parity failed for the baseline: {parity_report['reason']}", where=str(parity_file),
                              fix="the serving engine, not quantization, is wrong: change serving.dtype or the engine version")
     ev = Evidence(variant=variant, folder=folder, cache=cache, serve_command=server.command, parity=parity_report,
-                  evals=evals, served=bool(todo or need_parity))
+                  dtype=_arg(config.args, "--dtype", None),
+                  evals=evals, recall=recall, perf=perf, served=served)
     write_json(folder / "evidence.json", ev.model_dump(mode="json"))
     return ev
 
 
-def _arg(args: list[str], flag: str, default: str) -> str:
+def _arg(args: list[str], flag: str, default: str | None) -> str | None:
     return args[args.index(flag) + 1] if flag in args else default
 
 
@@ -158,6 +237,16 @@ def compare_variants(baseline: Evidence, candidate: Evidence, run: Path) -> dict
 
     out = {name: compare_dirs(baseline.evals[name], candidate.evals[name]) for name in baseline.evals}
     write_json(run / "compare" / f"{candidate.variant.name}.json", out)
+    if baseline.recall is not None and candidate.recall is not None:
+        from quantgate import recall
+
+        recall.compare_dirs(baseline.recall, candidate.recall, run / candidate.variant.name / "recall", candidate.variant.name)
+    if baseline.perf is not None and candidate.perf is not None:
+        from quantgate.perf import load_result
+        from quantgate.perf_compare import compare as perf_compare
+
+        ratios = perf_compare(load_result(baseline.perf), load_result(candidate.perf))
+        write_json(run / candidate.variant.name / "pay_off.json", {**ratios, "file": str(candidate.perf / "perf.json")})
     return out
 
 
@@ -177,30 +266,60 @@ def _summary_row(base: Evidence, cand: Evidence, comparison: dict[str, Any]) -> 
     }
 
 
-def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidence], comparisons: dict[str, dict]) -> dict[str, Any]:
+def gate(spec: ReleaseSpec, run: Path, candidates: list[str]) -> list:
+    """The policy's decision for every candidate (<run>/decision.json and <run>/<candidate>/decision.json)."""
+    from quantgate.gate_evidence import gate_run
+
+    decisions, _ = gate_run(run, policy_path(spec), candidates)
+    return decisions
+
+
+def promote(spec: ReleaseSpec, run: Path, decision, variant: Variant) -> dict[str, Any]:
+    """Register a promoted candidate; the version is its content hash, so promoting twice gives one entry."""
+    from quantgate import registry
+
+    model = spec.model if "/" not in spec.model else Path(spec.model).name
+    entry = registry.promote(decision, model=model, version=f"{variant.name}-{variant.content_hash[:12]}",
+                             checkpoint=variant.path, run=run)
+    write_json(run / variant.name / "promotion.json", entry)
+    return entry
+
+
+def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidence], comparisons: dict[str, dict],
+               decisions: list, promotions: dict[str, dict]) -> dict[str, Any]:
+    by_name = {d.candidate: d for d in decisions}
+    promoted = [d.candidate for d in decisions if d.promoted]
     summary = {
         "release": spec.name, "run": run.name, "model": spec.model, "hardware": spec.hardware,
         "baseline": {"size_bytes": base.variant.size_bytes, "parity": base.parity and {k: base.parity[k] for k in ("verdict", "reason")}},
-        "candidates": {c.variant.name: _summary_row(base, c, comparisons[c.variant.name]) for c in cands},
-        "decision": None,
-        "decision_note": "no promotion gate yet: this run records evidence only",
+        "candidates": {c.variant.name: {**_summary_row(base, c, comparisons[c.variant.name]),
+                                        "decision": by_name[c.variant.name].decision,
+                                        "reasons": by_name[c.variant.name].reasons,
+                                        "registry": promotions.get(c.variant.name, {}).get("path")} for c in cands},
+        "decision": "PROMOTE" if promoted else "REJECT",
+        "promoted": promoted,
+        "policy": decisions[0].policy if decisions else None,
     }
     write_json(run / "summary.json", summary)
     return summary
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:
-    lines = [f"# Release `{summary['release']}` — run `{summary['run']}`", "",
-             f"Model `{summary['model']}` on `{summary['hardware']}`. Baseline engine parity: "
+    lines = [f"# Release `{summary['release']}`: **{summary['decision']}**", "",
+             f"Run `{summary['run']}`; model `{summary['model']}` on `{summary['hardware']}`; policy "
+             f"`{(summary.get('policy') or {}).get('name', '?')}`. Baseline engine parity: "
              f"**{(summary['baseline']['parity'] or {}).get('verdict', 'n/a')}**.", "",
-             "| candidate | size vs baseline | metric | baseline | candidate | delta [95% CI] | regressions |",
+             "| candidate | decision | size vs baseline | metric | baseline | candidate | delta [95% CI] |",
              "|---|---|---|---|---|---|---|"]
     for name, row in summary["candidates"].items():
         for i, (metric, m) in enumerate(row["metrics"].items()):
             first = i == 0
             size = f"{row['size_ratio']:.2f}x" if first else ""
-            lines.append(f"| {name if first else ''} | {size} | {metric} | "
-                         f"{m['base_mean']:.3f} | {m['cand_mean']:.3f} | {m['delta']:+.3f} [{m['ci_low']:+.3f}, {m['ci_high']:+.3f}] | "
-                         f"{row['regressions'] if first else ''} |")
-    lines += ["", f"_{summary['decision_note']}_"]
+            lines.append(f"| {name if first else ''} | {row['decision'] if first else ''} | {size} | {metric} | "
+                         f"{m['base_mean']:.3f} | {m['cand_mean']:.3f} | {m['delta']:+.3f} [{m['ci_low']:+.3f}, {m['ci_high']:+.3f}] |")
+    for name, row in summary["candidates"].items():
+        if row["reasons"]:
+            lines += ["", f"**{name}** rejected because:"] + [f"- {r}" for r in row["reasons"]]
+        elif row.get("registry"):
+            lines += ["", f"**{name}** promoted to `{row['registry']}`."]
     return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from quantgate.calibration import CalibrationSpec
 from quantgate.errors import QuantgateError
@@ -59,6 +59,39 @@ class EvalSpec(BaseModel):
     max_error_rate: float = Field(0.05, ge=0, le=1)
 
 
+class RecallSpec(BaseModel):
+    """Long-context needle grid (quantgate recall); every length plus the answer must fit `context`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lengths: list[int] = Field(default_factory=lambda: [1024, 2048], min_length=1)
+    depths: list[int] = Field(default_factory=lambda: [0, 25, 50, 75, 100], min_length=1)
+    kinds: list[Literal["number", "name", "multilingual", "multi"]] = Field(
+        default_factory=lambda: ["number", "name", "multilingual", "multi"], min_length=1)
+    samples: int = Field(1, ge=1, description="prompts per (length, depth, kind) cell")
+    seed: int = 0
+    max_answer_tokens: int = Field(32, ge=1)
+
+    @field_validator("depths")
+    @classmethod
+    def _percent(cls, v: list[int]) -> list[int]:
+        if any(d < 0 or d > 100 for d in v):
+            raise ValueError("depths are percentages from 0 to 100")
+        return v
+
+
+class PerfSpec(BaseModel):
+    """Serving performance probe (quantgate perf, vLLM's own benchmark client): same workload for every variant."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: list[int] = Field(default_factory=lambda: [1, 8], min_length=1)
+    num_prompts: int = Field(32, ge=1)
+    input_len: int = Field(128, ge=1)
+    output_len: int = Field(32, ge=1)
+    repeats: int = Field(2, ge=1, description="medians over this many runs per level")
+
+
 def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
     """Resolve a path relative to the spec file and check that it exists."""
     if value is None:
@@ -89,6 +122,8 @@ class ReleaseSpec(BaseModel):
     quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
     serving: ServingSpec = Field(default_factory=ServingSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
+    recall: RecallSpec | None = Field(default_factory=RecallSpec, description="null: no recall run (a policy requiring it rejects)")
+    perf: PerfSpec | None = Field(default_factory=PerfSpec, description="null: no performance probe")
 
     @field_validator("eval_sets")
     @classmethod
@@ -123,6 +158,16 @@ class ReleaseSpec(BaseModel):
         if unsupported:
             raise ValueError(f"{unsupported} do not run on {profile.id} ({profile.name}); it runs: {', '.join(profile.schemes)}")
         return v
+
+
+    @model_validator(mode="after")
+    def _recall_fits_context(self) -> "ReleaseSpec":
+        if self.recall is not None:
+            need = max(self.recall.lengths) + self.recall.max_answer_tokens
+            if need > self.context:
+                raise ValueError(f"recall.lengths up to {max(self.recall.lengths)} + {self.recall.max_answer_tokens} answer tokens "
+                                 f"= {need} do not fit context {self.context}: raise `context` or shorten recall.lengths")
+        return self
 
 
 def load_spec(path: Path | str) -> ReleaseSpec:

@@ -1,0 +1,158 @@
+"""The release flow end to end on the demo model (real llmcompressor, real vLLM, real Prefect), then the same
+release as a Prefect deployment run by a real Prefect server and process worker. Slow; CI runs it.
+
+Both runs share one results folder, so the deployment run re-uses the quantized checkpoint and cached evals
+(the flow's caching is part of what is tested: it must not serve again)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from quantgate.paths import REPO
+from quantgate.serving.server import free_port, kill_tree
+
+SPEC = """\
+version: 1
+name: e2e
+model: demo
+hardware: x86-cpu
+context: 2048
+concurrency: 4
+schemes: [w4a16-gptq]
+eval_sets: [{evalset}]
+quantization:
+  calibration: {{samples: 16, max_seq_length: 128}}
+eval: {{limit: 30}}
+recall: {{lengths: [256, 512], depths: [0, 50, 100], kinds: [number, name], samples: 1}}
+perf: {{concurrency: [1, 4], num_prompts: 8, input_len: 64, output_len: 16, repeats: 1}}
+policy: {policy}
+"""
+
+
+def lenient_policy(path: Path) -> Path:
+    """The default policy with limits wide enough for 30 samples of a 135M model: the test exercises promotion."""
+    import yaml
+
+    policy = yaml.safe_load((REPO / "releases" / "policies" / "default.yaml").read_text())
+    policy.update(name="e2e-lenient", bound="point", min_samples=3)
+    for family in policy["primary"]["families"].values():
+        family["max_relative_drop"] = 1.0
+    for category in policy["categories"].values():
+        category["max_relative_drop"] = 1.0
+        category.pop("by_family", None)
+    policy["recall"]["max_absolute_drop"] = 1.0
+    policy["error_rate"]["max"] = 0.5
+    path.write_text(yaml.safe_dump(policy))
+    return path
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, demo_model):
+    root = tmp_path_factory.mktemp("release")
+    spec = root / "e2e.yaml"
+    evalset = REPO / "eval_sets" / "default.jsonl"
+    spec.write_text(SPEC.format(evalset=evalset, policy=lenient_policy(root / "lenient.yaml")))
+    # the same release under the default policy: 30 samples are too few for its category checks -> REJECT
+    (root / "strict.yaml").write_text(SPEC.format(evalset=evalset, policy=REPO / "releases" / "policies" / "default.yaml"))
+    env = {**os.environ, "QUANTGATE_RESULTS": str(root / "results"), "PREFECT_HOME": str(root / "prefect"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1"}
+    return root, spec, env
+
+
+def quantgate(*args: str, env: dict, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quantgate.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.slow
+def test_release_flow_produces_evidence_for_every_variant(workspace):
+    root, spec, env = workspace
+    proc = quantgate("release", str(spec), "--run-id", "first", env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = root / "results" / "runs" / "first"
+    summary = json.loads((run / "summary.json").read_text())
+    cand = summary["candidates"]["w4a16-gptq"]
+    assert summary["decision"] == "PROMOTE" and cand["decision"] == "PROMOTE", cand["reasons"]
+    decision = json.loads((run / "decision.json").read_text())
+    checks = {c["name"]: c for c in decision["candidates"]["w4a16-gptq"]["checks"]}
+    assert checks and all(c["passed"] is not False for c in checks.values())
+    assert any("recall" in name for name in checks) and any("parity" in name for name in checks)
+    entry = Path(cand["registry"])
+    assert (entry / "decision.json").is_file() and entry.parent.parent.name == "registry"
+    assert (run / "w4a16-gptq" / "recall" / "delta.json").is_file() and (run / "w4a16-gptq" / "recall" / "delta_heatmap.png").is_file()
+    pay_off = json.loads((run / "w4a16-gptq" / "pay_off.json").read_text())
+    assert pay_off["throughput_ratio"] > 0 and 0.3 < pay_off["size_ratio"] < 0.6
+    assert summary["baseline"]["parity"]["verdict"] == "pass"
+    assert 0.3 < cand["size_ratio"] < 0.6  # 4-bit weights, 16-bit embeddings kept
+    assert {"default/contains", "default/numeric_match", "default/chrf"} <= set(cand["metrics"])
+    assert all(m["n"] > 0 and m["ci_low"] <= m["delta"] <= m["ci_high"] for m in cand["metrics"].values())
+    for f in ("run.json", "baseline/plan.json", "baseline/evidence.json", "baseline/server.log", "w4a16-gptq/quantization.json",
+              "w4a16-gptq/evidence.json", "compare/w4a16-gptq.json"):
+        assert (run / f).is_file(), f
+    evidence = json.loads((run / "baseline" / "evidence.json").read_text())
+    assert evidence["served"] is True and Path(evidence["evals"]["default"], "results.jsonl").is_file()
+    assert json.loads((run / "run.json").read_text())["git"]["commit"]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"Prefect server not healthy after {seconds} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.slow
+def test_prefect_deployment_run_of_the_release(workspace):
+    root, spec, env = workspace
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**env, "PREFECT_API_URL": api, "QUANTGATE_REPO": str(REPO)}
+    procs: list[subprocess.Popen] = []
+    try:
+        server_log = root / "prefect-server.log"
+        with open(server_log, "wb") as log:
+            procs.append(subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        _wait_healthy(api, procs[0], server_log)
+
+        def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+            return subprocess.run([prefect, "--no-prompt", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
+
+        assert cli("work-pool", "create", "local", "--type", "process").returncode == 0
+        deployed = cli("deploy", "--all")
+        assert deployed.returncode == 0, deployed.stdout[-2000:] + deployed.stderr[-2000:]
+        worker_log = root / "prefect-worker.log"
+        with open(worker_log, "wb") as log:
+            procs.append(subprocess.Popen([prefect, "worker", "start", "--pool", "local", "--type", "process"],
+                                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        run = cli("deployment", "run", "release/demo", "--param", f"spec={root / 'strict.yaml'}", "--param", "run_id=deployed",
+                  "--watch", timeout=1200)
+        # REJECT ends the flow run Failed, and `--watch` exits non-zero: a release pipeline can branch on it
+        assert run.returncode != 0 and "Failed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:] + worker_log.read_text()[-3000:]
+        summary = json.loads((root / "results" / "runs" / "deployed" / "summary.json").read_text())
+        assert summary["decision"] == "REJECT" and summary["candidates"]["w4a16-gptq"]["reasons"]
+        # everything was cached by the first test's run: no server was started for either variant
+        for variant in ("baseline", "w4a16-gptq"):
+            ev = json.loads((root / "results" / "runs" / "deployed" / variant / "evidence.json").read_text())
+            assert ev["served"] is False
+        artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["release-e2e"]}}}, timeout=30).json()
+        assert artifacts and "REJECT" in artifacts[0]["data"] and "w4a16-gptq" in artifacts[0]["data"]
+    finally:
+        for p in reversed(procs):
+            kill_tree(p.pid)
