@@ -37,10 +37,10 @@ def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path) -> rel.
 
 
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parity: bool, dtype: str | None = None,
+def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parity: bool,
                        tokenizer: Path | None = None) -> rel.Evidence:
     """Plan, serve, check the engine, run the eval sets, recall grid and perf probe, stop the server (cached: no server)."""
-    return rel.serve_and_evaluate(spec, variant, run, parity=parity, dtype=dtype, tokenizer=tokenizer, log=get_run_logger().info)
+    return rel.serve_and_evaluate(spec, variant, run, parity=parity, tokenizer=tokenizer, log=get_run_logger().info)
 
 
 @task(cache_policy=NO_CACHE)
@@ -67,7 +67,7 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
     baseline = rel.baseline_variant(model_dir)
     candidates = [quantize(s, model_dir, scheme, run) for scheme in s.schemes]
     base_ev = serve_and_evaluate(s, baseline, run, parity=True)
-    cand_ev = [serve_and_evaluate(s, c, run, parity=False, dtype=base_ev.dtype, tokenizer=model_dir) for c in candidates]
+    cand_ev = [serve_and_evaluate(s, c, run, parity=False, tokenizer=model_dir) for c in candidates]
     comparisons = {c.variant.name: compare(base_ev, c, run) for c in cand_ev}
     decisions = gate(s, run, [c.name for c in candidates])
     variants = {c.name: c for c in candidates}

@@ -90,14 +90,14 @@ def quantize_variant(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path,
                    size_bytes=_size(result.out), quantization=result.manifest)
 
 
-def _server_config(spec: ReleaseSpec, variant: Variant, folder: Path, dtype: str | None):
+def _server_config(spec: ReleaseSpec, variant: Variant, folder: Path):
     from quantgate.cli_plan import build_plan
     from quantgate.serving.server import config_from_plan
 
     plan = build_plan(variant.path, spec.hardware, context=spec.context, concurrency=spec.concurrency,
                       gpus=spec.gpus, nodes=spec.nodes, replicas=spec.serving.replicas)
     write_json(folder / "plan.json", plan.model_dump(mode="json"))
-    return config_from_plan(plan, variant.path, variant.name, dtype=spec.serving.dtype or dtype, extra_args=spec.serving.extra_args,
+    return config_from_plan(plan, variant.path, variant.name, dtype=spec.serving.dtype, extra_args=spec.serving.extra_args,
                             python=spec.serving.python, startup_timeout_s=spec.serving.startup_timeout_s)
 
 
@@ -181,16 +181,19 @@ def _measure(spec: ReleaseSpec, variant: Variant, srv, cache: Path, evals: dict[
         _run_perf(spec, variant, srv, perf, srv.log_path.parent, tokenizer)
 
 
-def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity: bool, dtype: str | None = None,
-                       tokenizer: Path | None = None, log: Log = print) -> Evidence:
-    """Serve one variant and measure it. `dtype` forces the activation dtype: candidates get the baseline's, so the
-    comparison isolates the quantized weights from engine numerics. `tokenizer` (default: the variant's) makes the
-    perf probe send the same prompts to every variant: pass the baseline's."""
+def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity: bool, tokenizer: Path | None = None,
+                       log: Log = print) -> Evidence:
+    """Serve one variant under its plan and measure it. `tokenizer` (default: the variant's) makes the perf probe
+    send the same prompts to every variant: pass the baseline's.
+
+    The activation dtype is the plan's (or serving.dtype): on CPU the unquantized baseline runs FP32 (BF16 fails
+    engine parity there) while quantized kernels need BF16 ("cpu_gemm_wna16 not implemented for 'Float'"), so the
+    summary notes when a candidate's activations differ from the baseline's."""
     from quantgate.serving.env import serve_python, vllm_version
     from quantgate.serving.server import VLLMServer
 
     folder = run / variant.name
-    config = _server_config(spec, variant, folder, dtype)
+    config = _server_config(spec, variant, folder)
     engine = vllm_version(serve_python(config.python))
     cache = results_dir() / "cache" / "variants" / _cache_key(variant, config, engine)
     evals = {p.stem: _eval_dir(cache, p, spec.eval.limit) for p in spec.eval_sets}
@@ -298,6 +301,9 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidenc
                                         "registry": promotions.get(c.variant.name, {}).get("path")} for c in cands},
         "decision": "PROMOTE" if promoted else "REJECT",
         "promoted": promoted,
+        "notes": [f"{c.variant.name} was served with {c.dtype or 'auto'} activations, the baseline with {base.dtype or 'auto'}: "
+                  "its deltas include the engine's numerics at that dtype, not only the quantized weights"
+                  for c in cands if c.dtype != base.dtype],
         "policy": decisions[0].policy if decisions else None,
     }
     write_json(run / "summary.json", summary)
@@ -317,6 +323,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             size = f"{row['size_ratio']:.2f}x" if first else ""
             lines.append(f"| {name if first else ''} | {row['decision'] if first else ''} | {size} | {metric} | "
                          f"{m['base_mean']:.3f} | {m['cand_mean']:.3f} | {m['delta']:+.3f} [{m['ci_low']:+.3f}, {m['ci_high']:+.3f}] |")
+    lines += [f"> note: {n}" for n in summary.get("notes", [])]
     for name, row in summary["candidates"].items():
         if row["reasons"]:
             lines += ["", f"**{name}** rejected because:"] + [f"- {r}" for r in row["reasons"]]
