@@ -5,14 +5,19 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test setup model clean-envs
+.PHONY: demo test setup model browser clean-envs
 
 # A release that runs to a REJECT decision exits 3: for the demo that is a result, not a failure.
 demo: setup model
 	.venv/bin/quantgate release releases/demo.yaml; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ]
 
-test: setup model
+test: setup model browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The report/dashboard tests open pages in a real headless Chromium (Debian's package).
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "[setup] chromium missing and not root: the browser tests will skip (apt-get install chromium)"
 
 setup:
 	scripts/setup.sh all

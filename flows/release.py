@@ -2,7 +2,7 @@
 
     spec -> model -> quantize each scheme -> for the baseline, then each candidate, one server at a time:
               plan -> serve -> engine parity (baseline) -> eval every set (cached) -> stop
-         -> compare each candidate with the baseline -> gate (policy) -> promote -> summary (Markdown artifact)
+         -> compare each candidate with the baseline -> gate (policy) -> promote -> report (HTML + Markdown artifact) + results DB
 
 The flow run ends Failed when no candidate is promoted (REJECT), so pipelines can branch on its state.
 
@@ -58,6 +58,12 @@ def promote(spec: ReleaseSpec, run: Path, decision, variant: rel.Variant) -> dic
     return rel.promote(spec, run, decision, variant)
 
 
+@task(cache_policy=NO_CACHE)
+def report(run: Path) -> str:
+    """report.html + report.md in the run folder, a row in the results database; the Markdown for the artifact."""
+    return rel.publish(run)
+
+
 @flow(name="release", log_prints=True)
 def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
     """Run a release spec to a decision; the summary is results/runs/<run-id>/summary.json."""
@@ -73,8 +79,8 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
     variants = {c.name: c for c in candidates}
     promotions = {d.candidate: promote(s, run, d, variants[d.candidate]) for d in decisions if d.promoted}
     summary = rel.finish_run(s, run, base_ev, cand_ev, comparisons, decisions, promotions)
-    create_markdown_artifact(key=f"release-{s.name}", markdown=rel.summary_markdown(summary),
-                             description=f"quantgate release {s.name}: {summary['decision']}")
+    create_markdown_artifact(key=f"release-{s.name}", markdown=report(run),
+                             description=f"quantgate release {s.name}: {summary['decision']} ({run / 'report.html'})")
     message = f"{summary['decision']}: {run / 'summary.json'}"
     return Completed(message=message, data=summary) if summary["promoted"] else Failed(message=message, data=summary)
 

@@ -17,6 +17,7 @@ app = typer.Typer(
 
 # --- sub-commands: each capability registers its own here (one line each) ---
 # (registrations below)
+from quantgate.cli_report import report as _report, dashboard as _dash; app.command("report")(_report); app.command("dashboard")(_dash)  # noqa: E402,E702
 from quantgate.cli_gate import gate as _gate; app.command("gate")(_gate)  # noqa: E402,E702
 from quantgate.cli_perf import perf as _perf, perf_compare as _perf_cmp  # noqa: E402
 app.command("perf")(_perf); app.command("perf-compare")(_perf_cmp)  # noqa: E702

@@ -310,23 +310,13 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidenc
     return summary
 
 
-def summary_markdown(summary: dict[str, Any]) -> str:
-    lines = [f"# Release `{summary['release']}`: **{summary['decision']}**", "",
-             f"Run `{summary['run']}`; model `{summary['model']}` on `{summary['hardware']}`; policy "
-             f"`{(summary.get('policy') or {}).get('name', '?')}`. Baseline engine parity: "
-             f"**{(summary['baseline']['parity'] or {}).get('verdict', 'n/a')}**.", "",
-             "| candidate | decision | size vs baseline | metric | baseline | candidate | delta [95% CI] |",
-             "|---|---|---|---|---|---|---|"]
-    for name, row in summary["candidates"].items():
-        for i, (metric, m) in enumerate(row["metrics"].items()):
-            first = i == 0
-            size = f"{row['size_ratio']:.2f}x" if first else ""
-            lines.append(f"| {name if first else ''} | {row['decision'] if first else ''} | {size} | {metric} | "
-                         f"{m['base_mean']:.3f} | {m['cand_mean']:.3f} | {m['delta']:+.3f} [{m['ci_low']:+.3f}, {m['ci_high']:+.3f}] |")
-    lines += [f"> note: {n}" for n in summary.get("notes", [])]
-    for name, row in summary["candidates"].items():
-        if row["reasons"]:
-            lines += ["", f"**{name}** rejected because:"] + [f"- {r}" for r in row["reasons"]]
-        elif row.get("registry"):
-            lines += ["", f"**{name}** promoted to `{row['registry']}`."]
-    return "\n".join(lines) + "\n"
+def publish(run: Path) -> str:
+    """The run's HTML/Markdown report (<run>/report.html, report.md) and its row in the results database;
+    returns the Markdown for the Prefect artifact."""
+    from quantgate.report import write_report
+    from quantgate.store import Store, default_path
+
+    _, md = write_report(run)
+    with Store(default_path()) as store:
+        store.ingest(run)
+    return md.read_text(encoding="utf-8")
