@@ -23,7 +23,7 @@ from quantgate.paths import results_dir  # noqa: E402
 from quantgate.perf import probe  # noqa: E402
 from quantgate.perf_compare import compare, level_medians  # noqa: E402
 from quantgate.perf_models import PerfResult  # noqa: E402
-from quantgate.runrecord import write_json  # noqa: E402
+from quantgate.fileio import write_json  # noqa: E402
 from quantgate.serving.server import ServerConfig, VLLMServer  # noqa: E402
 
 # CPU serving arguments: eager BF16 serves the demo model correctly (FIELD_NOTES; compiled BF16 does not)

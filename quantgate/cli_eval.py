@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from quantgate.errors import QuantgateError
+from quantgate.fileio import resolve_api_key
 
 
 def eval_cmd(
@@ -28,12 +27,7 @@ def eval_cmd(
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Send an eval set to a running server, score the answers, write the run directory."""
-    api_key = None
-    if api_key_env:
-        api_key = os.environ.get(api_key_env)
-        if not api_key:
-            raise QuantgateError(f"environment variable {api_key_env} is not set or empty", where="--api-key-env",
-                                 fix=f"export {api_key_env}=... or drop --api-key-env")
+    api_key = resolve_api_key(api_key_env)
     from quantgate.evalrun import run_eval
 
     summary = run_eval(evalset, endpoint, model, out, concurrency=concurrency, limit=limit, api_key=api_key,

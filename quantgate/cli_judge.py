@@ -32,7 +32,7 @@ def judge_cmd(
     seed: Annotated[int, typer.Option(help="seed sent with every judge request")] = 0,
 ) -> None:
     """Calibrate an LLM judge, then judge candidate vs baseline answers pairwise in both orders."""
-    from quantgate.judge_client import resolve_api_key
+    from quantgate.fileio import resolve_api_key
     from quantgate.judge_report import warnings
     from quantgate.judgerun import run_judge
 

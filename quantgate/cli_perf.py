@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import typer
@@ -14,7 +13,7 @@ from quantgate.errors import ConfigError
 from quantgate.perf import load_result, probe
 from quantgate.perf_compare import compare
 from quantgate.perf_models import PerfResult
-from quantgate.runrecord import write_json
+from quantgate.fileio import resolve_api_key, write_json
 
 
 def parse_levels(text: str) -> list[int]:
@@ -69,11 +68,7 @@ def perf(
     plan: Path | None = typer.Option(None, "--plan", help="plan JSON (quantgate plan --out): the planner's KV capacity"),
 ) -> None:
     """Probe a served variant with vLLM's benchmark client: throughput, TTFT/ITL, memory; writes OUT/perf.json."""
-    api_key = None
-    if api_key_env:
-        api_key = os.environ.get(api_key_env)
-        if not api_key:
-            raise ConfigError(f"environment variable {api_key_env} is not set", where="--api-key-env", fix=f"export {api_key_env}=<key>")
+    api_key = resolve_api_key(api_key_env)
     result = probe(endpoint, model, out, concurrency=parse_levels(concurrency), num_prompts=num_prompts, input_len=input_len,
                    output_len=output_len, repeats=repeats, seed=seed, warmups=warmups, tokenizer=tokenizer, api_key=api_key,
                    checkpoint=checkpoint, server_log=server_log, plan=plan)

@@ -6,13 +6,13 @@ the baseline directory, prompts that would not fit) runs before the first chat r
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from quantgate.errors import QuantgateError
+from quantgate.fileio import resolve_api_key
 
 
 def recall(
@@ -44,12 +44,7 @@ def recall(
     length_list = nd.parse_ints(lengths, "--lengths", 1)
     if max_model_len is not None:
         nd.check_lengths(length_list, max_model_len, max_answer_tokens, "--max-model-len")
-    api_key = None
-    if api_key_env:
-        api_key = os.environ.get(api_key_env)
-        if not api_key:
-            raise QuantgateError(f"environment variable {api_key_env} is not set or empty", where="--api-key-env",
-                                 fix=f"export {api_key_env}=... or drop --api-key-env")
+    api_key = resolve_api_key(api_key_env)
     if baseline is not None and not (baseline / "requests.jsonl").is_file():
         raise QuantgateError("no requests.jsonl in the baseline directory", where=f"--baseline {baseline}",
                              fix="give the --out directory of a finished `quantgate recall` run")

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quantgate.errors import QuantgateError
 from quantgate.parity import POLICY_FILE, ParityPolicy, ParityReport, check_parity
 from quantgate.paths import EVAL_SETS
-from quantgate.runrecord import write_json
+from quantgate.fileio import write_json
 from quantgate.yamlconfig import load_model
 
 PROMPTS_FILE = EVAL_SETS / "parity_prompts.yaml"

@@ -11,20 +11,14 @@ Re-running into the same directory resumes; a directory made for another model/s
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from quantgate.errors import QuantgateError
+from quantgate.fileio import write_json
 
 MANIFEST_SCHEMA = 1
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> Any:
@@ -135,12 +129,12 @@ def run_eval(
         diff = [k for k in ("evalset", "model", "model_hash", "decoding", "engine_version") if prev.get(k) != manifest.get(k)]
         raise QuantgateError(f"this directory holds a run of something else (differs in: {', '.join(diff) or 'key'})",
                              where=str(old), fix="use a new --out directory, or delete this one")
-    _write_json(old, manifest)
+    write_json(old, manifest)
     requests = [Request(s.id, s.chat(), es.max_tokens(s)) for s in samples]
     try:
         stats = run(requests, out / "results.jsonl", cfg)
     except ErrorRateExceeded as exc:
-        _write_json(old, {**manifest, "status": "failed", "error": exc.message, "error_rate": exc.share})
+        write_json(old, {**manifest, "status": "failed", "error": exc.message, "error_rate": exc.share})
         raise
     loader.result()
     records = read_results(out / "results.jsonl")
@@ -151,8 +145,8 @@ def run_eval(
     failed = len(samples) - len(outputs)
     summary = {"n_samples": len(samples), "n_answered": len(outputs), "n_failed": failed,
                "error_rate": failed / len(samples) if samples else 0.0, "metrics": summarize(scores, metrics)}
-    _write_json(out / "summary.json", summary)
-    _write_json(old, {**manifest, "status": "complete", "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    write_json(out / "summary.json", summary)
+    write_json(old, {**manifest, "status": "complete", "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                       "client": {"answered_now": stats.answered, "failed_now": stats.failed, "skipped": stats.skipped,
                                  "elapsed_s": round(stats.elapsed_s, 3)}})
     return summary

@@ -252,7 +252,7 @@ def write_decision(run: Path | str, decisions: list, out: Path | str | None = No
     with every candidate's checks; and each candidate's own decision in <run>/<candidate>/decision.json."""
     import datetime as dt
 
-    from quantgate.runrecord import write_json
+    from quantgate.fileio import write_json
 
     run = Path(run)
     promoted = next((d.candidate for d in decisions if d.promoted), None)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,29 +44,6 @@ class JudgeClientConfig:
     max_tokens: int = 192
     seed: int = 0
     max_consecutive_failures: int = 5  # judge unreachable or timing out: stop early
-
-
-def resolve_api_key(api_key_env: str | None = None, prefect_secret: str | None = None) -> str | None:
-    """The judge's API key from an environment variable or a Prefect Secret block (None: no key)."""
-    if api_key_env and prefect_secret:
-        raise QuantgateError("give either an environment variable or a Prefect Secret block, not both",
-                             where="--api-key-env / --prefect-secret")
-    if api_key_env:
-        key = os.environ.get(api_key_env)
-        if not key:
-            raise QuantgateError(f"environment variable {api_key_env} is not set or empty", where="--api-key-env",
-                                 fix=f"export {api_key_env}=... or drop --api-key-env")
-        return key
-    if prefect_secret:
-        try:
-            from prefect.blocks.system import Secret
-
-            return Secret.load(prefect_secret).get()
-        except Exception as exc:  # import error, unknown block, unreachable Prefect API
-            raise QuantgateError(f"cannot read Prefect Secret block {prefect_secret!r}: {exc}",
-                                 where="--prefect-secret",
-                                 fix="create it (prefect block create secret) and check PREFECT_API_URL") from None
-    return None
 
 
 async def _post(client, url: str, payload: dict, cfg: JudgeClientConfig) -> tuple[str | None, int, str | None]:

@@ -11,7 +11,6 @@ Layout of the output directory:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,10 @@ from quantgate.errors import ConfigError, QuantgateError
 from quantgate.judge import Judge, JudgeSpec, PairItem, SLOTS, outcomes, parse_verdict, render, \
     summarize_calibration, summarize_comparison, template_problems
 from quantgate.judge_corrupt import CalibrationConfig, calibration_pairs
+from quantgate.fileio import write_json
 from quantgate.paths import JUDGES
 
 SCHEMA = 1
-
-
-def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def load_judge(path: Path | str) -> Judge:

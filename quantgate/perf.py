@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from quantgate.errors import ConfigError, QuantgateError
 from quantgate.perf_compare import first_error, level_medians
 from quantgate.perf_models import PerfResult, PlannerKV, RunResult, Workload, failed_run, parse_engine_log, run_from_bench
-from quantgate.runrecord import write_json
+from quantgate.fileio import write_json
 from quantgate.serving.env import serve_python
 
 DRIVER = Path(__file__).parent / "serving" / "bench_driver.py"

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from quantgate.errors import QuantgateError
+from quantgate.fileio import pid_alive, write_json
 from quantgate.paths import results_dir
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -45,25 +46,11 @@ def registry_root(root: Path | str | None = None) -> Path:
     return Path(root) if root else results_dir() / "registry"
 
 
-def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _clean_stale(model_dir: Path) -> None:
     """Remove temporary entries left by promotions whose process no longer exists."""
     for d in model_dir.glob(".*.tmp-*-*"):
         pid = d.name.rsplit("-", 2)[-2]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
 
 
@@ -125,7 +112,7 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
     tmp = model_dir / f".{version}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        _write_json(tmp / "decision.json", d)
+        write_json(tmp / "decision.json", d)
         _after_step("decision")
         report_copy = None
         if report is not None and Path(report).is_file():
@@ -146,7 +133,7 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
                        "skipped": sum(c.get("passed") is None for c in d.get("checks", []))},
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         }
-        _write_json(tmp / MANIFEST, manifest)
+        write_json(tmp / MANIFEST, manifest)
         _after_step("manifest")
         try:
             os.rename(tmp, target)
@@ -197,7 +184,6 @@ def publish_entry(entry: Path | str, target: str, *, model: str, version: str) -
             fs.put_file(str(f), f"{dest}/{rel.as_posix()}")
         where = {"target": target, "path": dest}
     record = where | {"published": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-    from quantgate.runrecord import write_json
 
     write_json(entry / "publish.json", record)
     return record

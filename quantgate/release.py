@@ -23,7 +23,8 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from quantgate.models import checkpoint_hash, resolve_model
-from quantgate.runrecord import git_state, new_run_id, package_versions, run_dir, write_json
+from quantgate.fileio import write_json
+from quantgate.runrecord import git_state, new_run_id, package_versions, run_dir
 from quantgate.paths import results_dir
 from quantgate.spec import ReleaseSpec
 

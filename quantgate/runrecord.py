@@ -8,8 +8,6 @@ results/runs/<run-id>/
 from __future__ import annotations
 
 import datetime as dt
-import json
-import os
 import subprocess
 import time
 from contextlib import contextmanager
@@ -17,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
+from quantgate.fileio import write_json
 from quantgate.paths import REPO, results_dir
 
 PACKAGES = ("quantgate", "llmcompressor", "compressed-tensors", "transformers", "torch", "prefect", "datasets", "evaluate")
@@ -50,14 +49,6 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file + rename): readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 @contextmanager

@@ -24,6 +24,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.errors import QuantgateError
+from quantgate.fileio import log_tail
 from quantgate.serving.env import LAUNCHER, serve_python
 
 
@@ -56,13 +57,6 @@ def port_is_free(host: str, port: int) -> bool:
             return True
         except OSError:
             return False
-
-
-def log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def kill_tree(pid: int, grace_s: float = 15.0) -> None:
