@@ -101,6 +101,18 @@ def test_release_flow_produces_evidence_for_every_variant(workspace):
     evidence = json.loads((run / "baseline" / "evidence.json").read_text())
     assert evidence["served"] is True and Path(evidence["evals"]["default"], "results.jsonl").is_file()
     assert json.loads((run / "run.json").read_text())["git"]["commit"]
+    # the report of this real run: every candidate and every metric's delta is on the page
+    from html import unescape
+
+    from quantgate.store import Store
+
+    html = unescape((run / "report.html").read_text())
+    assert 'id="cand-w4a16-gptq"' in html and "PROMOTE" in html
+    assert all(f"{m['delta']:+.3f}" in html for m in cand["metrics"].values())
+    assert "PROMOTE" in (run / "report.md").read_text()
+    with Store(root / "results" / "quantgate.db") as store:  # the flow ingested it
+        rows = store.query("SELECT COUNT(*) AS n FROM metrics WHERE run_id=? AND category='*'", "first")
+        assert rows[0]["n"] == len(cand["metrics"])
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, seconds: float = 120) -> None:
