@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quantgate import preflight
 from quantgate.calibration import CalibrationSet, CalibrationSpec, build, write_jsonl
 from quantgate.errors import QuantgateError
+from quantgate.fileio import log_tail, pid_alive
 from quantgate.hardware import get_profile, load_catalogue
 from quantgate.paths import RECIPES, REPO, home
 from quantgate.quant_runner import EXIT_REFUSED, LIBRARIES
@@ -186,7 +187,7 @@ def _run_child(p: Plan, tmp: Path, work: Path, log: Callable[[str], None], timeo
             raise
     result_path = work / "result.json"
     result = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else {}
-    tail = _tail(work / "quantize.log")
+    tail = log_tail(work / "quantize.log")
     if code == EXIT_REFUSED:
         raise QuantgateError(f"llmcompressor refused the {result.get('refused', 'input')} before loading the model: {result.get('message')}",
                              where=p.recipe_file, fix="correct the recipe/calibration named above")
@@ -266,18 +267,8 @@ def _clean_stale(out: Path) -> None:
     """Remove temporary folders left by runs that died (their process id no longer exists)."""
     for d in out.parent.glob(f".{out.name}.*-*"):
         pid = d.name.rsplit("-", 2)[-2] if d.name.count("-") >= 2 else ""
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def source_hash(model_dir: Path) -> str:
@@ -318,10 +309,3 @@ def _version(name: str) -> str:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return "absent"
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""

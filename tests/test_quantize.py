@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import httpx
 import pytest
 
 from quantgate.calibration import CalibrationSpec
@@ -226,7 +227,7 @@ def demo_request(model, root, scheme: str) -> QuantizeRequest:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # minutes on 2 idle cores; much longer when other jobs share them
 @pytest.mark.parametrize("scheme", list(SCHEMES))
-def test_demo_model_quantized(demo_model, tmp_path, scheme):
+def test_demo_model_quantized(demo_model, vllm_server, tmp_path, scheme):
     res = quantize(demo_request(demo_model, tmp_path, scheme))
     assert not res.reused
     bits, kind, group, acts = SCHEMES[scheme]
@@ -255,6 +256,13 @@ def test_demo_model_quantized(demo_model, tmp_path, scheme):
     # only AWQ reaches the pinning, and only a machine without an accelerator needs the workaround
     assert bool(m["workarounds"]) is (scheme == "w4a16-awq" and not torch.accelerator.is_available())
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folders left
+    # the serving environment's vLLM loads the compressed-tensors checkpoint and answers (CPU kernels: BF16 activations)
+    with vllm_server(out, name=scheme, args=["--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "1024"]) as srv:
+        resp = httpx.post(f"{srv.base_url}/chat/completions", headers={"Authorization": f"Bearer {srv.api_key}"}, timeout=300,
+                          json={"model": scheme, "max_tokens": 16, "temperature": 0,
+                                "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["completion_tokens"] > 0 and resp.json()["choices"][0]["message"]["content"].strip()
 
 
 @pytest.mark.slow
