@@ -74,6 +74,7 @@ def quantgate(*args: str, env: dict, timeout: float = 1500) -> subprocess.Comple
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # quantization + two servers: minutes on 2 idle cores, far more when they are shared
 def test_release_flow_produces_evidence_for_every_variant(workspace):
     root, spec, env = workspace
     proc = quantgate("release", str(spec), "--run-id", "first", env=env)
@@ -129,6 +130,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, seconds: float = 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_prefect_deployment_run_of_the_release(workspace):
     root, spec, env = workspace
     prefect = str(Path(sys.executable).with_name("prefect"))
