@@ -47,7 +47,7 @@ build_env() {
     "$env/bin/python" -m pip install --quiet --upgrade pip==25.3
     # a .lock file pins everything (install exactly it); a .in file lists direct pins (let pip resolve the rest)
     local nodeps=(); [[ "$lock" == *.lock ]] && nodeps=(--no-deps)
-    "$env/bin/python" -m pip install --progress-bar off "${nodeps[@]}" -r "$lock" \
+    "$env/bin/python" -m pip install --quiet --progress-bar off "${nodeps[@]}" -r "$lock" \
       || die "pip could not install $lock (network to the package index? see the pip output above); re-run the same command to retry"
     [ $# -gt 0 ] && "$@" "$env"
     echo "$(date -u +%FT%TZ) $(basename "$lock") $hash" > "$env/.complete"
