@@ -41,9 +41,22 @@ class Workload(BaseModel):
         return self.model_dump(exclude={"tokenizer", "tokenizer_sha256", "warmups"})
 
 
-class RunResult(BaseModel):
+class Figures(BaseModel):
+    """Throughput and latency of one run or of the median over runs (None: not measured, never 0)."""
+
     model_config = ConfigDict(extra="forbid")
 
+    output_tok_s: float | None = None
+    requests_s: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p95_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    e2el_p50_ms: float | None = None
+
+
+class RunResult(Figures):
     repeat: int
     concurrency: int
     num_prompts: int
@@ -51,32 +64,14 @@ class RunResult(BaseModel):
     failed: int
     error_rate: float
     duration_s: float | None = None
-    output_tok_s: float | None = None
-    requests_s: float | None = None
-    ttft_p50_ms: float | None = None
-    ttft_p95_ms: float | None = None
-    itl_p50_ms: float | None = None
-    itl_p95_ms: float | None = None
-    tpot_p50_ms: float | None = None
-    e2el_p50_ms: float | None = None
     output_tokens: int | None = None
     errors: list[str] = Field(default_factory=list, description="distinct error messages, first few")
 
 
-class LevelMedian(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class LevelMedian(Figures):
     concurrency: int
     repeats: int
     error_rate: float
-    output_tok_s: float | None = None
-    requests_s: float | None = None
-    ttft_p50_ms: float | None = None
-    ttft_p95_ms: float | None = None
-    itl_p50_ms: float | None = None
-    itl_p95_ms: float | None = None
-    tpot_p50_ms: float | None = None
-    e2el_p50_ms: float | None = None
 
 
 class EngineMemory(BaseModel):
