@@ -1,8 +1,8 @@
 """The release flow: a release spec in, evidence for every variant out (results/runs/<run-id>/).
 
     spec -> model -> quantize each scheme -> for the baseline, then each candidate, one server at a time:
-              plan -> serve -> engine parity (baseline) -> eval every set (cached) -> stop
-         -> compare each candidate with the baseline -> gate (policy) -> promote -> report (HTML + Markdown artifact) + results DB
+              plan -> serve -> engine parity (baseline) -> eval sets -> recall grid -> perf probe -> stop (all cached)
+         -> compare with the baseline -> gate (policy) -> promote -> report (HTML, Markdown artifact, results DB)
 
 The flow run ends Failed when no candidate is promoted (REJECT), so pipelines can branch on its state.
 
