@@ -80,6 +80,18 @@ def kill_tree(pid: int, grace_s: float = 15.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.info["pid"]) == pgid:
+                out.append(p.info["pid"])
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return out
+
+
 class VLLMServer:
     def __init__(self, config: ServerConfig, log_path: Path):
         self.config = config
@@ -152,6 +164,9 @@ class VLLMServer:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while _group_members(self.proc.pid) and time.monotonic() < deadline:  # SIGKILLed processes take a moment
+            time.sleep(0.2)
         deadline = time.monotonic() + 30
         while not port_is_free(self.config.host, self.port) and time.monotonic() < deadline:
             time.sleep(0.5)
