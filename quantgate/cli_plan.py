@@ -88,13 +88,16 @@ def plan(
     gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization"),
     cpu_cores_per_worker: int = typer.Option(1, "--cpu-cores-per-worker", help="CPU targets: cores bound per rank"),
     master_addr: str | None = typer.Option(None, "--master-addr", help="multi-node head address"),
+    master_port: int | None = typer.Option(None, "--master-port", help="multi-node head port (default: the policy's)"),
+    nodes_share_host: bool = typer.Option(False, "--nodes-share-host", help="CPU: the nodes are process groups on one host"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     out: Path | None = typer.Option(None, "--out", help="also write the plan JSON to this file"),
 ) -> None:
     """Choose TP/PP/DP/EP and the vLLM arguments for a model on a hardware target, with the reasons."""
     p = build_plan(model, hardware, context=context, concurrency=concurrency, gpus=gpus, nodes=nodes, kv_dtype=kv_dtype,
                    replicas=replicas, gpu_memory_utilization=gpu_memory_utilization,
-                   cpu_cores_per_worker=cpu_cores_per_worker, master_addr=master_addr)
+                   cpu_cores_per_worker=cpu_cores_per_worker, master_addr=master_addr, master_port=master_port,
+                   nodes_share_host=nodes_share_host)
     text = json.dumps(p.model_dump(mode="json"), indent=2)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)

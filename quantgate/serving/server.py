@@ -92,6 +92,51 @@ def _group_members(pgid: int) -> list[int]:
     return out
 
 
+def spawn(python: Path, command: list[str], env: dict[str, str], log_path: Path, prefix: list[str] | None = None) -> subprocess.Popen:
+    """Start `vllm ...` (command[0] == "vllm") through the launcher, in its own session, output to `log_path`.
+
+    `prefix` wraps the launch (e.g. `ip netns exec NS`, which execs in place, so the pid stays the server's)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "QUANTGATE_PARENT_PID": str(os.getpid())}
+    with open(log_path, "ab") as log:
+        log.write(f"$ {' '.join(command)}\n".encode())
+        log.flush()
+        # own session: Ctrl-C in the terminal reaches us, and we stop the server tree ourselves
+        return subprocess.Popen([*(prefix or []), str(python), str(LAUNCHER), *command[1:]], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full, start_new_session=True)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Kill a launched server's tree, then whatever is left in its process group (workers orphaned by a killed
+    parent), and wait until no member is left (SIGKILLed processes take a moment)."""
+    kill_tree(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 15
+    while _group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def wait_port_free(host: str, port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not port_is_free(host, port) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def is_ready(base_url: str, api_key: str, name: str) -> bool:
+    """/health answers and /v1/models lists `name` (the API server is up and the engine loaded)."""
+    try:
+        if httpx.get(f"{base_url.removesuffix('/v1')}/health", timeout=2).status_code != 200:
+            return False
+        models = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=5).json()
+        return any(m.get("id") == name for m in models.get("data", []))
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
 class VLLMServer:
     def __init__(self, config: ServerConfig, log_path: Path):
         self.config = config
@@ -114,15 +159,7 @@ class VLLMServer:
         python = serve_python(self.config.python)
         if not port_is_free(self.config.host, self.port):
             raise QuantgateError(f"port {self.port} on {self.config.host} is in use", fix="pick another port or leave it unset for a free one")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.config.env, "VLLM_API_KEY": self.api_key, "PYTHONUNBUFFERED": "1",
-               "QUANTGATE_PARENT_PID": str(os.getpid())}
-        with open(self.log_path, "ab") as log:
-            log.write(f"$ {' '.join(self.command)}\n".encode())
-            log.flush()
-            # own session: Ctrl-C in the terminal reaches us, and we stop the server tree ourselves
-            self.proc = subprocess.Popen([str(python), str(LAUNCHER), *self.command[1:]], stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self.proc = spawn(python, self.command, {**self.config.env, "VLLM_API_KEY": self.api_key}, self.log_path)
         try:
             self._wait_ready()
         except BaseException:
@@ -132,8 +169,6 @@ class VLLMServer:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
-        root = self.base_url.removesuffix("/v1")
-        headers = {"Authorization": f"Bearer {self.api_key}"}
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise QuantgateError(
@@ -141,13 +176,8 @@ class VLLMServer:
                     where=str(self.log_path),
                     fix="read the log above; a model vLLM cannot load, too little KV cache space or a busy port are the usual causes",
                 )
-            try:
-                if httpx.get(f"{root}/health", timeout=2).status_code == 200:
-                    models = httpx.get(f"{self.base_url}/models", headers=headers, timeout=5).json()
-                    if any(m.get("id") == self.config.name for m in models.get("data", [])):
-                        return
-            except (httpx.HTTPError, ValueError):
-                pass
+            if is_ready(self.base_url, self.api_key, self.config.name):
+                return
             time.sleep(1.0)
         raise QuantgateError(
             f"vLLM server did not become healthy within {self.config.startup_timeout_s:.0f} s; last log lines:\n{log_tail(self.log_path)}",
@@ -158,18 +188,8 @@ class VLLMServer:
     def stop(self) -> None:
         if self.proc is None:
             return
-        kill_tree(self.proc.pid)
-        try:  # whatever is left in the server's process group (e.g. workers orphaned by a killed API server)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait(timeout=10)
-        deadline = time.monotonic() + 15
-        while _group_members(self.proc.pid) and time.monotonic() < deadline:  # SIGKILLed processes take a moment
-            time.sleep(0.2)
-        deadline = time.monotonic() + 30
-        while not port_is_free(self.config.host, self.port) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        stop_group(self.proc)
+        wait_port_free(self.config.host, self.port)
         self.proc = None
 
     def alive(self) -> bool:
@@ -200,6 +220,12 @@ def config_from_plan(plan, model: Path, name: str, *, replica: int = 0, dtype: s
     rep = plan.replica_plans[replica]
     if rep.multi_node is not None:
         raise QuantgateError(f"replica {replica} spans {len(rep.nodes)} nodes", fix="serve it with the multi-node manager")
+    return ServerConfig(model=model, name=name, args=plan_args(plan, dtype) + list(extra_args or []), env=dict(rep.env),
+                        python=python, startup_timeout_s=startup_timeout_s)
+
+
+def plan_args(plan, dtype: str | None = None) -> list[str]:
+    """The plan's `vllm serve` flags as argv (boolean flags without a value); `dtype` replaces --dtype."""
     args = dict(plan.vllm_args)
     if dtype:
         args["--dtype"] = dtype
@@ -208,5 +234,4 @@ def config_from_plan(plan, model: Path, name: str, *, replica: int = 0, dtype: s
         if value is False:
             continue
         argv += [flag] if value is True else [flag, str(value)]
-    return ServerConfig(model=model, name=name, args=argv + list(extra_args or []), env=dict(rep.env), python=python,
-                        startup_timeout_s=startup_timeout_s)
+    return argv

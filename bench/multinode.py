@@ -1,0 +1,84 @@
+"""Start-up time and throughput of the demo model as 2 local nodes (PP=2 across node processes) vs one process.
+
+    .venv/bin/python bench/multinode.py [--concurrency 1,4] [--num-prompts 16] [--repeats 2]
+
+Both layouts serve the same checkpoint with the same engine flags (the planner's FP32 on CPU, both compiled: pipeline
+parallel needs it, and the single process drops the plan's --enforce-eager to match) and get the same `vllm bench serve` workload through quantgate's perf probe. The single
+process is the planner's one-node plan with one CPU worker (`--gpus 1`), the 2-node layout is `--gpus 1 --nodes 2`
+on one host (one core per node). Start-up = launch until the API answers with every node joined; the torch.compile
+cache (~/.cache/vllm) is warm after the first start, so run it twice for steady figures. Prints the figures and
+the 2-node/1-process ratios; results land in --out (default results/bench/multinode-<timestamp>/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from quantgate.cli_plan import build_plan  # noqa: E402
+from quantgate.fileio import write_json  # noqa: E402
+from quantgate.models import ensure_demo_model  # noqa: E402
+from quantgate.paths import results_dir  # noqa: E402
+from quantgate.perf import probe  # noqa: E402
+from quantgate.serving.multinode import MultiNodeServer, multinode_config_from_plan  # noqa: E402
+from quantgate.serving.server import VLLMServer, config_from_plan  # noqa: E402
+
+
+def servers(model: Path, out: Path, context: int):
+    """(name, server) for the one-process and the 2-node layout; neither is started yet."""
+    one = build_plan(model, "x86-cpu", context=context, concurrency=4, gpus=1, replicas=1)
+    two = build_plan(model, "x86-cpu", context=context, concurrency=4, gpus=1, nodes=2, replicas=1,
+                     nodes_share_host=True, master_addr="127.0.0.1")
+    single = config_from_plan(one, model, "demo")
+    single.args = [a for a in single.args if a != "--enforce-eager"]  # compiled like the PP layout: same engine path
+    yield "1-process", VLLMServer(single, log_path=out / "1-process" / "server.log")
+    yield "2-node", MultiNodeServer(multinode_config_from_plan(two, model, "demo"), log_dir=out / "2-node")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    model = ensure_demo_model()
+    out = args.out or results_dir() / "bench" / f"multinode-{dt.datetime.now():%Y%m%dT%H%M%S}"
+    levels = [int(x) for x in args.concurrency.split(",")]
+    rows = {}
+    for name, server in servers(model, out, args.context):
+        print(f"serving {name}: {' '.join(server.command)}", flush=True)
+        t0 = time.perf_counter()
+        with server as srv:
+            startup = time.perf_counter() - t0
+            res = probe(srv.base_url, "demo", out / name, concurrency=levels, num_prompts=args.num_prompts,
+                        input_len=args.input_len, output_len=args.output_len, repeats=args.repeats, tokenizer=model,
+                        api_key=srv.api_key, python=srv.config.python)
+        rows[name] = (startup, {m.concurrency: m for m in res.medians})
+        print(f"  {name}: healthy after {startup:.1f} s", flush=True)
+    write_json(out / "summary.json", {n: {"startup_s": s, "medians": {c: m.model_dump() for c, m in ms.items()}}
+                                      for n, (s, ms) in rows.items()})
+    print(f"\n{args.num_prompts} prompts, {args.input_len}->{args.output_len} tokens, median of {args.repeats} run(s); {out}")
+    print(f"{'layout':<11}{'start s':>8}{'conc':>6}{'tok/s':>8}{'req/s':>7}{'TTFT p50':>10}{'ITL p50':>9}")
+    for name, (startup, medians) in rows.items():
+        for c, m in medians.items():
+            print(f"{name:<11}{startup:>8.1f}{c:>6}{m.output_tok_s or 0:>8.1f}{m.requests_s or 0:>7.2f}"
+                  f"{m.ttft_p50_ms or 0:>10.0f}{m.itl_p50_ms or 0:>9.0f}")
+    (s1, one), (s2, two) = rows["1-process"], rows["2-node"]
+    print(f"\n2-node / 1-process: start-up x{s2 / s1:.2f}; " + "; ".join(
+        f"throughput at concurrency {c} x{two[c].output_tok_s / one[c].output_tok_s:.2f}" for c in levels
+        if one[c].output_tok_s and two[c].output_tok_s))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
