@@ -1,8 +1,10 @@
 """The release flow: a release spec in, evidence for every variant out (results/runs/<run-id>/).
 
-    spec -> model -> quantize each scheme -> for the baseline, then each candidate, one server at a time:
-              plan -> serve -> engine parity (baseline) -> eval sets -> recall grid -> perf probe -> stop (all cached)
-         -> compare with the baseline -> gate (policy) -> promote -> report (HTML, Markdown artifact, results DB)
+    spec -> model -> baseline: plan -> serve -> engine parity -> eval sets -> recall grid -> perf probe -> stop
+         -> for each rung of schemes (all of them at once, or one at a time with `ladder: true`):
+              quantize -> serve and measure each candidate like the baseline (one server at a time, all cached)
+              -> compare with the baseline -> judge (spec.judge) -> gate (policy); a ladder stops at the first PROMOTE
+         -> promote -> report (HTML, Markdown artifact, results DB)
 
 The flow run ends Failed when no candidate is promoted (REJECT), so pipelines can branch on its state.
 
@@ -21,47 +23,62 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed
 
 from quantgate import release as rel
+from quantgate.runrecord import timed
 from quantgate.spec import ReleaseSpec, load_spec
 
 
 @task(retries=2, retry_delay_seconds=10, cache_policy=NO_CACHE)
-def prepare_model(spec: ReleaseSpec) -> Path:
+def prepare_model(spec: ReleaseSpec, run: Path) -> Path:
     """Catalogue id -> verified checkpoint (downloads are the transient part, hence the retries)."""
-    return rel.resolve_model(spec.model)
+    with timed(run, "model"):
+        return rel.resolve_model(spec.model)
 
 
 @task(cache_policy=NO_CACHE)
 def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path) -> rel.Variant:
     """llmcompressor in a child process; an artifact with the same inputs is reused."""
-    return rel.quantize_variant(spec, model_dir, scheme, run, log=get_run_logger().info)
+    with timed(run, f"quantize {scheme}"):
+        return rel.quantize_variant(spec, model_dir, scheme, run, log=get_run_logger().info)
 
 
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
 def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parity: bool,
                        tokenizer: Path | None = None) -> rel.Evidence:
     """Plan, serve, check the engine, run the eval sets, recall grid and perf probe, stop the server (cached: no server)."""
-    return rel.serve_and_evaluate(spec, variant, run, parity=parity, tokenizer=tokenizer, log=get_run_logger().info)
+    with timed(run, f"serve and measure {variant.name}"):
+        return rel.serve_and_evaluate(spec, variant, run, parity=parity, tokenizer=tokenizer, log=get_run_logger().info)
 
 
 @task(cache_policy=NO_CACHE)
 def compare(baseline: rel.Evidence, candidate: rel.Evidence, run: Path) -> dict:
-    return rel.compare_variants(baseline, candidate, run)
+    with timed(run, f"compare {candidate.variant.name}"):
+        return rel.compare_variants(baseline, candidate, run)
+
+
+@task(retries=1, retry_delay_seconds=10, cache_policy=NO_CACHE)
+def judge(spec: ReleaseSpec, run: Path, baseline: rel.Evidence, candidates: list[rel.Evidence]) -> dict:
+    """The LLM judge on each candidate vs the baseline; a retry resumes. A failure is recorded for the gate."""
+    with timed(run, "judge " + ", ".join(c.variant.name for c in candidates)):
+        return rel.judge(spec, run, baseline, candidates, log=get_run_logger().info)
 
 
 @task(cache_policy=NO_CACHE)
 def gate(spec: ReleaseSpec, run: Path, candidates: list[str]) -> list:
-    return rel.gate(spec, run, candidates)
+    with timed(run, "gate"):
+        return rel.gate(spec, run, candidates)
 
 
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
 def promote(spec: ReleaseSpec, run: Path, decision, variant: rel.Variant) -> dict:
-    return rel.promote(spec, run, decision, variant)
+    with timed(run, f"promote {variant.name}"):
+        return rel.promote(spec, run, decision, variant)
 
 
 @task(cache_policy=NO_CACHE)
 def report(run: Path) -> str:
     """report.html + report.md in the run folder, a row in the results database; the Markdown for the artifact."""
-    return rel.publish(run)
+    with timed(run, "report"):
+        return rel.publish(run)
 
 
 @flow(name="release", log_prints=True)
@@ -69,14 +86,20 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
     """Run a release spec to a decision; the summary is results/runs/<run-id>/summary.json."""
     s = load_spec(spec)
     run = rel.start_run(s, spec, run_id)
-    model_dir = prepare_model(s)
-    baseline = rel.baseline_variant(model_dir)
-    candidates = [quantize(s, model_dir, scheme, run) for scheme in s.schemes]
-    base_ev = serve_and_evaluate(s, baseline, run, parity=True)
-    cand_ev = [serve_and_evaluate(s, c, run, parity=False, tokenizer=model_dir) for c in candidates]
-    comparisons = {c.variant.name: compare(base_ev, c, run) for c in cand_ev}
-    decisions = gate(s, run, [c.name for c in candidates])
-    variants = {c.name: c for c in candidates}
+    model_dir = prepare_model(s, run)
+    base_ev = serve_and_evaluate(s, rel.baseline_variant(model_dir), run, parity=True)
+    variants, cand_ev, comparisons, decisions = {}, [], {}, []
+    while rung := rel.next_schemes(s, decisions):
+        candidates = [quantize(s, model_dir, scheme, run) for scheme in rung]
+        evidence = [serve_and_evaluate(s, c, run, parity=False, tokenizer=model_dir) for c in candidates]
+        comparisons |= {c.variant.name: compare(base_ev, c, run) for c in evidence}
+        if s.judge is not None:
+            judged = judge(s, run, base_ev, evidence, return_state=True)
+            if judged.is_failed():  # recorded in <candidate>/judge/error.json: the gate shows it
+                get_run_logger().warning(f"judge step failed: {judged.message}")
+        variants |= {c.name: c for c in candidates}
+        cand_ev += evidence
+        decisions = gate(s, run, list(variants))
     promotions = {d.candidate: promote(s, run, d, variants[d.candidate]) for d in decisions if d.promoted}
     summary = rel.finish_run(s, run, base_ev, cand_ev, comparisons, decisions, promotions)
     create_markdown_artifact(key=f"release-{s.name}", markdown=report(run),

@@ -50,4 +50,18 @@ def release(
     print(json.dumps({k: summary[k] for k in ("release", "run", "decision", "promoted")}, indent=2))
     for name, row in summary["candidates"].items():
         print(f"{name}: {row['decision']}" + "".join(f"\n  - {r}" for r in row["reasons"]))
+    _print_timings(summary["run"])
     raise typer.Exit(0 if summary["promoted"] else REJECTED)
+
+
+def _print_timings(run_id: str) -> None:
+    """Wall time per flow step (<run>/timings.json), so a slow step shows at the end of every release."""
+    from quantgate.paths import results_dir
+    from quantgate.runrecord import timings
+
+    rows = timings(results_dir() / "runs" / run_id)
+    if rows:
+        print("wall time per step:")
+        for r in rows:
+            print(f"  {r['seconds']:>8.1f} s  {r['step']}" + ("" if r["status"] == "ok" else f"  ({r['status']})"))
+        print(f"  {sum(r['seconds'] for r in rows):>8.1f} s  sum of the steps")

@@ -9,6 +9,8 @@ Files read (written by the release flow, quantgate/release.py, and the tools it 
     <run>/<candidate>/recall/delta.json   `quantgate recall --baseline` output; with both requests.jsonl files a
                                           paired bootstrap CI of the recall delta is computed here
     <run>/<candidate>/judge/report.json   `quantgate judge` report (calibration, non-inferiority)
+    <run>/<candidate>/judge/error.json    why the release's judge step failed (newer than any report.json there):
+                                          the judge slot's gap then carries that reason
     <run>/<candidate>/pay_off.json        {"throughput_ratio": float, "source": "..."}: candidate / baseline
                                           output tokens/s from the performance probe (written by the flow)
 The recall folder, judge report and pay-off figures can be given directly instead. A file that is missing,
@@ -186,6 +188,10 @@ def _recall_pairs(base: Path, cand: Path) -> dict[str, list[tuple[float, float]]
 
 
 def _judge(path: Path, ev: dict) -> None:
+    failed = path.with_name("error.json")
+    if failed.is_file() and (not path.is_file() or failed.stat().st_mtime >= path.stat().st_mtime):
+        err = _read(failed)
+        raise _Bad(f"the judge run failed ({failed}): {err.get('error') if isinstance(err, dict) else err}")
     r = _read(path)
     cal = r["calibration"]
     ni = r["comparison"]["overall"]["non_inferiority"]

@@ -6,11 +6,15 @@ Run folder (results/runs/<run-id>/):
     <variant>/server.log       vLLM's log (absent when every result came from the cache)
     <variant>/evidence.json    what was measured and where it lives (cache folders)
     compare/<candidate>.json   paired statistics against the baseline
-    summary.json               one page of figures per candidate
+    <candidate>/judge/         the spec's LLM judge, candidate vs baseline (quantgate.release_judge)
+    judge-server/              plan.json and server.log of a judge quantgate serves (judge.serve)
+    decision.json              the gate's decisions; with `ladder: true` also every rung, tried or not
+    summary.json               one page of figures per candidate tried (and the ladder's rungs)
 
 Variant evidence is cached under results/cache/variants/<key>/, keyed by the checkpoint's content hash, the exact
 serving arguments and the engine version: the baseline is served and evaluated once and reused by every release
-that shares it.
+that shares it. With `ladder: true` the schemes are tried one at a time in the spec's order until one is
+promoted (quantgate.ladder); schemes never reached have no folder and are listed as not tried, not as failures.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ class Evidence(BaseModel):
     variant: Variant
     folder: Path                   # <run>/<variant>
     cache: Path                    # results/cache/variants/<key>
-    serve_command: list[str]
+    serve_command: list[str]       # the head's, for a multi-node server
+    node_commands: list[list[str]] = []  # multi-node: every node's `vllm serve` line, by rank
     dtype: str | None              # the --dtype it was served with (None: vLLM's auto)
     parity: dict[str, Any] | None = None
     evals: dict[str, Path] = {}    # eval set name -> run directory of quantgate.evalrun
@@ -68,6 +73,10 @@ def start_run(spec: ReleaseSpec, spec_path: str | Path, run_id: str | None) -> P
     from quantgate.gate_policy import load_policy
 
     load_policy(policy_path(spec))  # a bad policy is refused before any work
+    if spec.judge is not None and spec.judge.endpoint is not None:
+        from quantgate.release_judge import api_key
+
+        api_key(spec.judge)  # and a judge API key that is not there
     run = run_dir(run_id or new_run_id(spec.name))
     write_json(run / "run.json", {"spec_file": str(spec_path), "spec": spec.model_dump(mode="json"), "git": git_state(),
                                   "packages": package_versions()})
@@ -92,14 +101,38 @@ def quantize_variant(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path,
 
 
 def _server_config(spec: ReleaseSpec, variant: Variant, folder: Path):
+    """The plan's server for this variant: one VLLMServer config, or a MultiNodeConfig when the plan's replica spans
+    nodes (launched here only when serving.local_nodes says the nodes are process groups on this host)."""
     from quantgate.cli_plan import build_plan
+    from quantgate.errors import ConfigError
+    from quantgate.serving.multinode import multinode_config_from_plan
     from quantgate.serving.server import config_from_plan
 
+    s = spec.serving
     plan = build_plan(variant.path, spec.hardware, context=spec.context, concurrency=spec.concurrency,
-                      gpus=spec.gpus, nodes=spec.nodes, replicas=spec.serving.replicas)
+                      gpus=spec.gpus, nodes=spec.nodes, replicas=s.replicas, nodes_share_host=s.local_nodes or None,
+                      master_addr="127.0.0.1" if s.local_nodes else None)
     write_json(folder / "plan.json", plan.model_dump(mode="json"))
-    return config_from_plan(plan, variant.path, variant.name, dtype=spec.serving.dtype, extra_args=spec.serving.extra_args,
-                            python=spec.serving.python, startup_timeout_s=spec.serving.startup_timeout_s)
+    if plan.replica_plans[0].multi_node is None:
+        return config_from_plan(plan, variant.path, variant.name, dtype=s.dtype, extra_args=s.extra_args, python=s.python,
+                                startup_timeout_s=s.startup_timeout_s)
+    if not s.local_nodes:
+        raise ConfigError(f"the plan for {variant.name} spans {len(plan.replica_plans[0].nodes)} nodes and quantgate launches "
+                          "multi-node servers only when the nodes are process groups on this host",
+                          where="serving.local_nodes",
+                          fix="set serving.local_nodes: true for one big host, or start the nodes with the commands "
+                              f"`quantgate plan` prints (saved in {folder / 'plan.json'})")
+    return multinode_config_from_plan(plan, variant.path, variant.name, dtype=s.dtype, extra_args=s.extra_args,
+                                      python=s.python, startup_timeout_s=s.startup_timeout_s, join_timeout_s=s.join_timeout_s)
+
+
+def _server(config, folder: Path):
+    from quantgate.serving.multinode import MultiNodeConfig, MultiNodeServer
+    from quantgate.serving.server import VLLMServer
+
+    if isinstance(config, MultiNodeConfig):
+        return MultiNodeServer(config, log_dir=folder)
+    return VLLMServer(config, log_path=folder / "server.log")
 
 
 def _cache_key(variant: Variant, config, engine: str) -> str:
@@ -191,7 +224,6 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity
     engine parity there) while quantized kernels need BF16 ("cpu_gemm_wna16 not implemented for 'Float'"), so the
     summary notes when a candidate's activations differ from the baseline's."""
     from quantgate.serving.env import serve_python, vllm_version
-    from quantgate.serving.server import VLLMServer
 
     folder = run / variant.name
     config = _server_config(spec, variant, folder)
@@ -205,10 +237,15 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity
     need_recall = recall is not None and not (recall / "cells.json").is_file()
     perf = _perf_dir(cache, spec)
     need_perf = perf is not None and not _perf_ok(perf)
-    server = VLLMServer(config, log_path=folder / "server.log")
+    server = _server(config, folder)
     served = bool(todo or need_parity or need_recall or need_perf)
     if served:
-        log(f"{variant.name}: serving with `{' '.join(server.command)}` {config.env}")
+        nodes = getattr(config, "nodes", None)
+        if nodes:
+            for node, argv in zip(nodes, server.commands):
+                log(f"{variant.name}: {node.label} serving with `{' '.join(argv)}` {node.env}")
+        else:
+            log(f"{variant.name}: serving with `{' '.join(server.command)}` {config.env}")
         with server as srv:
             try:
                 _measure(spec, variant, srv, cache, evals, todo, recall if need_recall else None, perf if need_perf else None,
@@ -226,6 +263,7 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity
         raise QuantgateError(f"engine parity failed for the baseline: {parity_report['reason']}", where=str(parity_file),
                              fix="the serving engine, not quantization, is wrong: change serving.dtype or the engine version")
     ev = Evidence(variant=variant, folder=folder, cache=cache, serve_command=server.command, parity=parity_report,
+                  node_commands=getattr(server, "commands", []),
                   dtype=_arg(config.args, "--dtype", None),
                   evals=evals, recall=recall, perf=perf, served=served)
     write_json(folder / "evidence.json", ev.model_dump(mode="json"))
@@ -254,6 +292,29 @@ def compare_variants(baseline: Evidence, candidate: Evidence, run: Path) -> dict
     return out
 
 
+def judge(spec: ReleaseSpec, run: Path, baseline: Evidence, candidates: list[Evidence], log: Log = print) -> dict[str, Path]:
+    """The spec's LLM judge on every candidate against the baseline (<run>/<candidate>/judge/report.json, read by
+    the gate); one judge server for all of them when the judge is served. Failures are recorded for the gate, then
+    raised (quantgate.release_judge)."""
+    from quantgate.release_judge import judge_candidates
+
+    return judge_candidates(spec, run, baseline, candidates, log=log)
+
+
+def next_schemes(spec: ReleaseSpec, decisions: list) -> list[str]:
+    """The schemes to try next given the gate's decisions so far: all at once without a ladder; with one, the next
+    in the spec's order while none is promoted. [] when the release is done (quantgate.ladder)."""
+    from quantgate.ladder import next_rung
+
+    return next_rung(spec.schemes, {d.candidate: d.decision for d in decisions}, spec.ladder)
+
+
+def _rungs(spec: ReleaseSpec, decisions: list) -> list[dict]:
+    from quantgate.ladder import rungs
+
+    return rungs(spec.schemes, {d.candidate: d.decision for d in decisions}, {d.candidate: d.reasons for d in decisions})
+
+
 def _summary_row(base: Evidence, cand: Evidence, comparison: dict[str, Any]) -> dict[str, Any]:
     metrics = {}
     for set_name, report in comparison.items():
@@ -271,10 +332,13 @@ def _summary_row(base: Evidence, cand: Evidence, comparison: dict[str, Any]) -> 
 
 
 def gate(spec: ReleaseSpec, run: Path, candidates: list[str]) -> list:
-    """The policy's decision for every candidate (<run>/decision.json and <run>/<candidate>/decision.json)."""
+    """The policy's decision for every candidate (<run>/decision.json and <run>/<candidate>/decision.json); with a
+    ladder, decision.json also lists every rung with its decision and reasons, or why it was not tried."""
     from quantgate.gate_evidence import gate_run
 
-    decisions, _ = gate_run(run, policy_path(spec), candidates)
+    decisions, path = gate_run(run, policy_path(spec), candidates)
+    if spec.ladder:
+        write_json(path, {**json.loads(path.read_text(encoding="utf-8")), "ladder": _rungs(spec, decisions)})
     return decisions
 
 
@@ -291,6 +355,10 @@ def promote(spec: ReleaseSpec, run: Path, decision, variant: Variant) -> dict[st
 
 def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidence], comparisons: dict[str, dict],
                decisions: list, promotions: dict[str, dict]) -> dict[str, Any]:
+    """<run>/summary.json: a row per candidate tried; with a ladder, the rungs (schemes not tried are no row)."""
+    from quantgate.ladder import describe
+    from quantgate.release_judge import failure
+
     by_name = {d.candidate: d for d in decisions}
     promoted = [d.candidate for d in decisions if d.promoted]
     summary = {
@@ -307,6 +375,11 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidenc
                   for c in cands if c.dtype != base.dtype],
         "policy": decisions[0].policy if decisions else None,
     }
+    summary["notes"] += [f"the judge failed for {c.variant.name}: {err}" for c in cands
+                         if (err := failure(run, c.variant.name))]
+    if spec.ladder:
+        summary["ladder"] = _rungs(spec, decisions)
+        summary["notes"].append(describe(summary["ladder"]))
     write_json(run / "summary.json", summary)
     return summary
 

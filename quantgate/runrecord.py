@@ -3,6 +3,7 @@
 results/runs/<run-id>/
     run.json                 spec (as loaded), git commit + dirty flag, package versions, start/end
     <step>/manifest.json     inputs' hashes, outputs, seconds (one per step)
+    timings.json             wall seconds of every flow step, in order (`timed`)
 """
 
 from __future__ import annotations
@@ -66,3 +67,27 @@ def step(run: Path, name: str, inputs: dict[str, Any]) -> Iterator[dict[str, Any
     finally:
         record["seconds"] = round(time.monotonic() - start, 2)
         write_json(run / name / "manifest.json", record)
+
+
+@contextmanager
+def timed(run: Path, name: str) -> Iterator[None]:
+    """Append {step, seconds, status} to <run>/timings.json when the block ends (also when it fails)."""
+    start, status = time.monotonic(), "ok"
+    try:
+        yield
+    except BaseException:
+        status = "failed"
+        raise
+    finally:
+        rows = timings(run)
+        rows.append({"step": name, "seconds": round(time.monotonic() - start, 1), "status": status})
+        write_json(run / "timings.json", rows)
+
+
+def timings(run: Path) -> list[dict[str, Any]]:
+    import json
+
+    try:
+        return json.loads((run / "timings.json").read_text())
+    except (OSError, ValueError):
+        return []

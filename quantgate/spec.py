@@ -6,8 +6,9 @@
     hardware: x86-cpu               # profile id in quant_recipes/hardware.yaml
     workload: latency               # latency | throughput | fit
     schemes: [w4a16-gptq]           # candidate schemes, each must run on the hardware
+    ladder: false                   # true: try the schemes in order, stop at the first PROMOTE
     eval_sets: [../eval_sets/default.jsonl]
-    judge: ../judges/pairwise.md
+    judge: {serve: demo, limit: 50} # or {endpoint: https://host/v1, model: NAME, api_key_env: VAR}
     policy: policies/default.yaml
     quantization: {calibration: {samples: 64, max_seq_length: 256}}
     serving: {dtype: float32}
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from quantgate.calibration import CalibrationSpec
 from quantgate.errors import QuantgateError
+from quantgate.paths import JUDGES
 from quantgate.recipes import RecipeOverrides
 from quantgate.yamlconfig import load_model
 
@@ -40,6 +42,9 @@ class ServingSpec(BaseModel):
     replicas: int | None = Field(None, ge=1, description="required replicas (the planner's --replicas)")
     startup_timeout_s: float = Field(600.0, gt=0)
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to `vllm serve`")
+    local_nodes: bool = Field(False, description="multi-node plans: the `nodes` are process groups on this host, "
+                                                 "launched and watched by quantgate (remote nodes: run `quantgate plan`'s commands)")
+    join_timeout_s: float = Field(300.0, gt=0, description="multi-node: every node must have joined by then")
 
 
 class QuantizationSpec(BaseModel):
@@ -103,6 +108,59 @@ def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
     return path.resolve()
 
 
+class JudgeSpec(BaseModel):
+    """The release's LLM judge (quantgate.judgerun): each candidate's answers on the first eval set against the
+    baseline's, in both orders, after a calibration. Exactly one of `endpoint` (a remote OpenAI-compatible judge)
+    or `serve` (a model quantgate serves with vLLM for the judge step, one server for all candidates)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    template: Path = Field(JUDGES / "pairwise.md", validate_default=True,
+                           description="judges/*.md prompt template, its .yaml sidecar beside it")
+    endpoint: str | None = Field(None, pattern=r"^https?://", description="remote judge server, e.g. https://host/v1")
+    model: str | None = Field(None, description="the model name the endpoint serves (required with endpoint)")
+    api_key_env: str | None = Field(None, description="environment variable holding the endpoint's API key")
+    prefect_secret: str | None = Field(None, description="Prefect Secret block holding the endpoint's API key")
+    serve: str | None = Field(None, description="catalogue id or checkpoint folder served as the judge")
+    limit: int | None = Field(None, ge=1, description="judge the first N pairs; None: all")
+    calibration_per_type: int | None = Field(None, ge=1, description="calibration pairs per corruption type; "
+                                                                      "None: judges/calibration.yaml")
+    calibration_bar: float | None = Field(None, ge=0, le=1, description="None: judges/calibration.yaml")
+    margin: float | None = Field(None, ge=0, le=1, description="non-inferiority margin on win - loss; "
+                                                               "None: the policy's judge.margin (else 0.05)")
+    not_stronger: bool = Field(False, description="declare that the judge is not stronger than the judged models")
+    concurrency: int = Field(8, ge=1, description="judge requests in flight")
+    timeout_s: float = Field(120.0, gt=0, description="seconds per judge request")
+
+    @field_validator("template")
+    @classmethod
+    def _template_loads(cls, v: Path, info: ValidationInfo) -> Path:
+        from quantgate.judgerun import load_judge
+
+        path = _resolve(v, info)
+        try:
+            load_judge(path)
+        except QuantgateError as exc:
+            raise ValueError(f"{exc.where}: {exc.message}" + (f"; {exc.fix}" if exc.fix else "")) from None
+        return path
+
+    @model_validator(mode="after")
+    def _one_judge(self) -> "JudgeSpec":
+        if (self.endpoint is None) == (self.serve is None):
+            raise ValueError("give exactly one of `endpoint` (a remote judge, with `model`) or `serve` (a catalogue id "
+                             "or checkpoint folder that quantgate serves as the judge)")
+        if self.endpoint is not None and not self.model:
+            raise ValueError(f"`model` is required with `endpoint`: the model name {self.endpoint} serves")
+        if self.serve is not None:
+            extra = [k for k in ("model", "api_key_env", "prefect_secret") if getattr(self, k) is not None]
+            if extra:
+                raise ValueError(f"not with `serve`: {', '.join(extra)} (they describe an `endpoint`; quantgate names "
+                                 "and keys the judge it serves)")
+        if self.api_key_env and self.prefect_secret:
+            raise ValueError("give either api_key_env or prefect_secret, not both")
+        return self
+
+
 class ReleaseSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -116,8 +174,10 @@ class ReleaseSpec(BaseModel):
     context: int = Field(4096, ge=128, description="tokens per request for the capacity estimate")
     concurrency: int = Field(8, ge=1, description="concurrent requests the deployment must hold")
     schemes: list[str] = Field(min_length=1)
+    ladder: bool = Field(False, description="true: `schemes` is a preference order; try one at a time, stop at the "
+                                            "first PROMOTE. false: evaluate and gate every scheme")
     eval_sets: list[Path] = Field(default_factory=list)
-    judge: Path | None = None
+    judge: JudgeSpec | None = Field(None, description="LLM judge step; null: none (a policy requiring it rejects)")
     policy: Path | None = None
     quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
     serving: ServingSpec = Field(default_factory=ServingSpec)
@@ -130,10 +190,26 @@ class ReleaseSpec(BaseModel):
     def _eval_sets_exist(cls, v: list[Path], info: ValidationInfo) -> list[Path]:
         return [_resolve(p, info) for p in v]
 
-    @field_validator("judge", "policy")
+    @field_validator("policy")
     @classmethod
     def _file_exists(cls, v: Path | None, info: ValidationInfo) -> Path | None:
         return _resolve(v, info)
+
+    @field_validator("judge", mode="before")
+    @classmethod
+    def _judge_is_a_mapping(cls, v):
+        if isinstance(v, (str, Path)):
+            raise ValueError(f"a bare template path ({v}) names no judge model: write `judge: {{template: {v}, "
+                             "endpoint: URL, model: NAME}` for a remote judge or `judge: {template: "
+                             f"{v}, serve: MODEL}}` for one quantgate serves")
+        return v
+
+    @field_validator("judge")
+    @classmethod
+    def _judge_has_answers(cls, v: JudgeSpec | None, info: ValidationInfo) -> JudgeSpec | None:
+        if v is not None and "eval_sets" in info.data and not info.data["eval_sets"]:
+            raise ValueError("the judge compares answers to the first of `eval_sets`: list at least one eval set")
+        return v
 
     @field_validator("hardware")
     @classmethod
@@ -157,6 +233,9 @@ class ReleaseSpec(BaseModel):
         unsupported = [s for s in v if s not in profile.schemes]
         if unsupported:
             raise ValueError(f"{unsupported} do not run on {profile.id} ({profile.name}); it runs: {', '.join(profile.schemes)}")
+        twice = sorted({s for s in v if v.count(s) > 1})
+        if twice:
+            raise ValueError(f"{twice} listed more than once")
         return v
 
 

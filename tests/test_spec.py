@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from quantgate.errors import ConfigError
-from quantgate.paths import RELEASES
+from quantgate.paths import EVAL_SETS, JUDGES, RELEASES
 from quantgate.spec import load_spec
 
 GOOD = """\
@@ -72,3 +72,62 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
 def test_missing_spec_file(tmp_path):
     with pytest.raises(ConfigError, match="file not found"):
         load_spec(tmp_path / "nope.yaml")
+
+
+# --- judge and ladder ------------------------------------------------------------------------------------
+
+WITH_SET = GOOD + f"eval_sets: [{EVAL_SETS / 'default.jsonl'}]\n"
+
+
+@pytest.mark.parametrize("judge, want", [
+    ("{serve: demo}", {"serve": "demo", "endpoint": None, "model": None, "limit": None, "not_stronger": False}),
+    ("{endpoint: 'https://judge.example/v1', model: big, api_key_env: JUDGE_KEY, limit: 40, margin: 0.1}",
+     {"endpoint": "https://judge.example/v1", "model": "big", "api_key_env": "JUDGE_KEY", "limit": 40, "margin": 0.1}),
+    ("{serve: /ckpt/judge, calibration_per_type: 2, calibration_bar: 0.7, not_stronger: true, concurrency: 2}",
+     {"serve": "/ckpt/judge", "calibration_per_type": 2, "calibration_bar": 0.7, "not_stronger": True, "concurrency": 2}),
+])
+def test_judge_forms(tmp_path, judge, want):
+    j = load_spec(write(tmp_path, WITH_SET + f"judge: {judge}\n")).judge
+    assert {k: getattr(j, k) for k in want} == want
+    assert j.template == JUDGES / "pairwise.md"
+
+
+def test_judge_template_is_relative_to_the_spec(tmp_path):
+    (tmp_path / "j").mkdir()
+    for ext in ("md", "yaml"):
+        (tmp_path / "j" / f"mine.{ext}").write_text((JUDGES / f"pairwise.{ext}").read_text())
+    j = load_spec(write(tmp_path, WITH_SET + "judge: {template: j/mine.md, serve: demo}\n")).judge
+    assert j.template == (tmp_path / "j" / "mine.md").resolve()
+
+
+@pytest.mark.parametrize("judge, field, words", [
+    ("../judges/pairwise.md", "judge", "judge: {template: ../judges/pairwise.md, endpoint: URL"),  # the old form
+    ("{serve: demo, endpoint: 'http://h:1'}", "judge", "exactly one of `endpoint`"),
+    ("{limit: 3}", "judge", "exactly one of `endpoint`"),
+    ("{endpoint: 'http://h:1'}", "judge", "`model` is required with `endpoint`"),
+    ("{serve: demo, model: m}", "judge", "not with `serve`: model"),
+    ("{endpoint: 'http://h:1', model: m, api_key_env: A, prefect_secret: B}", "judge", "not both"),
+    ("{endpoint: 'h:1', model: m}", "judge.endpoint", "should match pattern"),
+    ("{serve: demo, colour: red}", "judge.colour", "Extra inputs"),
+    ("{serve: demo, template: nowhere.md}", "judge.template", "file not found"),
+    ("{serve: demo, limit: 0}", "judge.limit", "greater than or equal to 1"),
+])
+def test_judge_mistakes_name_the_field(tmp_path, judge, field, words):
+    path = write(tmp_path, WITH_SET + f"judge: {judge}\n")
+    with pytest.raises(ConfigError) as err:
+        load_spec(path)
+    text = err.value.render()
+    assert f"{path}:8" in text and f"field '{field}'" in text and words in text, text
+
+
+def test_judge_needs_an_eval_set(tmp_path):
+    with pytest.raises(ConfigError, match=r"field 'judge'.*at least one eval set"):
+        load_spec(write(tmp_path, GOOD + "judge: {serve: demo}\n"))
+
+
+def test_ladder_flag_and_repeated_schemes(tmp_path):
+    spec = load_spec(write(tmp_path, GOOD.replace("[w4a16-gptq]", "[w4a16-gptq, int8-w8a8]") + "ladder: true\n"))
+    assert spec.ladder and spec.schemes == ["w4a16-gptq", "int8-w8a8"]
+    assert load_spec(write(tmp_path, GOOD)).ladder is False
+    with pytest.raises(ConfigError, match=r"field 'schemes'.*more than once"):
+        load_spec(write(tmp_path, GOOD.replace("[w4a16-gptq]", "[w4a16-gptq, w4a16-gptq]")))

@@ -1,0 +1,100 @@
+"""The scheme ladder: which schemes a release tries and in what order (pure), and how the release records the rungs
+in decision.json, summary.json and the report when some schemes are never tried."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _gate_fixtures import make_run
+
+from quantgate.ladder import describe, next_rung, rungs
+
+S = ["fp8-dynamic", "int8-w8a8", "w4a16-gptq"]
+
+
+def simulate(schemes, ladder, verdicts):
+    """Drive next_rung as the flow does, with a gate that answers `verdicts`; the batches tried and the rungs."""
+    decided, batches = {}, []
+    while rung := next_rung(schemes, decided, ladder):
+        batches.append(rung)
+        decided |= {s: verdicts[s] for s in rung}
+        assert len(batches) <= len(schemes), "the ladder never stops"
+    return batches, rungs(schemes, decided, {s: [f"{s} failed"] for s, d in decided.items() if d == "REJECT"})
+
+
+@pytest.mark.parametrize("ladder, verdicts, batches, status", [
+    # no ladder: every scheme in one batch, whatever the gate says
+    (False, "RPR", [S], ["REJECT", "PROMOTE", "REJECT"]),
+    (False, "PPP", [S], ["PROMOTE"] * 3),
+    # ladder: one at a time, stop at the first PROMOTE
+    (True, "PRR", [S[:1]], ["PROMOTE", "not tried", "not tried"]),
+    (True, "RPR", [S[:1], S[1:2]], ["REJECT", "PROMOTE", "not tried"]),
+    (True, "RRP", [S[:1], S[1:2], S[2:]], ["REJECT", "REJECT", "PROMOTE"]),
+    (True, "RRR", [S[:1], S[1:2], S[2:]], ["REJECT", "REJECT", "REJECT"]),
+])
+def test_ladder_order_and_stop(ladder, verdicts, batches, status):
+    got, rows = simulate(S, ladder, dict(zip(S, ("PROMOTE" if v == "P" else "REJECT" for v in verdicts))))
+    assert got == batches
+    assert [r["status"] for r in rows] == status and [r["scheme"] for r in rows] == S
+    for r in rows:
+        if r["status"] == "REJECT":
+            assert r["reasons"] == [f"{r['scheme']} failed"]
+        if r["status"] == "not tried":
+            assert r["reasons"][0].endswith("was promoted first") and r["reasons"][0].split()[0] in S
+
+
+def test_rungs_mid_ladder_and_description():
+    rows = rungs(S, {"fp8-dynamic": "REJECT"}, {"fp8-dynamic": ["primary:default/exact_match: drop 3% > 1%"]})
+    assert [r["status"] for r in rows] == ["REJECT", "pending", "pending"]
+    assert describe(rows) == ("scheme ladder: fp8-dynamic REJECT (primary:default/exact_match: drop 3% > 1%); "
+                              "not tried: int8-w8a8, w4a16-gptq")
+    assert describe(rungs(S, {})) == f"scheme ladder: nothing tried; not tried: {', '.join(S)}"
+
+
+SPEC = """\
+version: 1
+name: t
+model: demo
+hardware: x86-cpu
+schemes: [w4a16-gptq, int8-w8a8]
+ladder: true
+"""
+
+
+def test_untried_rung_is_listed_but_is_no_failure(tmp_path):
+    """A run whose first rung was promoted: decision.json and summary.json list int8-w8a8 as not tried; the gate,
+    the run view and the report do not treat it as a candidate with missing evidence."""
+    from quantgate import release as rel
+    from quantgate.gate_evidence import candidates
+    from quantgate.report import write_report
+    from quantgate.runview import load_run
+    from quantgate.spec import load_spec
+
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    spec = load_spec(tmp_path / "spec.yaml")
+    run = make_run(tmp_path)  # one candidate, w4a16-gptq, that the default policy promotes
+    (run / "run.json").write_text(json.dumps({"spec": spec.model_dump(mode="json")}))
+    assert candidates(run) == ["w4a16-gptq"]
+    decisions = rel.gate(spec, run, ["w4a16-gptq"])
+    assert [d.decision for d in decisions] == ["PROMOTE"] and rel.next_schemes(spec, decisions) == []
+    doc = json.loads((run / "decision.json").read_text())
+    assert doc["decision"] == "PROMOTE" and list(doc["candidates"]) == ["w4a16-gptq"]
+    assert [(r["scheme"], r["status"]) for r in doc["ladder"]] == [("w4a16-gptq", "PROMOTE"), ("int8-w8a8", "not tried")]
+
+    def ev(name, size):
+        evidence = json.loads((run / name / "evidence.json").read_text())
+        variant = rel.Variant(name=name, path=tmp_path, scheme=evidence["variant"]["scheme"], content_hash="0" * 64,
+                              size_bytes=size)
+        return rel.Evidence(variant=variant, folder=run / name, cache=tmp_path, serve_command=[], dtype=None,
+                            evals=evidence["evals"], served=False)
+
+    comparisons = {"w4a16-gptq": json.loads((run / "compare" / "w4a16-gptq.json").read_text())}
+    summary = rel.finish_run(spec, run, ev("baseline", 1000), [ev("w4a16-gptq", 400)], comparisons, decisions, {})
+    assert list(summary["candidates"]) == ["w4a16-gptq"] and summary["decision"] == "PROMOTE"
+    assert summary["ladder"][1]["status"] == "not tried"
+    assert any("not tried: int8-w8a8" in n for n in summary["notes"])
+    view = load_run(run)
+    assert list(view.candidates) == ["w4a16-gptq"] and not [g for g in view.gaps if "int8" in g.what]
+    html, md = write_report(run)
+    assert "not tried: int8-w8a8" in md.read_text() and 'id="cand-int8-w8a8"' not in html.read_text()
