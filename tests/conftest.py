@@ -33,3 +33,15 @@ def vllm_server(tmp_path):
             yield srv
 
     return start
+
+
+@pytest.fixture(scope="session")
+def demo_server(demo_model, tmp_path_factory):
+    """One real vLLM server of the demo model (FP32 eager, served as "demo"), shared by the tests that only send it
+    requests: its start-up is paid once per session. Tests that kill, break or inspect a server's lifetime start
+    their own with `vllm_server`."""
+    from quantgate.serving.server import ServerConfig, VLLMServer
+
+    cfg = ServerConfig(model=demo_model, name="demo", args=CPU_TEST_ARGS, env=CPU_TEST_ENV)
+    with VLLMServer(cfg, log_path=tmp_path_factory.mktemp("demo-server") / "server.log") as srv:
+        yield srv

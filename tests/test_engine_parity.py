@@ -10,9 +10,9 @@ from quantgate.engine_parity import run_parity
 
 
 @pytest.mark.slow
-def test_parity_passes_on_a_correct_server(demo_model, vllm_server, tmp_path):
-    with vllm_server(demo_model, name="demo") as srv:
-        report = run_parity(demo_model, srv.base_url, srv.api_key, "demo", tmp_path, dtype="float32")
+def test_parity_passes_on_a_correct_server(demo_model, demo_server, tmp_path):
+    srv = demo_server
+    report = run_parity(demo_model, srv.base_url, srv.api_key, "demo", tmp_path, dtype="float32")
     assert report.verdict == "pass", report.reason
     saved = json.loads((tmp_path / "parity.json").read_text())
     assert saved["template_mismatch"] == [] and "Paris" in saved["texts"]["capital"]["served"]

@@ -317,22 +317,22 @@ class _FirstCall500(dict):
 # --- the real thing --------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_demo_model_judges_itself(tmp_path, es, demo_model, vllm_server):
-    """The demo model (135M) judges 6 pairs in both orders plus 8 calibration pairs: the run completes, every
+def test_demo_model_judges_itself(tmp_path, es, demo_model, demo_server):
+    """The demo model (135M) judges 3 pairs in both orders plus 4 calibration pairs: the run completes, every
     verdict is kept with prompt and reply, and the report says plainly that this judge is not stronger."""
-    picked = [s for s in es.samples if s.category in ("arithmetic_numbers", "proper_nouns", "factual_qa")][::17][:6]
+    picked = [s for s in es.samples if s.category in ("arithmetic_numbers", "proper_nouns", "factual_qa")][::17][:3]
     base = {s.id: s.references[0] for s in picked}
     cand = {s.id: f"I think it is {s.references[0][:-1]}" for s in picked}
     b = write_run(tmp_path / "base", es, base, "judge")
     c = write_run(tmp_path / "cand", es, cand, "judge")
-    with vllm_server(demo_model, name="judge") as srv:
-        rep = run_judge(endpoint=srv.base_url, model="judge", evalset=es.path, baseline=b, candidate=c,
-                        out=tmp_path / "j", api_key=srv.api_key, calibration_per_type=2, concurrency=8)
+    srv = demo_server
+    rep = run_judge(endpoint=srv.base_url, model="demo", evalset=es.path, baseline=b, candidate=c,
+                    out=tmp_path / "j", api_key=srv.api_key, calibration_per_type=1, concurrency=8)
     print(json.dumps({"calibration": {k: rep["calibration"][k] for k in ("accuracy", "correct", "n", "reliable")},
                       "parse": rep["parse"], "consistency": rep["comparison"]["position_consistency"],
                       "overall": {k: rep["comparison"]["overall"][k]["rate"] for k in ("win", "tie", "loss")}}))
     recs = [json.loads(x) for x in (tmp_path / "j" / "judgements.jsonl").read_text().splitlines()]
-    assert len(recs) == 2 * (8 + 6) and all(r["error"] is None and r["replies"] for r in recs)
+    assert len(recs) == 2 * (4 + 3) and all(r["error"] is None and r["replies"] for r in recs)
     assert rep["judge_not_stronger"] and "NOT STRONGER" in (tmp_path / "j" / "report.md").read_text()
     assert rep["counts_as_evidence"] == rep["calibration"]["reliable"]
 

@@ -239,10 +239,10 @@ def test_server_erroring_under_load_is_an_error_with_its_rate(tmp_path, demo_mod
 
 
 @pytest.mark.slow
-def test_real_probe_of_the_demo_model(tmp_path, demo_model, vllm_server):
-    with vllm_server(demo_model, name="demo") as srv:
-        res = probe(srv.base_url, "demo", tmp_path / "perf", concurrency=[1, 4], num_prompts=16, input_len=64, output_len=16,
-                    repeats=1, api_key=srv.api_key, checkpoint=demo_model, server_log=srv.log_path)
+def test_real_probe_of_the_demo_model(tmp_path, demo_model, demo_server):
+    srv = demo_server
+    res = probe(srv.base_url, "demo", tmp_path / "perf", concurrency=[1, 4], num_prompts=16, input_len=64, output_len=16,
+                repeats=1, api_key=srv.api_key, checkpoint=demo_model, server_log=srv.log_path)
     assert res.status == "ok" and res.error is None
     assert {m.concurrency for m in res.medians} == {1, 4}
     for r in res.runs:

@@ -62,20 +62,20 @@ def test_run_writes_requests_cells_and_heatmaps_and_deltas(demo_model, tmp_path)
 
 
 @pytest.mark.slow
-def test_real_grid_on_the_demo_model_served_by_vllm(demo_model, vllm_server, tmp_path, monkeypatch):
+def test_real_grid_on_the_demo_model_served_by_vllm(demo_model, demo_server, tmp_path, monkeypatch):
     """Small grid (2 lengths x 3 depths x 4 kinds) on the demo model, then a 4-prompt subset against it as baseline."""
     app = typer.Typer()
     app.command()(recall)
-    with vllm_server(demo_model, name="demo") as srv:  # --max-model-len 2048, asked from /v1/models below
-        monkeypatch.setenv("QG_RECALL_TEST_KEY", srv.api_key)
-        common = ["--endpoint", srv.base_url, "--model", "demo", "--tokenizer", str(demo_model), "--samples", "1",
-                  "--api-key-env", "QG_RECALL_TEST_KEY", "--no-progress", "--concurrency", "4"]
-        first = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "a"), "--lengths", "256,512",
-                                         "--depths", "0,50,100", "--kinds", "number,name,multilingual,multi"])
-        assert first.exit_code == 0, (first.output, first.exception)
-        second = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "b"), "--baseline", str(tmp_path / "a"),
-                                          "--lengths", "256", "--depths", "0,100", "--kinds", "number,multi"])
-        assert second.exit_code == 0, (second.output, second.exception)
+    srv = demo_server  # --max-model-len 2048, asked from /v1/models below
+    monkeypatch.setenv("QG_RECALL_TEST_KEY", srv.api_key)
+    common = ["--endpoint", srv.base_url, "--model", "demo", "--tokenizer", str(demo_model), "--samples", "1",
+              "--api-key-env", "QG_RECALL_TEST_KEY", "--no-progress", "--concurrency", "4"]
+    first = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "a"), "--lengths", "256,512",
+                                     "--depths", "0,50,100", "--kinds", "number,name,multilingual,multi"])
+    assert first.exit_code == 0, (first.output, first.exception)
+    second = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "b"), "--baseline", str(tmp_path / "a"),
+                                      "--lengths", "256", "--depths", "0,100", "--kinds", "number,multi"])
+    assert second.exit_code == 0, (second.output, second.exception)
     print(first.output, second.output, sep="\n")
     cells = check_run_dir(tmp_path / "a")
     check_run_dir(tmp_path / "b", delta=True)

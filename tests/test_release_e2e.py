@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from _shared import CHECKPOINTS
 from quantgate.paths import REPO
 from quantgate.serving.server import free_port, kill_tree
 
@@ -32,14 +33,14 @@ eval_sets: [{evalset}]
 quantization:
   calibration: {{samples: 16, max_seq_length: 128}}
 eval: {{limit: 30}}
-recall: {{lengths: [256, 512], depths: [0, 50, 100], kinds: [number, name], samples: 1}}
-perf: {{concurrency: [1, 4], num_prompts: 8, input_len: 64, output_len: 16, repeats: 1}}
+recall: {{lengths: [512], depths: [0, 50, 100], kinds: [number, name], samples: 1}}
+perf: {{concurrency: [2], num_prompts: 6, input_len: 64, output_len: 16, repeats: 1}}
 policy: {policy}
 {judge}
 """
 # the first run also judges, with the demo model served as the judge: it fails calibration and is the judged model
 # itself, so its verdicts are no evidence, but the step must run and leave its report where the gate reads it
-JUDGE = "judge: {serve: demo, limit: 6, calibration_per_type: 1}"
+JUDGE = "judge: {serve: demo, limit: 2, calibration_per_type: 1}"
 
 
 def lenient_policy(path: Path) -> Path:
@@ -69,6 +70,9 @@ def workspace(tmp_path_factory, demo_model):
     # the same release under the default policy: 30 samples are too few for its category checks -> REJECT
     (root / "strict.yaml").write_text(SPEC.format(evalset=evalset, policy=REPO / "releases" / "policies" / "default.yaml",
                                                   judge=""))
+    for scheme, ckpt in CHECKPOINTS.items():  # quantized earlier in this session: the flow reuses it if the key matches
+        if scheme == "w4a16-gptq":
+            shutil.copytree(ckpt, root / "results" / "checkpoints" / ckpt.name)
     env = {**os.environ, "QUANTGATE_RESULTS": str(root / "results"), "PREFECT_HOME": str(root / "prefect"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1"}
     return root, spec, env
@@ -96,6 +100,8 @@ def test_release_flow_produces_evidence_for_every_variant(workspace):
     judge = json.loads((run / "w4a16-gptq" / "judge" / "report.json").read_text())
     assert judge["judge_not_stronger"] and judge["comparison"]["overall"]["n"] > 0  # the judge is the baseline model
     assert checks["judge:non_inferiority"]["passed"] is None and (run / "judge-server" / "server.log").is_file()
+    quantized = json.loads((run / "w4a16-gptq" / "quantization.json").read_text())
+    assert quantized["reused"] is ("w4a16-gptq" in CHECKPOINTS)  # test_quantize's checkpoint has the flow's key
     steps = [r["step"] for r in json.loads((run / "timings.json").read_text())]
     assert steps[0] == "model" and "quantize w4a16-gptq" in steps and steps[-1] == "report"
     assert "wall time per step:" in proc.stdout
