@@ -3,7 +3,7 @@
 #   make test   run the test suite (unit + real-component tests: real model, llmcompressor, vLLM, Prefect)
 SHELL := /bin/bash
 PY := .venv/bin/python
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=20
 
 .PHONY: demo test setup model browser clean-envs
 

@@ -323,8 +323,8 @@ def test_demo_model_judges_itself(tmp_path, es, demo_model, demo_server):
     picked = [s for s in es.samples if s.category in ("arithmetic_numbers", "proper_nouns", "factual_qa")][::17][:3]
     base = {s.id: s.references[0] for s in picked}
     cand = {s.id: f"I think it is {s.references[0][:-1]}" for s in picked}
-    b = write_run(tmp_path / "base", es, base, "judge")
-    c = write_run(tmp_path / "cand", es, cand, "judge")
+    b = write_run(tmp_path / "base", es, base, "demo")  # the judged runs name the model that also judges them
+    c = write_run(tmp_path / "cand", es, cand, "demo")
     srv = demo_server
     rep = run_judge(endpoint=srv.base_url, model="demo", evalset=es.path, baseline=b, candidate=c,
                     out=tmp_path / "j", api_key=srv.api_key, calibration_per_type=1, concurrency=8)
