@@ -41,7 +41,9 @@ def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path) -> rel.
         return rel.quantize_variant(spec, model_dir, scheme, run, log=get_run_logger().info)
 
 
-@task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
+# log_prints off: dill (under `datasets`) disassembles functions with print() into a captured stdout, which
+# Prefect's print capture would turn into pages of bytecode in the run log; our own messages go through `log`
+@task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE, log_prints=False)
 def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parity: bool,
                        tokenizer: Path | None = None) -> rel.Evidence:
     """Plan, serve, check the engine, run the eval sets, recall grid and perf probe, stop the server (cached: no server)."""
