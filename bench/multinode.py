@@ -2,12 +2,14 @@
 
     .venv/bin/python bench/multinode.py [--concurrency 1,4] [--num-prompts 16] [--repeats 2]
 
-Both layouts serve the same checkpoint with the same engine flags (the planner's FP32 on CPU, both compiled: pipeline
-parallel needs it, and the single process drops the plan's --enforce-eager to match) and get the same `vllm bench serve` workload through quantgate's perf probe. The single
-process is the planner's one-node plan with one CPU worker (`--gpus 1`), the 2-node layout is `--gpus 1 --nodes 2`
-on one host (one core per node). Start-up = launch until the API answers with every node joined; the torch.compile
-cache (~/.cache/vllm) is warm after the first start, so run it twice for steady figures. Prints the figures and
-the 2-node/1-process ratios; results land in --out (default results/bench/multinode-<timestamp>/).
+Both layouts serve the same checkpoint as the planner plans them (FP32 on CPU): the single process eager, the
+2-node layout compiled (pipeline parallel must compile here; eager PP crashed on the first request).
+`--compiled` compiles the single process too (a first compile takes minutes). Both get the same `vllm bench
+serve` workload through quantgate's perf probe. The single process is the planner's one-node plan with one CPU
+worker (`--gpus 1`), the 2-node layout is `--gpus 1 --nodes 2` on one host (one core per node). Start-up =
+launch until the API answers with every node joined; the torch.compile cache (~/.cache/vllm) is warm after the
+first start. Prints the figures and the 2-node/1-process ratios; results land in --out (default
+results/bench/multinode-<timestamp>/).
 """
 
 from __future__ import annotations
@@ -30,15 +32,17 @@ from quantgate.serving.multinode import MultiNodeServer, multinode_config_from_p
 from quantgate.serving.server import VLLMServer, config_from_plan  # noqa: E402
 
 
-def servers(model: Path, out: Path, context: int):
+def servers(model: Path, out: Path, context: int, compiled: bool, timeout_s: float):
     """(name, server) for the one-process and the 2-node layout; neither is started yet."""
     one = build_plan(model, "x86-cpu", context=context, concurrency=4, gpus=1, replicas=1)
     two = build_plan(model, "x86-cpu", context=context, concurrency=4, gpus=1, nodes=2, replicas=1,
                      nodes_share_host=True, master_addr="127.0.0.1")
-    single = config_from_plan(one, model, "demo")
-    single.args = [a for a in single.args if a != "--enforce-eager"]  # compiled like the PP layout: same engine path
+    single = config_from_plan(one, model, "demo", startup_timeout_s=timeout_s)
+    if compiled:  # like the PP layout, which must compile (eager PP crashes on the first request here)
+        single.args = [a for a in single.args if a != "--enforce-eager"]
     yield "1-process", VLLMServer(single, log_path=out / "1-process" / "server.log")
-    yield "2-node", MultiNodeServer(multinode_config_from_plan(two, model, "demo"), log_dir=out / "2-node")
+    yield "2-node", MultiNodeServer(multinode_config_from_plan(two, model, "demo", startup_timeout_s=timeout_s),
+                                    log_dir=out / "2-node")
 
 
 def main() -> int:
@@ -49,13 +53,16 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--compiled", action="store_true",
+                    help="compile the single process too (the plan serves it eager); a first compile takes minutes")
+    ap.add_argument("--startup-timeout", type=float, default=1200.0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     model = ensure_demo_model()
     out = args.out or results_dir() / "bench" / f"multinode-{dt.datetime.now():%Y%m%dT%H%M%S}"
     levels = [int(x) for x in args.concurrency.split(",")]
     rows = {}
-    for name, server in servers(model, out, args.context):
+    for name, server in servers(model, out, args.context, args.compiled, args.startup_timeout):
         print(f"serving {name}: {' '.join(server.command)}", flush=True)
         t0 = time.perf_counter()
         with server as srv:
