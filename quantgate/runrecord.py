@@ -9,6 +9,7 @@ results/runs/<run-id>/
 from __future__ import annotations
 
 import datetime as dt
+import json
 import subprocess
 import time
 from contextlib import contextmanager
@@ -85,8 +86,6 @@ def timed(run: Path, name: str) -> Iterator[None]:
 
 
 def timings(run: Path) -> list[dict[str, Any]]:
-    import json
-
     try:
         return json.loads((run / "timings.json").read_text())
     except (OSError, ValueError):

@@ -226,10 +226,10 @@ CALIBRATION = {"w4a16-awq": (8, 64)}
 SERVED_BY_THE_RELEASE_TEST = {"w4a16-gptq"}
 
 
-def demo_request(model, root, scheme: str) -> QuantizeRequest:
+def demo_request(model, out, scheme: str) -> QuantizeRequest:
     hw = "h100" if scheme == "fp8-dynamic" else "x86-cpu"
     samples, length = CALIBRATION.get(scheme, (16, 128))
-    return QuantizeRequest(model=model, scheme=scheme, out=root / scheme, hardware=hw,
+    return QuantizeRequest(model=model, scheme=scheme, out=out, hardware=hw,
                            calibration=CalibrationSpec(samples=samples, max_seq_length=length))
 
 
@@ -246,9 +246,7 @@ def checkpoints(demo_model, tmp_path_factory):
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_demo_model_quantized(demo_model, vllm_server, checkpoints, scheme):
     root, model_hash = checkpoints
-    req = demo_request(demo_model, root, scheme)
-    req.out = root / f"{model_hash}-{scheme}"
-    res = quantize(req)
+    res = quantize(demo_request(demo_model, root / f"{model_hash}-{scheme}", scheme))
     assert not res.reused
     CHECKPOINTS[scheme] = res.out
     bits, kind, group, acts = SCHEMES[scheme]
@@ -291,8 +289,8 @@ def test_demo_model_quantized(demo_model, vllm_server, checkpoints, scheme):
 
 @pytest.mark.slow
 def test_same_inputs_reuse_the_artifact(demo_model, tmp_path, monkeypatch):
-    req = demo_request(demo_model, tmp_path, "fp8-dynamic")
-    req.out = CHECKPOINTS.get("fp8-dynamic", req.out)  # the one quantized above, else made now
+    # the checkpoint quantized above, else one made now
+    req = demo_request(demo_model, CHECKPOINTS.get("fp8-dynamic", tmp_path / "fp8-dynamic"), "fp8-dynamic")
     first = quantize(req)
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("recomputed instead of reused"))
     t = time.perf_counter()

@@ -25,18 +25,19 @@ import re
 import secrets
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Literal
 
-import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.errors import QuantgateError
 from quantgate.fileio import log_tail
 from quantgate.serving.env import serve_python
-from quantgate.serving.server import free_port, is_ready, plan_args, port_is_free, spawn, stop_group, wait_port_free
+from quantgate.serving.server import (free_port, is_ready, plan_args, port_holder, port_is_free, spawn, stop_group,
+                                      wait_port_free)
 
 JOINED = re.compile(r"\brank (\d+) in world size (\d+) is assigned as")
 ADDR_FLAGS = ("--master-addr", "--data-parallel-address")
@@ -122,8 +123,6 @@ def probe(addr: str, port: int, prefix: list[str] | None = None, timeout_s: floa
     if prefix:
         code = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()\n"
                 "except Exception as e:\n print(type(e).__name__, e); sys.exit(1)")
-        import sys
-
         r = subprocess.run([*prefix, sys.executable, "-c", code, addr, str(port), str(timeout_s)], capture_output=True,
                            text=True, timeout=timeout_s + 10)
         return None if r.returncode == 0 else _why(r.stdout.strip() or r.stderr.strip(), addr, port, timeout_s)
@@ -140,16 +139,6 @@ def _why(err: str, addr: str, port: int, timeout_s: float) -> str:
     if "timed out" in err.lower() or "Timeout" in err:
         return f"{addr}:{port} did not answer within {timeout_s:.0f} s (an address no host has, or a firewall)"
     return f"cannot reach {addr}:{port}: {err}"
-
-
-def _holder(addr: str, port: int) -> str:
-    for c in psutil.net_connections("tcp"):
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-            try:
-                return f" by pid {c.pid} ({' '.join(psutil.Process(c.pid).cmdline())[:120]})"
-            except psutil.Error:
-                return f" by pid {c.pid}"
-    return ""
 
 
 class MultiNodeServer:
@@ -200,7 +189,7 @@ class MultiNodeServer:
     def _preflight(self) -> None:
         head = self.config.nodes[0]
         if not port_is_free(self.config.host, self.port):
-            raise QuantgateError(f"{head.label}: API port {self.port} on {self.config.host} is in use{_holder(self.config.host, self.port)}",
+            raise QuantgateError(f"{head.label}: API port {self.port} on {self.config.host} is in use{port_holder(self.port)}",
                                  fix="pick another port or leave it unset for a free one")
         addr, port = master_of(head.argv)
         if head.prefix or addr is None or port is None:
@@ -212,7 +201,7 @@ class MultiNodeServer:
             raise QuantgateError(f"{head.label}: master address {addr} is not an address of this host, so the head cannot listen on it",
                                  where="--master-addr", fix="use the head's own address (127.0.0.1 when every node is local)") from None
         if not port_is_free(addr, port):
-            raise QuantgateError(f"{head.label}: master port {port} on {addr} is in use{_holder(addr, port)}", where="--master-port",
+            raise QuantgateError(f"{head.label}: master port {port} on {addr} is in use{port_holder(port)}", where="--master-port",
                                  fix="free that port, or leave the master port unset so a free one is picked")
 
     def start(self) -> "MultiNodeServer":

@@ -59,6 +59,21 @@ def port_is_free(host: str, port: int) -> bool:
             return False
 
 
+def port_holder(port: int) -> str:
+    """' by pid N (command)' for the process listening on `port`, or '' when none is found (or not visible)."""
+    try:
+        conns = psutil.net_connections("tcp")
+    except psutil.Error:
+        return ""
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            try:
+                return f" by pid {c.pid} ({' '.join(psutil.Process(c.pid).cmdline())[:120]})"
+            except psutil.Error:
+                return f" by pid {c.pid}"
+    return ""
+
+
 def kill_tree(pid: int, grace_s: float = 15.0) -> None:
     """SIGTERM a process and all its descendants, SIGKILL what is left after `grace_s`."""
     try:
@@ -158,7 +173,7 @@ class VLLMServer:
     def start(self) -> "VLLMServer":
         python = serve_python(self.config.python)
         if not port_is_free(self.config.host, self.port):
-            raise QuantgateError(f"port {self.port} on {self.config.host} is in use", fix="pick another port or leave it unset for a free one")
+            raise QuantgateError(f"port {self.port} on {self.config.host} is in use{port_holder(self.port)}", fix="pick another port or leave it unset for a free one")
         self.proc = spawn(python, self.command, {**self.config.env, "VLLM_API_KEY": self.api_key}, self.log_path)
         try:
             self._wait_ready()
