@@ -4,7 +4,7 @@ Needs a running OpenAI-compatible server (vLLM). All sides answer the same first
 a temporary eval set beside its sidecar) with the same decoding (temperature 0, top_p 1, seed 0, the item's
 max_tokens, no stop strings) and the same number of requests in flight:
   raw       a ~20-line httpx script: read the JSONL, post the chat requests, count the 200s
-  quantgate `python -m quantgate.cli eval` into a fresh run directory (scores and writes everything it normally does)
+  quantgate `python -m quantgate.cli.main eval` into a fresh run directory (scores and writes everything it normally does)
   lmeval    lm-evaluation-harness's `local-chat-completions` backend with `--apply_chat_template`, on the task in
             bench/lmeval/ (one copy per distinct max_tokens), from the separate `.venv-bench` (scripts/setup.sh bench)
 Every run is a fresh process, so start-up counts. One discarded warm-up run of each side comes first (server caches,
@@ -163,7 +163,7 @@ def main() -> None:
             return [sys.executable, "-c", RAW_CLIENT, str(subset), args.endpoint, args.model, str(args.concurrency),
                     str(default_max)]
         if side == "quantgate":
-            return [sys.executable, "-m", "quantgate.cli", "eval", "--endpoint", args.endpoint, "--model", args.model,
+            return [sys.executable, "-m", "quantgate.cli.main", "eval", "--endpoint", args.endpoint, "--model", args.model,
                     "--evalset", str(subset), "--out", str(work / run), "--concurrency", str(args.concurrency),
                     "--no-progress", *(["--api-key-env", args.api_key_env] if args.api_key_env else [])]
         if side == "lmeval":

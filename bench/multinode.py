@@ -23,13 +23,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from quantgate.cli_plan import build_plan  # noqa: E402
-from quantgate.fileio import write_json  # noqa: E402
-from quantgate.models import ensure_demo_model  # noqa: E402
-from quantgate.paths import results_dir  # noqa: E402
-from quantgate.perf import probe  # noqa: E402
-from quantgate.serving.multinode import MultiNodeServer, multinode_config_from_plan  # noqa: E402
-from quantgate.serving.server import VLLMServer, config_from_plan  # noqa: E402
+from quantgate.base.fileio import write_json
+from quantgate.base.paths import results_dir
+from quantgate.cli.plan import build_plan
+from quantgate.perf.probe import probe
+from quantgate.serving.multinode import MultiNodeServer, multinode_config_from_plan
+from quantgate.serving.server import VLLMServer, config_from_plan
+from quantgate.target.catalogue import ensure_demo_model
 
 
 def servers(model: Path, out: Path, context: int, compiled: bool, timeout_s: float):

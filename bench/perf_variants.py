@@ -18,15 +18,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from quantgate.errors import QuantgateError  # noqa: E402
-from quantgate.paths import results_dir  # noqa: E402
-from quantgate.perf import probe  # noqa: E402
-from quantgate.perf_compare import compare, level_medians  # noqa: E402
-from quantgate.perf_models import PerfResult  # noqa: E402
-from quantgate.fileio import write_json  # noqa: E402
-from quantgate.serving.server import ServerConfig, VLLMServer  # noqa: E402
+from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import write_json
+from quantgate.base.paths import results_dir
+from quantgate.perf.compare import compare, level_medians
+from quantgate.perf.models import PerfResult
+from quantgate.perf.probe import probe
+from quantgate.serving.server import ServerConfig, VLLMServer
 
-# CPU serving arguments: eager BF16 serves the demo model correctly (FIELD_NOTES; compiled BF16 does not)
+# CPU serving arguments: eager BF16 serves the demo model correctly (docs/design.md, "Measured facts"; compiled BF16 does not)
 CPU_ARGS = ["--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "2048"]
 
 

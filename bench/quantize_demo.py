@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quantgate.calibration import CalibrationSpec  # noqa: E402
-from quantgate.models import ensure_demo_model  # noqa: E402
-from quantgate.quantize import QuantizeRequest, quantize  # noqa: E402
+from quantgate.quantize.calibration import CalibrationSpec
+from quantgate.quantize.run import QuantizeRequest, quantize
+from quantgate.target.catalogue import ensure_demo_model
 
 
 def main() -> int:

@@ -22,9 +22,9 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed
 
-from quantgate import release as rel
-from quantgate.runrecord import timed
-from quantgate.spec import ReleaseSpec, load_spec
+from quantgate.release import steps as rel
+from quantgate.release.runrecord import timed
+from quantgate.release.spec import ReleaseSpec, load_spec
 
 
 @task(retries=2, retry_delay_seconds=10, cache_policy=NO_CACHE)

@@ -68,9 +68,14 @@ setup_pipeline() {
   local env
   env=$(build_env pipeline "$repo/requirements/pipeline.lock")
   ln -sfn "$env" "$repo/.venv"
-  # the project itself, editable, pointing at this checkout (cheap; redone when the checkout moved)
-  if [ "$(cd / && "$env/bin/python" -c 'import quantgate,os;print(os.path.dirname(os.path.dirname(quantgate.__file__)))' 2>/dev/null)" != "$repo" ]; then
+  # the project itself, editable, pointing at this checkout (cheap; redone when the checkout moved or
+  # pyproject.toml changed, since the console script's entry point is written at install time)
+  local stamp="$env/.quantgate-pyproject.sha256" want
+  want=$(sha256sum "$repo/pyproject.toml" | cut -d' ' -f1)
+  if [ "$(cd / && "$env/bin/python" -c 'import quantgate,os;print(os.path.dirname(os.path.dirname(quantgate.__file__)))' 2>/dev/null)" != "$repo" ] \
+     || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "$env/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$repo"
+    echo "$want" > "$stamp"
   fi
 }
 

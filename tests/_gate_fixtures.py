@@ -1,6 +1,6 @@
 """A release run folder made of real pipeline outputs over synthetic scores (no server, no model).
 
-The comparison is computed by quantgate.compare.compare_runs and the recall delta by quantgate.recall_score.compare,
+The comparison is computed by quantgate.evals.compare.compare_runs and the recall delta by quantgate.recall.score.compare,
 so the files have exactly the shapes the release flow writes.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from quantgate import recall_score
-from quantgate.compare import compare_runs, summarize
-from quantgate.metrics import load_table
+from quantgate.evals.compare import compare_runs, summarize
+from quantgate.evals.metrics import load_table
+from quantgate.recall import score as recall_score
 
 # category -> metrics, as in eval_sets/default.jsonl
 CATEGORY_METRICS = {

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from _gate_fixtures import make_run
 
-from quantgate import recall_score
-from quantgate.gate_evidence import gate_run
-from quantgate.paths import RELEASES
-from quantgate.recall import heatmap
+from quantgate.base.paths import RELEASES
+from quantgate.gate.evidence import gate_run
+from quantgate.recall import score as recall_score
+from quantgate.recall.run import heatmap
 
 POLICY = RELEASES / "policies" / "default.yaml"
 CAND = "w4a16-gptq"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-# CPU serving arguments that give correct output for the demo model here (FIELD_NOTES + our own parity run:
+# CPU serving arguments that give correct output for the demo model here (docs/design.md "Measured facts" + our own parity run:
 # BF16 on this CPU's vLLM produced wrong text, FP32 eager matches transformers).
 CPU_TEST_ARGS = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048"]
 CPU_TEST_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -16,7 +16,7 @@ CPU_TEST_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 @pytest.fixture(scope="session")
 def demo_model() -> Path:
     """The demo checkpoint (SmolLM2-135M-Instruct, BF16 safetensors), materialized once and verified."""
-    from quantgate.models import ensure_demo_model
+    from quantgate.target.catalogue import ensure_demo_model
 
     return ensure_demo_model()
 

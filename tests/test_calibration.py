@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from quantgate.calibration import DEFAULT_CALIBRATION, CalibrationSpec, build, read_jsonl, select
-from quantgate.errors import ConfigError
+from quantgate.base.errors import ConfigError
+from quantgate.quantize.calibration import CalibrationSpec, DEFAULT_CALIBRATION, build, read_jsonl, select
 
 
 def test_default_set_is_valid_and_mixes_text_and_chat():

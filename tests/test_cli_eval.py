@@ -9,10 +9,10 @@ import typer
 from _fake_openai import FakeServer
 from typer.testing import CliRunner
 
-from quantgate.cli_eval import compare_cmd, eval_cmd
-from quantgate.errors import QuantgateError
-from quantgate.evalset import load_evalset
-from quantgate.paths import EVAL_SETS
+from quantgate.base.errors import QuantgateError
+from quantgate.base.paths import EVAL_SETS
+from quantgate.cli.eval import compare_cmd, eval_cmd
+from quantgate.evals.dataset import load_evalset
 
 EVALSET = EVAL_SETS / "default.jsonl"
 app = typer.Typer()
@@ -95,7 +95,7 @@ def test_failing_server_stops_the_run_and_marks_it_failed(tmp_path):
 
 
 def test_registered_in_the_main_cli():
-    from quantgate.cli import app as main_app
+    from quantgate.cli.main import app as main_app
 
     names = {c.name for c in main_app.registered_commands}
     assert {"eval", "compare"} <= names

@@ -11,8 +11,8 @@ import typer
 from _gate_fixtures import make_run
 from typer.testing import CliRunner
 
-from quantgate.cli_gate import gate
-from quantgate.paths import REPO, RELEASES
+from quantgate.base.paths import RELEASES, REPO
+from quantgate.cli.gate import gate
 
 DEFAULT = RELEASES / "policies" / "default.yaml"
 app = typer.Typer()
@@ -72,6 +72,6 @@ def test_bad_run_folder_exits_2(tmp_path):
 
 def test_registered_in_the_quantgate_command(tmp_path):
     run = make_run(tmp_path, lose={"proper_nouns": 6})
-    cmd = [sys.executable, "-m", "quantgate.cli", "gate", "--policy", str(DEFAULT), "--evidence", str(run)]
+    cmd = [sys.executable, "-m", "quantgate.cli.main", "gate", "--policy", str(DEFAULT), "--evidence", str(run)]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "decision: REJECT" in p.stdout, p.stdout + p.stderr

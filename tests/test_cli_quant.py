@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from quantgate import cli
+from quantgate.cli import main as cli
 
 from _quant_fixtures import llama
 

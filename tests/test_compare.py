@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from quantgate.compare import bootstrap_ci, cache_key, compare_runs, mcnemar_exact, summarize
+from quantgate.evals.compare import bootstrap_ci, cache_key, compare_runs, mcnemar_exact, summarize
 
 BINARY = SimpleNamespace(higher_is_better=True, binary=True)
 GRADED = SimpleNamespace(higher_is_better=True, binary=False)

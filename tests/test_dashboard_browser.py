@@ -13,7 +13,7 @@ from _cdp import Browser, chromium
 from _report_fixtures import CAND, release_run
 from typer.testing import CliRunner
 
-from quantgate.cli import app
+from quantgate.cli.main import app
 
 RUNS = {"demo-20261101T100000Z": dict(lose={"proper_nouns": 6}, recall_lose=2),
         "demo-20261102T100000Z": {},
@@ -120,7 +120,7 @@ def test_dashboard_filters(browser, results):
 def test_served_on_loopback(browser, results):
     import httpx
 
-    from quantgate.dashboard import serve
+    from quantgate.report.dashboard import serve
 
     server = serve(results, 0)
     host, port = server.server_address[:2]

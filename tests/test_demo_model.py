@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from quantgate.errors import QuantgateError
-from quantgate.models import MANIFEST, catalogue_entry, ensure_model, sha256_file, verify_checkpoint
+from quantgate.base.errors import QuantgateError
+from quantgate.target.catalogue import MANIFEST, catalogue_entry, ensure_model, sha256_file, verify_checkpoint
 
 
 def test_catalogue_pins_the_gguf_and_the_converted_weights():

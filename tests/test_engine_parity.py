@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from quantgate.engine_parity import run_parity
+from quantgate.parity.engine import run_parity
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 from _fake_openai import FakeServer
 
-from quantgate.client import ClientConfig, ErrorRateExceeded, Request, read_results, run
+from quantgate.evals.client import ClientConfig, ErrorRateExceeded, Request, read_results, run
 
 
 def reqs(n: int, max_tokens: int = 8) -> list[Request]:
@@ -93,7 +93,7 @@ def test_torn_last_line_is_repaired(server, tmp_path):
 
 CHILD = """
 import json, sys
-from quantgate.client import ClientConfig, Request, run
+from quantgate.evals.client import ClientConfig, Request, run
 url, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 reqs = [Request(f"id{k:03d}", [{"role": "user", "content": f"p{k}"}], 8) for k in range(n)]
 run(reqs, path, ClientConfig(endpoint=url, model="fake-model", concurrency=4, progress=False))

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from quantgate.errors import ConfigError
-from quantgate.evalset import estimate_tokens_chars4, load_evalset
-from quantgate.metrics import load_table
-from quantgate.paths import EVAL_SETS
+from quantgate.base.errors import ConfigError
+from quantgate.base.paths import EVAL_SETS
+from quantgate.evals.dataset import estimate_tokens_chars4, load_evalset
+from quantgate.evals.metrics import load_table
 
 META = """name: t
 version: 1
@@ -141,7 +141,7 @@ def test_default_set_is_valid_and_balanced():
 def test_stratified_subset_covers_every_category_in_file_order():
     from types import SimpleNamespace
 
-    from quantgate.evalset import stratified_subset
+    from quantgate.evals.dataset import stratified_subset
 
     rows = [SimpleNamespace(id=f"{c}{i}", category=c) for c in "abc" for i in range(5)]
     sub = stratified_subset(rows, 7)

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from quantgate.errors import ConfigError
-from quantgate.gate import GateEvidence, evaluate
-from quantgate.gate_policy import GatePolicy, load_policy
-from quantgate.paths import RELEASES
+from quantgate.base.errors import ConfigError
+from quantgate.base.paths import RELEASES
+from quantgate.gate.checks import GateEvidence, evaluate
+from quantgate.gate.policy import GatePolicy, load_policy
 
 POLICY = {
     "version": 1, "name": "t", "source": "test", "bound": "ci", "min_samples": 10,

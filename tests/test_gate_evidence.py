@@ -1,4 +1,4 @@
-"""Evidence from a run folder (quantgate.gate_evidence): real file shapes; missing or corrupt files never crash."""
+"""Evidence from a run folder (quantgate.gate.evidence): real file shapes; missing or corrupt files never crash."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from _gate_fixtures import make_run
 
-from quantgate.gate_evidence import candidates, collect, gate_run
-from quantgate.paths import RELEASES
+from quantgate.base.paths import RELEASES
+from quantgate.gate.evidence import candidates, collect, gate_run
 
 DEFAULT = RELEASES / "policies" / "default.yaml"
 STRICT = RELEASES / "policies" / "strict.yaml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 
-from quantgate.paths import EVAL_SETS
+from quantgate.base.paths import EVAL_SETS
 
 
 def _generator():

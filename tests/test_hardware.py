@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from quantgate.errors import ConfigError
-from quantgate.hardware import get_profile, load_catalogue
-from quantgate.schemes import check_hardware_schemes, load_schemes
+from quantgate.base.errors import ConfigError
+from quantgate.quantize.schemes import check_hardware_schemes, load_schemes
+from quantgate.target.hardware import get_profile, load_catalogue
 
 REQUIRED = ["v100", "t4", "a100", "a10", "l40s", "rtx4090", "h100", "h200", "b200", "mi300x", "x86-cpu", "arm-cpu"]
 

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from quantgate.errors import QuantgateError
-from quantgate.human_review import allocate, export_review, import_review, parse_filled
+from quantgate.base.errors import QuantgateError
+from quantgate.judge.review import allocate, export_review, import_review, parse_filled
 
 CATS = {"facts": 30, "numbers": 20, "names": 10, "tiny": 2}
 

@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from quantgate.errors import ConfigError, QuantgateError
-from quantgate.judge import (PairItem, combine, non_inferiority, outcomes, parse_verdict, rates, render,
-                             summarize_calibration, wilson)
-from quantgate.judge_corrupt import (CalibrationConfig, calibration_pairs, change_number, proper_nouns, swap_name,
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.paths import EVAL_SETS, JUDGES
+from quantgate.judge.core import (PairItem, combine, non_inferiority, outcomes, parse_verdict, rates, render,
+                                  summarize_calibration, wilson)
+from quantgate.judge.corrupt import (CalibrationConfig, calibration_pairs, change_number, proper_nouns, swap_name,
                                      truncate, untranslated)
-from quantgate.judgerun import load_calibration_config, load_judge, run_judge
-from quantgate.paths import EVAL_SETS, JUDGES
+from quantgate.judge.run import load_calibration_config, load_judge, run_judge
 from tests._judge_fakes import FakeJudge, prefer, write_run
 
 PAIRWISE = load_judge(JUDGES / "pairwise.md")
@@ -227,7 +227,7 @@ def test_rates_exclude_invalid_and_count_identical_as_tie():
 
 @pytest.fixture(scope="module")
 def es():
-    from quantgate.evalset import load_evalset
+    from quantgate.evals.dataset import load_evalset
 
     return load_evalset(EVAL_SETS / "default.jsonl")
 
@@ -342,7 +342,7 @@ def test_cli_judge_then_review_roundtrip(tmp_path, es):
 
     from typer.testing import CliRunner
 
-    from quantgate.cli import app
+    from quantgate.cli.main import app
 
     b, c, bad = _runs(tmp_path, es)
     run = CliRunner().invoke

@@ -8,7 +8,7 @@ import json
 import pytest
 from _gate_fixtures import make_run
 
-from quantgate.ladder import describe, next_rung, rungs
+from quantgate.release.ladder import describe, next_rung, rungs
 
 S = ["fp8-dynamic", "int8-w8a8", "w4a16-gptq"]
 
@@ -65,11 +65,11 @@ ladder: true
 def test_untried_rung_is_listed_but_is_no_failure(tmp_path):
     """A run whose first rung was promoted: decision.json and summary.json list int8-w8a8 as not tried; the gate,
     the run view and the report do not treat it as a candidate with missing evidence."""
-    from quantgate import release as rel
-    from quantgate.gate_evidence import candidates
-    from quantgate.report import write_report
-    from quantgate.runview import load_run
-    from quantgate.spec import load_spec
+    from quantgate.release import steps as rel
+    from quantgate.gate.evidence import candidates
+    from quantgate.report.page import write_report
+    from quantgate.report.runview import load_run
+    from quantgate.release.spec import load_spec
 
     (tmp_path / "spec.yaml").write_text(SPEC)
     spec = load_spec(tmp_path / "spec.yaml")

@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from quantgate.metrics import load_table
-from quantgate.metrics import _text
+from quantgate.evals.metrics import _text, load_table
 
 E = math.exp(-0.25)  # BLEU brevity penalty for a 4-token hypothesis against a 5-token reference
 
@@ -55,7 +54,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def loaded():
-    from quantgate.scoring import load_metric
+    from quantgate.evals.scoring import load_metric
 
     return {name: load_metric(name) for name in load_table()}
 
@@ -77,7 +76,7 @@ def test_every_table_metric_has_cases_and_batch_scores_are_per_sample(loaded):
 
 
 def test_modules_are_loaded_once(loaded):
-    from quantgate.scoring import load_metric
+    from quantgate.evals.scoring import load_metric
 
     assert load_metric("bleu") is loaded["bleu"]
 
@@ -88,7 +87,7 @@ def test_metrics_and_transformers_tokenizers_work_in_one_process(tmp_path):
     import subprocess
     import sys
 
-    code = ("from quantgate.scoring import load_metric; load_metric('exact_match');"
+    code = ("from quantgate.evals.scoring import load_metric; load_metric('exact_match');"
             "from transformers import AutoTokenizer, PreTrainedTokenizerFast; print(AutoTokenizer.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "AutoTokenizer", out.stderr[-2000:]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from quantgate.errors import ConfigError
-from quantgate.modelshape import (computed_weights, load_model_spec, safetensors_weights, shape_from_config,
-                                  weight_format)
-from quantgate.paths import models_dir
+from quantgate.base.errors import ConfigError
+from quantgate.base.paths import models_dir
+from quantgate.target.modelshape import (computed_weights, load_model_spec, safetensors_weights, shape_from_config,
+                                         weight_format)
 
 DATA = Path(__file__).parent / "data"
 DEMO_CFG = json.loads((DATA / "model_configs" / "smollm2-135m.json").read_text())

@@ -18,9 +18,10 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from quantgate.cli import app
-from quantgate.cli_plan import build_plan
-from quantgate.errors import QuantgateError
+from quantgate.base.errors import QuantgateError
+from quantgate.cli.main import app
+from quantgate.plan.build import build_plan
+from quantgate.release import variants
 from quantgate.serving.multinode import MultiNodeServer, master_of, multinode_config_from_plan, probe, set_flag
 from quantgate.serving.server import free_port, port_is_free
 
@@ -83,7 +84,7 @@ def test_local_config_runs_the_plans_node_commands(demo_shape):
         # apart from the local address/port, the dtype and the extra args, it is the planned line
         stripped = set_flag(set_flag(node.argv[:-2], "--master-addr", "x"), "--master-port", "y")
         assert stripped[3:] == set_flag(set_flag(argv, "--master-addr", "x"), "--master-port", "y")[3:]
-    # one core per node on a shared host, as FIELD_NOTES' working two-process run
+    # one core per node on a shared host, as the working two-process run
     assert [n.env["VLLM_CPU_OMP_THREADS_BIND"] for n in cfg.nodes] == ["0", "1"]
     assert cfg.args and "--nnodes" not in cfg.args  # the shared engine flags: the cache key's part
     server = MultiNodeServer(cfg, log_dir=Path("/nonexistent"))
@@ -271,7 +272,7 @@ def test_a_worker_pointing_at_the_wrong_port_is_named_at_once(demo_model, tmp_pa
 # --- the release flow's serving step picks the multi-node manager for a multi-node plan --------------------------
 
 def _spec(tmp_path, extra: str):
-    from quantgate.spec import load_spec
+    from quantgate.release.spec import load_spec
 
     path = tmp_path / "spec.yaml"
     path.write_text("version: 1\nname: mn\nmodel: demo\nhardware: x86-cpu\ncontext: 1024\nconcurrency: 2\n"
@@ -280,26 +281,26 @@ def _spec(tmp_path, extra: str):
 
 
 def test_release_serves_a_multi_node_plan_with_the_multi_node_manager(tmp_path, demo_shape):
-    from quantgate import release as rel
+    from quantgate.release import steps as rel
 
-    variant = rel.Variant(name="baseline", path=demo_shape, content_hash="x", size_bytes=1)
+    variant = variants.Variant(name="baseline", path=demo_shape, content_hash="x", size_bytes=1)
     spec = _spec(tmp_path, "serving: {local_nodes: true, join_timeout_s: 42, replicas: 1}\n")
-    cfg = rel._server_config(spec, variant, tmp_path / "baseline")
-    server = rel._server(cfg, tmp_path / "baseline")
+    cfg = variants.server_config(spec, variant, tmp_path / "baseline")
+    server = variants.make_server(cfg, tmp_path / "baseline")
     assert isinstance(server, MultiNodeServer) and cfg.join_timeout_s == 42
     assert [n.role for n in cfg.nodes] == ["head", "worker"]
     assert all(master_of(n.argv)[0] == "127.0.0.1" for n in cfg.nodes)
     assert (tmp_path / "baseline" / "plan.json").is_file()
     # the cache key of the variant's results sees the engine flags, not the per-run master port
-    again = rel._server_config(spec, variant, tmp_path / "baseline")
+    again = variants.server_config(spec, variant, tmp_path / "baseline")
     assert rel._cache_key(variant, cfg, "v") == rel._cache_key(variant, again, "v")
 
 
 def test_release_refuses_remote_nodes_it_cannot_launch(tmp_path, demo_shape):
-    from quantgate import release as rel
-    from quantgate.errors import ConfigError
+    from quantgate.release import steps as rel
+    from quantgate.base.errors import ConfigError
 
-    variant = rel.Variant(name="baseline", path=demo_shape, content_hash="x", size_bytes=1)
+    variant = variants.Variant(name="baseline", path=demo_shape, content_hash="x", size_bytes=1)
     with pytest.raises(ConfigError) as err:
-        rel._server_config(_spec(tmp_path, "serving: {replicas: 1}\n"), variant, tmp_path / "baseline")
+        variants.server_config(_spec(tmp_path, "serving: {replicas: 1}\n"), variant, tmp_path / "baseline")
     assert "serving.local_nodes" in err.value.render() and "quantgate plan" in err.value.render()

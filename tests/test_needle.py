@@ -8,10 +8,9 @@ import jinja2
 import pytest
 from tokenizers import Tokenizer
 
-from quantgate import needle as nd
-from quantgate import recall_score as rs
-from quantgate.errors import QuantgateError
-from quantgate.recall import load_filler, load_needle_data
+from quantgate.base.errors import QuantgateError
+from quantgate.recall import needle as nd, score as rs
+from quantgate.recall.run import load_filler, load_needle_data
 
 
 def demo_counter(model_dir) -> nd.TokenCounter:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from quantgate.errors import QuantgateError
-from quantgate.parity import POLICY_FILE, ParityPolicy, check_parity, compare_sequences
-from quantgate.yamlconfig import load_model
+from quantgate.base.errors import QuantgateError
+from quantgate.base.yamlconfig import load_model
+from quantgate.parity.core import POLICY_FILE, ParityPolicy, check_parity, compare_sequences
 
 POLICY = ParityPolicy(agree_prefix_tokens=4, min_agree_share=0.9)
 REF = [list(range(i, i + 10)) for i in range(10)]

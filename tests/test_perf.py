@@ -10,11 +10,11 @@ import pytest
 from aiohttp import web
 from typer.testing import CliRunner
 
-from quantgate.cli import app
-from quantgate.errors import ConfigError, QuantgateError
-from quantgate.perf import check_endpoint, load_result, planner_kv, probe, weights_bytes
-from quantgate.perf_compare import compare, first_error, level_medians, ratio
-from quantgate.perf_models import EngineMemory, PerfResult, RunResult, Workload, parse_engine_log, run_from_bench
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.cli.main import app
+from quantgate.perf.compare import compare, first_error, level_medians, ratio
+from quantgate.perf.models import EngineMemory, PerfResult, RunResult, Workload, parse_engine_log, run_from_bench
+from quantgate.perf.probe import check_endpoint, load_result, planner_kv, probe, weights_bytes
 
 from _fake_openai import FakeServer
 
@@ -260,7 +260,7 @@ def test_real_probe_of_the_demo_model(tmp_path, demo_model, demo_server):
 
 
 def test_planner_kv_from_a_plan_json_agrees_with_the_real_engine_log(tmp_path):
-    from quantgate.cli_plan import build_plan
+    from quantgate.plan.build import build_plan
 
     plan = build_plan(Path(__file__).parent / "data" / "model_configs" / "smollm2-135m.json", "x86-cpu", context=2048, concurrency=4)
     path = tmp_path / "plan.json"

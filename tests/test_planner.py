@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from quantgate.cli_plan import build_plan, load_policy
-from quantgate.errors import ConfigError, QuantgateError
-from quantgate.hardware import HardwareProfile, get_profile
-from quantgate.modelshape import load_model_spec
-from quantgate.planner import PlanRequest, plan
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.plan.build import build_plan, load_planner_policy
+from quantgate.plan.planner import PlanRequest, plan
+from quantgate.target.hardware import HardwareProfile, get_profile
+from quantgate.target.modelshape import load_model_spec
 
 DATA = Path(__file__).parent / "data"
 M8B = DATA / "model_shapes" / "dense-8b-fp8.yaml"
@@ -64,14 +64,14 @@ def test_case_a_replicas_get_one_gpu_each_and_pcie_is_named():
     p = run(M8B, "l40s", gpus=4, context=8192, concurrency=20)
     assert [r.env["CUDA_VISIBLE_DEVICES"] for r in p.replica_plans] == ["0", "1", "2", "3"]
     assert any(d.topic == "interconnect" and "pcie" in d.reason for d in p.decisions)
-    assert p.vllm_args["--gpu-memory-utilization"] == load_policy().gpu_memory_utilization
+    assert p.vllm_args["--gpu-memory-utilization"] == load_planner_policy().gpu_memory_utilization
 
 
 def test_case_b_tp1_rejected_with_about_5_gb_for_kv():
     p = run(M70B, "h100", context=20000, concurrency=20, kv_dtype="fp8")
     d = rejected(p, "TP=1")
     # independent arithmetic: 79.6 GiB x 0.9 - 70e9 bytes - 2 GiB reserve
-    expect_gib = 79.6 * 0.9 - 70e9 / GIB - load_policy().reserve_gib["gpu"]
+    expect_gib = 79.6 * 0.9 - 70e9 / GIB - load_planner_policy().reserve_gib["gpu"]
     assert d.numbers["kv_pool_gib_per_device"] == pytest.approx(expect_gib, abs=0.01)
     assert 3.5 < d.numbers["kv_pool_gb_per_device"] < 6.5  # the reference's "about 5 GB"
     assert f"{d.numbers['kv_pool_gb_per_device']:.2f} GB" in d.reason
@@ -133,7 +133,7 @@ def test_pcie_replica_spanning_two_devices_uses_pp():
     assert any("no fast link" in d.reason for d in p.decisions)
 
 
-# ---- CPU (FIELD_NOTES) -----------------------------------------------------------------------------------
+# ---- CPU (docs/design.md, "Measured facts") -----------------------------------------------------------------------------------
 
 def test_demo_pp2_on_cpu_env_and_args():
     p = run(DEMO, "x86-cpu", context=4096, concurrency=8, replicas=1)
@@ -226,16 +226,16 @@ def test_planner_with_a_profile_built_in_the_test():
                          devices_per_node=2, interconnect="nvlink", schemes=[], kv_cache_dtypes=["auto"])
     req = PlanRequest(model=load_model_spec(M70B), hardware=hw, context=2048, concurrency=1)
     with pytest.raises(QuantgateError, match="short by"):
-        plan(req, load_policy())
+        plan(req, load_planner_policy())
     hw2 = hw.model_copy(update={"memory_gib": 60.0})
-    p = plan(req.model_copy(update={"hardware": hw2}), load_policy())
+    p = plan(req.model_copy(update={"hardware": hw2}), load_planner_policy())
     assert (p.layout.tp, p.replicas) == (2, 1)
 
 
 # ---- CLI -------------------------------------------------------------------------------------------------
 
 def test_cli_json(capsys, monkeypatch):
-    from quantgate import cli
+    from quantgate.cli import main as cli
 
     monkeypatch.setattr(sys, "argv", ["quantgate", "plan", "--model", str(DEMO), "--hardware", "x86-cpu",
                                       "--context", "4096", "--concurrency", "8", "--replicas", "1", "--json"])
@@ -247,7 +247,7 @@ def test_cli_json(capsys, monkeypatch):
 
 
 def test_cli_error_is_one_message(capsys, monkeypatch):
-    from quantgate import cli
+    from quantgate.cli import main as cli
 
     monkeypatch.setattr(sys, "argv", ["quantgate", "plan", "--model", str(M8B), "--hardware", "nope",
                                       "--context", "4096", "--concurrency", "1"])

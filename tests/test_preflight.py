@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from quantgate.errors import ConfigError, QuantgateError
-from quantgate.preflight import check, read_layout, read_safetensors_header
-from quantgate.recipes import load_recipe
-from quantgate.paths import RECIPES
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.paths import RECIPES
+from quantgate.quantize.preflight import check, read_layout, read_safetensors_header
+from quantgate.quantize.recipes import load_recipe
 
 from _quant_fixtures import llama, write_checkpoint
 

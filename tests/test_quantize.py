@@ -14,12 +14,12 @@ import time
 import httpx
 import pytest
 
-from quantgate.calibration import CalibrationSpec
-from quantgate.errors import ConfigError, QuantgateError
-from quantgate.hardware import get_profile
-from quantgate.quant_runner import needs_pin_memory_workaround
-from quantgate.recipes import dump_recipe, load_recipe, quant_settings
-from quantgate.quantize import MANIFEST, QuantizeRequest, _clean_stale, plan, quantize, reusable
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.quantize.calibration import CalibrationSpec
+from quantgate.quantize.recipes import dump_recipe, load_recipe, quant_settings
+from quantgate.quantize.run import MANIFEST, QuantizeRequest, _clean_stale, plan, quantize, reusable
+from quantgate.quantize.runner import needs_pin_memory_workaround
+from quantgate.target.hardware import get_profile
 
 from _quant_fixtures import llama
 from _shared import CHECKPOINTS
@@ -198,13 +198,13 @@ def test_pin_memory_bug_and_workaround_on_this_machine(monkeypatch):
         pytest.skip("the upstream bug only shows without an accelerator")
     from llmcompressor.pipelines.cache import IntermediatesCache
 
-    from quantgate.quant_runner import pin_memory_workaround
+    from quantgate.quantize.runner import pin_memory_workaround
 
     monkeypatch.setattr(IntermediatesCache, "pin_memory", IntermediatesCache.pin_memory)  # restored after the test
     cache = IntermediatesCache.empty(1, torch.device("cpu"))
     cache.update(0, {"x": torch.ones(4)})
     with pytest.raises(RuntimeError, match="accelerator"):
-        cache.pin_memory(0)  # the upstream failure FIELD_NOTES describes; if this stops failing, drop the workaround
+        cache.pin_memory(0)  # the upstream failure docs/design.md describes; if this stops failing, drop the workaround
     assert "0.14.0.1" in pin_memory_workaround()
     cache.pin_memory(0)
     assert torch.equal(cache.fetch(0)["x"], torch.ones(4))
@@ -236,7 +236,7 @@ def demo_request(model, out, scheme: str) -> QuantizeRequest:
 @pytest.fixture(scope="session")
 def checkpoints(demo_model, tmp_path_factory):
     """This session's quantized checkpoints, in a folder named like the release flow's (see tests/_shared.py)."""
-    from quantgate.models import checkpoint_hash
+    from quantgate.target.catalogue import checkpoint_hash
 
     return tmp_path_factory.mktemp("checkpoints"), checkpoint_hash(demo_model)[:12]
 

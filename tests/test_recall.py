@@ -12,9 +12,9 @@ from _fake_openai import FakeServer
 from test_needle import demo_counter
 from typer.testing import CliRunner
 
-from quantgate import needle as nd
-from quantgate.cli_recall import recall
-from quantgate.recall import load_filler, load_needle_data, read_jsonl, run_recall
+from quantgate.cli.recall import recall
+from quantgate.recall import needle as nd
+from quantgate.recall.run import load_filler, load_needle_data, read_jsonl, run_recall
 
 
 def check_run_dir(out: Path, *, delta: bool = False) -> dict:

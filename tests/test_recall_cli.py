@@ -9,8 +9,8 @@ import typer
 from _fake_openai import FakeServer
 from typer.testing import CliRunner
 
-from quantgate.cli_recall import recall
-from quantgate.errors import QuantgateError
+from quantgate.base.errors import QuantgateError
+from quantgate.cli.recall import recall
 
 _app = typer.Typer()
 _app.command()(recall)
@@ -36,7 +36,7 @@ def error_of(result) -> QuantgateError:
 
 
 def test_recall_is_registered_on_the_main_cli():
-    from quantgate.cli import app
+    from quantgate.cli.main import app
 
     assert recall in [c.callback for c in app.registered_commands if c.name == "recall"]
 

@@ -6,10 +6,11 @@ import copy
 
 import pytest
 
-from quantgate.errors import ConfigError
-from quantgate.paths import RECIPES
-from quantgate.recipes import RecipeOverrides, apply_overrides, check_recipe, dump_recipe, load_recipe, quant_settings
-from quantgate.schemes import load_schemes
+from quantgate.base.errors import ConfigError
+from quantgate.base.paths import RECIPES
+from quantgate.quantize.recipes import (RecipeOverrides, apply_overrides, check_recipe, dump_recipe, load_recipe,
+                                        quant_settings)
+from quantgate.quantize.schemes import load_schemes
 
 
 @pytest.mark.parametrize("scheme", [s.id for s in load_schemes().schemes])

@@ -10,9 +10,9 @@ import textwrap
 import pytest
 from _gate_fixtures import checkpoint
 
-from quantgate import registry
-from quantgate.errors import QuantgateError
-from quantgate.paths import REPO
+from quantgate.base.errors import QuantgateError
+from quantgate.base.paths import REPO
+from quantgate.release import registry
 
 DECISION = {"schema_version": 1, "decision": "PROMOTE", "candidate": "w4a16-gptq", "scheme": "w4a16-gptq",
             "family": "w4a16", "policy": {"name": "default", "version": 1},
@@ -82,7 +82,7 @@ def test_copy_checkpoint(setup):
 
 KILL_SCRIPT = textwrap.dedent("""
     import json, os, signal, sys
-    from quantgate import registry
+    from quantgate.release import registry as registry
     step, decision, ckpt, report, root = sys.argv[1:6]
 
     def hook(name):
@@ -151,7 +151,7 @@ def test_a_concurrent_promotion_that_wins_the_rename_is_kept(setup, tmp_path, mo
 
 def test_publish_is_off_by_default_and_does_not_import_the_hub(setup):
     ckpt, _, root = setup
-    code = ("import sys, json; from quantgate import registry; "
+    code = ("import sys, json; from quantgate.release import registry; "
             f"e = registry.promote(json.loads({json.dumps(json.dumps(DECISION))}), model='demo', version='v1', "
             f"checkpoint={str(ckpt)!r}, root={str(root)!r}); "
             "print('published' in e, 'huggingface_hub' in sys.modules)")

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from _shared import CHECKPOINTS
-from quantgate.paths import REPO
+from quantgate.base.paths import REPO
 from quantgate.serving.server import free_port, kill_tree
 
 SPEC = """\
@@ -79,7 +79,7 @@ def workspace(tmp_path_factory, demo_model):
 
 
 def quantgate(*args: str, env: dict, timeout: float = 1500) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "quantgate.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "quantgate.cli.main", *args], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=REPO)
 
 
@@ -123,7 +123,7 @@ def test_release_flow_produces_evidence_for_every_variant(workspace):
     # the report of this real run: every candidate and every metric's delta is on the page
     from html import unescape
 
-    from quantgate.store import Store
+    from quantgate.report.store import Store
 
     html = unescape((run / "report.html").read_text())
     assert 'id="cand-w4a16-gptq"' in html and "PROMOTE" in html

@@ -1,4 +1,4 @@
-"""The release's judge step (quantgate.release_judge) against a remote judge endpoint (a fake OpenAI-compatible
+"""The release's judge step (quantgate.release.judge_step) against a remote judge endpoint (a fake OpenAI-compatible
 server: the one mock allowed here, as a remote judge API cannot run in tests): the report lands where the gate
 reads it, and a failed judge is recorded so that the gate shows why its evidence is missing."""
 
@@ -9,17 +9,17 @@ import json
 import pytest
 from _judge_fakes import FakeJudge, prefer, write_run
 
-from quantgate import release as rel
-from quantgate.errors import ConfigError, QuantgateError
-from quantgate.evalset import load_evalset
-from quantgate.gate import evaluate
-from quantgate.gate_evidence import collect
-from quantgate.gate_policy import load_policy
-from quantgate.judge_corrupt import calibration_pairs
-from quantgate.judgerun import load_calibration_config
-from quantgate.paths import EVAL_SETS, RELEASES
-from quantgate.release_judge import api_key, failure, margin
-from quantgate.spec import load_spec
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.paths import EVAL_SETS, RELEASES
+from quantgate.evals.dataset import load_evalset
+from quantgate.gate.checks import evaluate
+from quantgate.gate.evidence import collect
+from quantgate.gate.policy import load_policy
+from quantgate.judge.corrupt import calibration_pairs
+from quantgate.judge.run import load_calibration_config
+from quantgate.release import steps as rel
+from quantgate.release.judge_step import api_key, failure, margin
+from quantgate.release.spec import load_spec
 
 CANDS = ["w4a16-gptq", "int8-w8a8"]
 SPEC = f"""\

@@ -1,4 +1,4 @@
-"""Release report (quantgate.report): content from the evidence, self-contained HTML, gaps instead of crashes."""
+"""Release report (quantgate.report.page): content from the evidence, self-contained HTML, gaps instead of crashes."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from _report_fixtures import CAND, release_run
 from typer.testing import CliRunner
 
-from quantgate.cli import app
-from quantgate.report import markdown_summary, write_report
+from quantgate.cli.main import app
+from quantgate.report.page import markdown_summary, write_report
 
 RUN_ID = "demo-20261101T100000Z"
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from quantgate.runrecord import timed, timings
+from quantgate.release.runrecord import timed, timings
 
 
 def test_timed_appends_each_step_in_order_and_records_failures(tmp_path):

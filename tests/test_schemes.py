@@ -1,12 +1,12 @@
-"""Scheme selection: the rankings DESIGN.md asks for, on synthetic model sizes (pure, no files but the catalogues)."""
+"""Scheme selection: the rankings of docs/design.md's planner rules, on synthetic model sizes (pure, no files but the catalogues)."""
 
 from __future__ import annotations
 
 import pytest
 
-from quantgate.errors import QuantgateError
-from quantgate.hardware import get_profile
-from quantgate.schemes import ModelSize, load_schemes, rank_schemes
+from quantgate.base.errors import QuantgateError
+from quantgate.quantize.schemes import ModelSize, load_schemes, rank_schemes
+from quantgate.target.hardware import get_profile
 
 CAT = load_schemes()
 SMALL = ModelSize(quantizable_params=7_000_000_000, other_params=500_000_000)      # ~14 GiB at BF16: fits anywhere big
@@ -93,7 +93,7 @@ def test_too_large_even_at_4_bits_is_explained():
 def test_memory_after_quantization_tracks_bits_and_groups():
     rows = {r.scheme: r for r in rank_schemes(get_profile("h100"), "fit", DEMO, CAT).rows}
     bf16 = DEMO.bytes_16bit
-    # measured here (FIELD_NOTES): BF16 269 MB, FP8 160 MB, GPTQ group 64 112 MB
+    # measured here (docs/design.md, "Measured facts"): BF16 269 MB, FP8 160 MB, GPTQ group 64 112 MB
     assert 150e6 < rows["fp8-dynamic"].weight_bytes < 170e6
     assert 105e6 < rows["w4a16-gptq"].weight_bytes < 120e6
     assert rows["w4a16-gptq"].weight_bytes < rows["fp8-dynamic"].weight_bytes < bf16

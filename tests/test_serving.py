@@ -8,7 +8,7 @@ import httpx
 import psutil
 import pytest
 
-from quantgate.errors import QuantgateError
+from quantgate.base.errors import QuantgateError
 from quantgate.serving.env import LAUNCHER, serve_python, vllm_version
 from quantgate.serving.server import ServerConfig, VLLMServer, port_is_free
 

@@ -10,8 +10,8 @@ import httpx
 import psutil
 import pytest
 
-from quantgate.cli_plan import build_plan
-from quantgate.errors import QuantgateError
+from quantgate.base.errors import QuantgateError
+from quantgate.plan.build import build_plan
 from quantgate.serving.server import VLLMServer, config_from_plan, port_is_free
 
 ASK = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16, "temperature": 0}
@@ -24,7 +24,7 @@ def chat(srv, name: str, **extra) -> httpx.Response:
 
 @pytest.mark.slow
 def test_pipeline_parallel_plan_is_served_and_answers(demo_model, tmp_path):
-    # One replica must span both CPU workers; 9 heads rule out TP=2, so the planner picks PP=2 (FIELD_NOTES: compiled FP32).
+    # One replica must span both CPU workers; 9 heads rule out TP=2, so the planner picks PP=2 (docs/design.md, "Measured facts": compiled FP32).
     plan = build_plan(demo_model, "x86-cpu", context=2048, concurrency=4, replicas=1)
     assert (plan.layout.tp, plan.layout.pp) == (1, 2)
     cfg = config_from_plan(plan, demo_model, "demo-pp")

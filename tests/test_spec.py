@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from quantgate.errors import ConfigError
-from quantgate.paths import EVAL_SETS, JUDGES, RELEASES
-from quantgate.spec import load_spec
+from quantgate.base.errors import ConfigError
+from quantgate.base.paths import EVAL_SETS, JUDGES, RELEASES
+from quantgate.release.spec import load_spec
 
 GOOD = """\
 version: 1

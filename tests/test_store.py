@@ -1,4 +1,4 @@
-"""Results store (quantgate.store): ingest of real run-folder shapes, idempotence, history, migration, corruption."""
+"""Results store (quantgate.report.store): ingest of real run-folder shapes, idempotence, history, migration, corruption."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from _report_fixtures import CAND, release_run
 
-from quantgate.errors import QuantgateError
-from quantgate.store import LATEST, Store, ingest_all
+from quantgate.base.errors import QuantgateError
+from quantgate.report.store import LATEST, Store, ingest_all
 
 R1, R2 = "demo-20261101T100000Z", "demo-20261102T100000Z"
 

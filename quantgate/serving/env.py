@@ -14,8 +14,8 @@ import subprocess
 from functools import lru_cache
 from pathlib import Path
 
-from quantgate.errors import QuantgateError
-from quantgate.paths import REPO
+from quantgate.base.errors import QuantgateError
+from quantgate.base.paths import REPO
 
 LAUNCHER = Path(__file__).with_name("vllm_launcher.py")
 FIX = "run `scripts/setup.sh serve` (make demo and make test run it), or set QUANTGATE_SERVE_PYTHON to the python of an environment with vllm"

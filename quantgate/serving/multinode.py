@@ -33,8 +33,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quantgate.errors import QuantgateError
-from quantgate.fileio import log_tail
+from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import log_tail
 from quantgate.serving.env import serve_python
 from quantgate.serving.server import (free_port, is_ready, plan_args, port_holder, port_is_free, spawn, stop_group,
                                       wait_port_free)
@@ -143,7 +143,6 @@ def _why(err: str, addr: str, port: int, timeout_s: float) -> str:
 
 class MultiNodeServer:
     """Same surface as VLLMServer (base_url, api_key, command, log_path, config, start/stop, raise_if_dead)."""
-
     def __init__(self, config: MultiNodeConfig, log_dir: Path):
         if [n.role for n in config.nodes].count("head") != 1 or config.nodes[0].role != "head":
             raise QuantgateError("a multi-node config needs exactly one head, listed first", fix="build it with multinode_config_from_plan")

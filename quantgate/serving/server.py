@@ -23,14 +23,13 @@ import httpx
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
-from quantgate.errors import QuantgateError
-from quantgate.fileio import log_tail
+from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import log_tail
 from quantgate.serving.env import LAUNCHER, serve_python
 
 
 class ServerConfig(BaseModel):
     """What to serve and how. `args` are extra `vllm serve` arguments (e.g. a plan's), `env` extra variables."""
-
     model_config = ConfigDict(extra="forbid")
 
     model: Path
@@ -228,7 +227,7 @@ class VLLMServer:
 
 def config_from_plan(plan, model: Path, name: str, *, replica: int = 0, dtype: str | None = None,
                      extra_args: list[str] | None = None, python: Path | None = None, startup_timeout_s: float = 600.0) -> ServerConfig:
-    """Serve one replica of a planner Plan (quantgate.planner.Plan): its vLLM arguments and environment.
+    """Serve one replica of a planner Plan (quantgate.plan.planner.Plan): its vLLM arguments and environment.
 
     `dtype` replaces the plan's --dtype (e.g. a spec override); multi-node replicas need the multi-node manager.
     """

@@ -1,0 +1,38 @@
+"""`quantgate gate --policy FILE --evidence RUN_DIR [--candidate NAME]`: the promotion gate on a finished run.
+
+Exit codes: 0 PROMOTE, 1 REJECT, 2 bad input (a policy that does not validate, a missing run folder).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from quantgate.base.errors import QuantgateError
+from quantgate.gate.evidence import gate_run
+
+
+def gate(
+    policy: Annotated[Path, typer.Option(help="gate policy YAML, e.g. releases/policies/default.yaml")],
+    evidence: Annotated[Path, typer.Option(help="run folder of a release (results/runs/<run-id>)")],
+    candidate: Annotated[Optional[list[str]], typer.Option(help="candidate (scheme id) to gate; repeatable; "
+                                                                 "default: every candidate compared in the run")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="write the decision here instead of <run>/decision.json")] = None,
+) -> None:
+    """Check a release's evidence against a policy; write decision.json; exit 0 on PROMOTE, 1 on REJECT."""
+    try:
+        decisions, path = gate_run(evidence, policy, candidate or None, out=out)
+    except QuantgateError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    for d in decisions:
+        print(f"{d.candidate} ({d.scheme or 'scheme unknown'}, family {d.family or '-'}): {d.decision}")
+        for c in d.checks:
+            mark = {True: "pass", False: "FAIL", None: "skip"}[c.passed]
+            print(f"  [{mark}] {c.name}: {c.reason}")
+    promoted = next((d.candidate for d in decisions if d.promoted), None)
+    print(f"decision: {'PROMOTE ' + promoted if promoted else 'REJECT'} -> {path}")
+    raise typer.Exit(0 if promoted else 1)

@@ -1,0 +1,48 @@
+"""The `quantgate` command line: the sub-commands of every command module, and the console-script entry point."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from quantgate.base.errors import QuantgateError
+from quantgate.cli import eval as eval_cmds
+from quantgate.cli import gate, judge, models, perf, plan, quant, recall, release, report
+
+app = typer.Typer(
+    help="Quantize an LLM for its target hardware, validate it against the baseline, gate its release.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# One line per command; the commands' logic lives in their capability packages.
+app.command("report")(report.report)
+app.command("dashboard")(report.dashboard)
+app.command("gate")(gate.gate)
+app.command("perf")(perf.perf)
+app.command("perf-compare")(perf.perf_compare)
+app.command("release")(release.release)
+app.command("judge")(judge.judge_cmd)
+app.add_typer(judge.review_app, name="review")
+app.command("recall")(recall.recall)
+app.command("eval")(eval_cmds.eval_cmd)
+app.command("compare")(eval_cmds.compare_cmd)
+app.command("schemes")(quant.schemes)
+app.command("quantize")(quant.quantize)
+app.command("plan")(plan.plan)
+app.add_typer(models.models_app, name="models")
+
+
+def main() -> None:
+    """Console-script entry: user-fixable errors print as one clear message and exit 2, not a traceback."""
+    try:
+        app()
+    except QuantgateError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""`quantgate plan`: load the model, hardware profile and planner policy, run the planner, print or save the plan."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from quantgate.plan.build import PLANNER_FILE, build_plan
+from quantgate.plan.models import Plan
+
+def _sh(tokens: list[str]) -> str:
+    """Shell words; "$VAR" placeholders stay expandable (double quotes), everything else is quoted safely."""
+    out = []
+    for t in tokens:
+        if re.fullmatch(r"[\w@%+=:,./-]+", t):
+            out.append(t)
+        elif "$" in t and not re.search(r'["`\\]', t):
+            out.append(f'"{t}"')
+        else:
+            out.append(shlex.quote(t))
+    return " ".join(out)
+
+
+def _env(env: dict[str, str]) -> str:
+    return _sh([f"{k}={v}" for k, v in env.items()])
+
+
+def _show(p: Plan, console: Console) -> None:
+    table = Table(title=f"plan: {p.model} on {p.hardware} ({p.devices_total} device(s))", show_lines=False)
+    for col in ("topic", "choice", "", "reason"):
+        table.add_column(col, overflow="fold")
+    for d in p.decisions:
+        table.add_row(escape(d.topic), escape(d.choice), "[green]yes[/]" if d.accepted else "[red]no[/]", escape(d.reason))
+    console.print(table)
+    c = p.capacity
+    console.print(f"layout {p.layout.label} x {p.replicas} replica(s); KV {c.kv_pool_gib_per_replica:.1f} GiB per "
+                  f"replica = {c.concurrency_per_replica:.1f} x {c.context:,}-token requests (target {c.target_concurrency})")
+    for w in p.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+    for r in p.replica_plans:
+        if r.multi_node is None:
+            console.print(escape(f"replica {r.index}: {_env(r.env)} {_sh(p.argv())}"), soft_wrap=True)
+            continue
+        console.print(escape(f"replica {r.index} spans nodes {r.nodes}:"))
+        for name, cmds in (("native", r.multi_node.native), ("ray", r.multi_node.ray or [])):
+            for n in cmds:
+                for argv in n.commands:
+                    line = f"  [{name}] node {n.node_rank} ({n.role}): {_env(n.env)} {_sh(argv)}"
+                    console.print(escape(line), soft_wrap=True)
+        for note in r.multi_node.notes:
+            console.print(escape(f"  note: {note}"))
+
+
+def plan(
+    model: Path = typer.Option(..., "--model", help="checkpoint folder, config.json, or hypothetical model YAML"),
+    hardware: str = typer.Option(..., "--hardware", help="hardware profile id (quant_recipes/hardware.yaml)"),
+    context: int = typer.Option(..., "--context", help="tokens per request; becomes --max-model-len"),
+    concurrency: int = typer.Option(..., "--concurrency", help="concurrent requests each replica must hold"),
+    gpus: int | None = typer.Option(None, "--gpus", help="devices per node (default: the profile's)"),
+    nodes: int = typer.Option(1, "--nodes"),
+    kv_dtype: str = typer.Option("auto", "--kv-dtype", help="auto or fp8"),
+    replicas: int | None = typer.Option(None, "--replicas", help="required number of replicas"),
+    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization"),
+    cpu_cores_per_worker: int = typer.Option(1, "--cpu-cores-per-worker", help="CPU targets: cores bound per rank"),
+    master_addr: str | None = typer.Option(None, "--master-addr", help="multi-node head address"),
+    master_port: int | None = typer.Option(None, "--master-port", help="multi-node head port (default: the policy's)"),
+    nodes_share_host: bool = typer.Option(False, "--nodes-share-host", help="CPU: the nodes are process groups on one host"),
+    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+    out: Path | None = typer.Option(None, "--out", help="also write the plan JSON to this file"),
+) -> None:
+    """Choose TP/PP/DP/EP and the vLLM arguments for a model on a hardware target, with the reasons."""
+    p = build_plan(model, hardware, context=context, concurrency=concurrency, gpus=gpus, nodes=nodes, kv_dtype=kv_dtype,
+                   replicas=replicas, gpu_memory_utilization=gpu_memory_utilization,
+                   cpu_cores_per_worker=cpu_cores_per_worker, master_addr=master_addr, master_port=master_port,
+                   nodes_share_host=nodes_share_host)
+    text = json.dumps(p.model_dump(mode="json"), indent=2)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n", encoding="utf-8")
+    if as_json:
+        print(text)
+    else:
+        _show(p, Console())

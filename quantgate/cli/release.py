@@ -1,0 +1,65 @@
+"""`quantgate release SPEC`: run the release flow locally (Prefect's embedded engine; no server needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from quantgate.base.paths import REPO, results_dir
+from quantgate.release.runrecord import timings
+from quantgate.release.spec import load_spec
+
+REJECTED = 3  # exit code of a release that ran to a REJECT decision (2: bad input, 1: a failure)
+
+
+def load_flow(name: str):
+    """Import flows/<name>.py by path (flows/ is the deployments' source folder, not an installed package)."""
+    import importlib.util
+
+
+    path = REPO / "flows" / f"{name}.py"
+    module_spec = importlib.util.spec_from_file_location(f"quantgate_flows_{name}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def release(
+    spec: Path = typer.Argument(..., help="release spec YAML (e.g. releases/demo.yaml)"),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="name of the run folder (default: <name>-<UTC time>)"),
+) -> None:
+    """Run a release to a decision: quantize, serve and evaluate every variant, compare, gate, promote.
+
+    Exit code 0: a candidate was promoted; 3: every candidate was rejected; 2: bad input; 1: a step failed."""
+
+    load_spec(spec)  # refuse a bad spec before Prefect starts anything
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network here: no telemetry
+    # the embedded server migrates its SQLite on first use; on a busy 2-core machine that takes longer than 20 s
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    state = load_flow("release")(spec=str(spec), run_id=run_id, return_state=True)
+    try:
+        summary = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - the flow itself crashed; Prefect logged the cause above
+        summary = None
+    if not isinstance(summary, dict):
+        print(f"error: the release flow ended {state.type.value}: {state.message}", file=sys.stderr)
+        raise typer.Exit(1)
+    print(json.dumps({k: summary[k] for k in ("release", "run", "decision", "promoted")}, indent=2))
+    for name, row in summary["candidates"].items():
+        print(f"{name}: {row['decision']}" + "".join(f"\n  - {r}" for r in row["reasons"]))
+    _print_timings(summary["run"])
+    raise typer.Exit(0 if summary["promoted"] else REJECTED)
+
+
+def _print_timings(run_id: str) -> None:
+    """Wall time per flow step (<run>/timings.json), so a slow step shows at the end of every release."""
+    rows = timings(results_dir() / "runs" / run_id)
+    if rows:
+        print("wall time per step:")
+        for r in rows:
+            print(f"  {r['seconds']:>8.1f} s  {r['step']}" + ("" if r["status"] == "ok" else f"  ({r['status']})"))
+        print(f"  {sum(r['seconds'] for r in rows):>8.1f} s  sum of the steps")

@@ -1,0 +1,56 @@
+"""`quantgate report RUN_DIR [--out FILE]` and `quantgate dashboard [--serve] [--port P] [--results DIR]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from quantgate.base.errors import QuantgateError
+from quantgate.base.paths import results_dir
+from quantgate.report.dashboard import build, serve as make_server
+from quantgate.report.page import write_report
+from quantgate.report.runview import is_run
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="run folder of a release (results/runs/<run-id>)")],
+    out: Annotated[Optional[Path], typer.Option(help="HTML file to write (default <run>/report.html); the Markdown "
+                                                     "summary goes beside it with .md")] = None,
+) -> None:
+    """Write the release report of one run: self-contained HTML and a Markdown summary. Missing evidence is shown
+    as a gap in the report, not an error."""
+
+    if not is_run(run_dir):
+        raise QuantgateError("not a run folder (no run.json)", where=str(run_dir),
+                             fix="give a results/runs/<run-id> folder written by `quantgate release`")
+    html, md = write_report(run_dir, out)
+    print(f"report: {html}\nsummary: {md}")
+
+
+def dashboard(
+    results: Annotated[Optional[Path], typer.Option(help="results folder (default $QUANTGATE_RESULTS or <repo>/results)")] = None,
+    serve: Annotated[bool, typer.Option("--serve", help="serve the results folder on 127.0.0.1 after building")] = False,
+    port: Annotated[int, typer.Option(help="port for --serve (0: any free port)")] = 8765,
+) -> None:
+    """Ingest every run into results/quantgate.db, write each run's report and results/dashboard/index.html."""
+    root = results or results_dir()
+    if not root.is_dir():
+        raise QuantgateError("results folder not found", where=str(root), fix="run a release first, or pass --results DIR")
+    index = build(root)
+    print(f"dashboard: {index}")
+    if serve:
+        try:
+            server = make_server(root, port)
+        except OSError as exc:
+            raise QuantgateError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}", where="--port",
+                                 fix="pick another port, or --port 0 for any free one") from None
+        print(f"serving {root} at http://127.0.0.1:{server.server_address[1]}/dashboard/index.html (Ctrl-C stops)",
+              flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()

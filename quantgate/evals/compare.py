@@ -1,0 +1,141 @@
+"""Paired comparison of two eval runs over the same ids, and the cache key of a run. Pure: no I/O.
+
+A run's per-sample record: {"id", "category", "output", "scores": {metric: value}}. For every metric, overall and
+per category: means, delta (candidate - baseline), a seeded paired-bootstrap CI of the delta, and for binary
+metrics McNemar's exact test and the regressions (right in the baseline, wrong in the candidate).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+CACHE_KEY_VERSION = 1
+
+
+class MetricInfo(Protocol):
+    higher_is_better: bool
+    binary: bool
+
+
+def cache_key(model_hash: str, evalset_hash: str, decoding: Mapping[str, Any], engine_version: str | None) -> str:
+    """Key of a run's outputs: same model, eval set, decoding and engine -> same outputs, so reuse them."""
+    blob = json.dumps(
+        {"v": CACHE_KEY_VERSION, "model": model_hash, "evalset": evalset_hash, "decoding": dict(decoding),
+         "engine": engine_version}, sort_keys=True, separators=(",", ":"),
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts b and c (binomial, p = 1/2)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1))
+    return min(1.0, 2 * tail / 2**n)
+
+
+def bootstrap_ci(diffs: Sequence[float], *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile CI of the mean of paired differences, resampling pairs with a seeded generator."""
+    import numpy as np
+
+    d = np.asarray(diffs, dtype=float)
+    if d.size == 0:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, d.size, size=(n_boot, d.size))].mean(axis=1)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    return (float(lo), float(hi))
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def summarize(records: Sequence[Mapping], metrics: Sequence[str]) -> dict[str, dict]:
+    """{metric: {"overall": {"n", "mean"}, "by_category": {cat: {"n", "mean"}}}} of one run's scores."""
+    out: dict[str, dict] = {}
+    for m in metrics:
+        groups: dict[str, list[float]] = {}
+        for r in records:
+            if m in r["scores"]:
+                groups.setdefault(r["category"], []).append(r["scores"][m])
+        every = [v for vs in groups.values() for v in vs]
+        out[m] = {"overall": {"n": len(every), "mean": _mean(every)},
+                  "by_category": {c: {"n": len(vs), "mean": _mean(vs)} for c, vs in sorted(groups.items())}}
+    return out
+
+
+def _paired_stats(pairs: list[tuple[float, float]], info: MetricInfo, *, n_boot: int, seed: int, level: float) -> dict:
+    base, cand = [p[0] for p in pairs], [p[1] for p in pairs]
+    lo, hi = bootstrap_ci([c - b for b, c in pairs], n_boot=n_boot, seed=seed, level=level)
+    out = {"n": len(pairs), "base_mean": _mean(base), "cand_mean": _mean(cand),
+           "delta": _mean(cand) - _mean(base) if pairs else math.nan, "ci_low": lo, "ci_high": hi}
+    if info.binary:
+        good = 1.0 if info.higher_is_better else 0.0
+        b = sum(1 for x, y in pairs if x == good and y != good)  # lost by the candidate
+        c = sum(1 for x, y in pairs if x != good and y == good)  # gained by the candidate
+        out.update({"lost": b, "gained": c, "mcnemar_p": mcnemar_exact(b, c)})
+    return out
+
+
+def compare_runs(
+    base: Sequence[Mapping],
+    cand: Sequence[Mapping],
+    metrics: Mapping[str, MetricInfo],
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+    references: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, Any]:
+    """Paired statistics of candidate vs baseline over the ids both runs scored (see the module docstring)."""
+    b_by, c_by = {r["id"]: r for r in base}, {r["id"]: r for r in cand}
+    ids = [i for i in b_by if i in c_by]
+    by_cat: dict[str, list[str]] = {}
+    for i in ids:
+        by_cat.setdefault(b_by[i]["category"], []).append(i)
+
+    def agreement(group: list[str]) -> float:
+        return _mean([float(b_by[i].get("output") == c_by[i].get("output")) for i in group])
+
+    result: dict[str, Any] = {
+        "n_base": len(b_by), "n_cand": len(c_by), "n_paired": len(ids),
+        "only_in_base": sorted(set(b_by) - set(c_by)), "only_in_cand": sorted(set(c_by) - set(b_by)),
+        "bootstrap": {"n_boot": n_boot, "seed": seed, "level": level},
+        "agreement": {"overall": agreement(ids), "by_category": {c: agreement(g) for c, g in sorted(by_cat.items())}},
+        "metrics": {}, "regressions": [],
+    }
+    for name, info in metrics.items():
+        def pairs(group: list[str]) -> list[tuple[float, float]]:
+            return [(b_by[i]["scores"][name], c_by[i]["scores"][name]) for i in group
+                    if name in b_by[i]["scores"] and name in c_by[i]["scores"]]
+
+        def stats(group: list[str], label: str) -> dict:
+            return _paired_stats(pairs(group), info, n_boot=n_boot, level=level,
+                                 seed=seed + zlib.crc32(f"{name}/{label}".encode()))
+
+        overall = stats(ids, "*")
+        if overall["n"] == 0:
+            continue
+        result["metrics"][name] = {
+            "higher_is_better": info.higher_is_better, "binary": info.binary, "overall": overall,
+            "by_category": {c: stats(g, c) for c, g in sorted(by_cat.items()) if pairs(g)},
+        }
+        if info.binary:
+            good = 1.0 if info.higher_is_better else 0.0
+            for i in ids:
+                sb, sc = b_by[i]["scores"].get(name), c_by[i]["scores"].get(name)
+                if sb == good and sc is not None and sc != good:
+                    result["regressions"].append({
+                        "id": i, "category": b_by[i]["category"], "metric": name,
+                        "references": list((references or {}).get(i, [])),
+                        "base_output": b_by[i].get("output"), "cand_output": c_by[i].get("output"),
+                    })
+    return result

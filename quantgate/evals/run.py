@@ -1,0 +1,189 @@
+"""One eval run in a directory: ask the server, score, summarize; and load two run directories to compare.
+
+Layout of a run directory:
+  manifest.json   what was run (eval set hash and version, model, decoding, engine version, cache key), status
+  results.jsonl   one client record per answered sample (append-only; resumable, see quantgate.evals.client)
+  scores.jsonl    {id, category, scores: {metric: value}, references} per answered sample
+  summary.json    per metric: overall and per-category means; counts and error rate
+Re-running into the same directory resumes; a directory made for another model/set/decoding/engine is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import write_json
+from quantgate.evals import scoring
+from quantgate.evals.client import ClientConfig, ErrorRateExceeded, Request, api_base, read_results, run
+from quantgate.evals.compare import cache_key, compare_runs, summarize
+from quantgate.evals.dataset import load_evalset, stratified_subset
+from quantgate.evals.metrics import load_table
+
+MANIFEST_SCHEMA = 1
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise QuantgateError("missing file", where=str(path), fix="give a directory written by `quantgate eval`") from None
+    except json.JSONDecodeError as exc:
+        raise QuantgateError(f"invalid JSON: {exc}", where=str(path)) from None
+
+
+class _Background:
+    """Run a function in a daemon thread; `result()` waits and re-raises its exception here."""
+    def __init__(self, fn):
+        import threading
+
+        self.error: BaseException | None = None
+        self.value = None
+
+        def work():
+            try:
+                self.value = fn()
+            except BaseException as exc:  # re-raised in result()
+                self.error = exc
+
+        self.thread = threading.Thread(target=work, name="quantgate-eval-loader", daemon=True)
+        self.thread.start()
+
+    def result(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def probe_server(endpoint: str, model: str, api_key: str | None, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Check that the server answers and serves `model`; return its max_model_len and engine version if given."""
+    import httpx
+
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    base = api_base(endpoint)
+    try:
+        resp = httpx.get(base + "/models", headers=headers, timeout=timeout_s)
+    except httpx.TransportError as exc:
+        raise QuantgateError(f"cannot reach the server: {exc}", where=endpoint,
+                             fix="start the server or correct --endpoint") from None
+    if resp.status_code != 200:
+        raise QuantgateError(f"GET /v1/models answered HTTP {resp.status_code}: {resp.text[:200]}", where=endpoint,
+                             fix="check --api-key-env and that the endpoint is an OpenAI-compatible server")
+    served = {m.get("id"): m for m in resp.json().get("data", [])}
+    if model not in served:
+        raise QuantgateError(f"model {model!r} is not served; served: {', '.join(map(str, served)) or 'none'}",
+                             where=endpoint, fix="pass --model with one of the served names")
+    engine = None
+    try:
+        v = httpx.get(base.removesuffix("/v1") + "/version", headers=headers, timeout=timeout_s)
+        engine = v.json().get("version") if v.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        pass
+    return {"max_model_len": served[model].get("max_model_len"), "engine_version": engine}
+
+
+def run_eval(
+    evalset: Path | str,
+    endpoint: str,
+    model: str,
+    out: Path | str,
+    *,
+    concurrency: int = 16,
+    limit: int | None = None,
+    api_key: str | None = None,
+    model_hash: str | None = None,
+    seed: int = 0,
+    timeout_s: float = 120.0,
+    max_error_rate: float = 0.05,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Answer, score and summarize an eval set against a running server; returns the summary."""
+    out = Path(out)
+    server = probe_server(endpoint, model, api_key)
+    es = load_evalset(evalset, max_context=server["max_model_len"], with_dataset=False)
+    samples = stratified_subset(es.samples, limit)
+    metrics = sorted({m for s in samples for m in s.metrics})
+    # `datasets` and `evaluate` load while the client waits on the server
+    loader = _Background(lambda: (es.load_dataset(), [scoring.load_metric(m) for m in metrics]))
+    cfg = ClientConfig(endpoint=endpoint, model=model, api_key=api_key, concurrency=concurrency, timeout_s=timeout_s,
+                       seed=seed, max_error_rate=max_error_rate, progress=progress)
+    key = cache_key(model_hash or f"name:{model}", es.sha256, cfg.decoding(), server["engine_version"])
+    manifest = {
+        "schema": MANIFEST_SCHEMA, "status": "running", "cache_key": key,
+        "evalset": {"path": str(es.path), "name": es.meta.name, "version": es.meta.version, "sha256": es.sha256},
+        "model": model, "model_hash": model_hash, "endpoint": endpoint, "engine_version": server["engine_version"],
+        "decoding": cfg.decoding(), "default_max_tokens": es.meta.default_max_tokens, "limit": limit,
+        "n_samples": len(samples), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    old = out / "manifest.json"
+    if old.is_file() and _read_json(old).get("cache_key") != key:
+        prev = _read_json(old)
+        diff = [k for k in ("evalset", "model", "model_hash", "decoding", "engine_version") if prev.get(k) != manifest.get(k)]
+        raise QuantgateError(f"this directory holds a run of something else (differs in: {', '.join(diff) or 'key'})",
+                             where=str(old), fix="use a new --out directory, or delete this one")
+    write_json(old, manifest)
+    requests = [Request(s.id, s.chat(), es.max_tokens(s)) for s in samples]
+    try:
+        stats = run(requests, out / "results.jsonl", cfg)
+    except ErrorRateExceeded as exc:
+        write_json(old, {**manifest, "status": "failed", "error": exc.message, "error_rate": exc.share})
+        raise
+    loader.result()
+    records = read_results(out / "results.jsonl")
+    wanted = {s.id for s in samples}
+    outputs = {i: r["output"] for i, r in records.items() if i in wanted and r.get("error") is None}
+    scores = scoring.score_samples(samples, outputs)
+    (out / "scores.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scores), encoding="utf-8")
+    failed = len(samples) - len(outputs)
+    summary = {"n_samples": len(samples), "n_answered": len(outputs), "n_failed": failed,
+               "error_rate": failed / len(samples) if samples else 0.0, "metrics": summarize(scores, metrics)}
+    write_json(out / "summary.json", summary)
+    write_json(old, {**manifest, "status": "complete", "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                      "client": {"answered_now": stats.answered, "failed_now": stats.failed, "skipped": stats.skipped,
+                                 "elapsed_s": round(stats.elapsed_s, 3)}})
+    return summary
+
+
+def load_run(run_dir: Path | str) -> tuple[dict, list[dict]]:
+    """(manifest, records with id, category, output, scores) of a finished run directory."""
+    run_dir = Path(run_dir)
+    manifest = _read_json(run_dir / "manifest.json")
+    if manifest.get("status") != "complete":
+        raise QuantgateError(f"run status is {manifest.get('status')!r}, not 'complete'", where=str(run_dir / "manifest.json"),
+                             fix="re-run `quantgate eval` with the same --out to finish it")
+
+    results = read_results(run_dir / "results.jsonl")
+    records = []
+    path = run_dir / "scores.jsonl"
+    if not path.is_file():
+        raise QuantgateError("missing file", where=str(path), fix="re-run `quantgate eval` with the same --out")
+    for no, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise QuantgateError(f"invalid JSON: {exc.msg}", where=f"{path}:{no}") from None
+        records.append({**rec, "output": results.get(rec["id"], {}).get("output")})
+    return manifest, records
+
+
+def compare_dirs(base_dir: Path | str, cand_dir: Path | str, *, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Compare two run directories of the same eval set (refused when the eval set hashes differ)."""
+    bm, base = load_run(base_dir)
+    cm, cand = load_run(cand_dir)
+    if bm["evalset"]["sha256"] != cm["evalset"]["sha256"]:
+        raise QuantgateError("the two runs used different eval sets (sha256 differs)", where=f"{base_dir} vs {cand_dir}",
+                             fix="evaluate both models on the same eval set file")
+    refs = {r["id"]: r.get("references", []) for r in base}
+    table = load_table()
+    used = sorted({m for r in base for m in r["scores"]})
+    report = compare_runs(base, cand, {m: table[m] for m in used}, n_boot=n_boot, seed=seed, references=refs)
+    report["base"] = {k: bm.get(k) for k in ("model", "model_hash", "engine_version", "cache_key")}
+    report["cand"] = {k: cm.get(k) for k in ("model", "model_hash", "engine_version", "cache_key")}
+    report["evalset"] = bm["evalset"]
+    return report

@@ -1,0 +1,302 @@
+"""Collect one candidate's evidence from a release run folder into `quantgate.gate.checks.GateEvidence` (adapter).
+
+Files read (written by the release flow, quantgate/release/steps.py, and the tools it calls):
+    <run>/compare/<candidate>.json        {eval set: quantgate.evals.run.compare_dirs output}: metrics, categories
+    <run>/<variant>/evidence.json         variant (scheme, size_bytes), eval run folders; the baseline's parity
+    <eval run>/summary.json, manifest.json  error rate per eval set (status 'failed' carries its error rate too)
+    <run>/<candidate>/quantization.json   scheme and compression ratio, when evidence.json lacks them
+    <run>/summary.json                    size ratio, when evidence.json lacks sizes
+    <run>/<candidate>/recall/delta.json   `quantgate recall --baseline` output; with both requests.jsonl files a
+                                          paired bootstrap CI of the recall delta is computed here
+    <run>/<candidate>/judge/report.json   `quantgate judge` report (calibration, non-inferiority)
+    <run>/<candidate>/judge/error.json    why the release's judge step failed (newer than any report.json there):
+                                          the judge slot's gap then carries that reason
+    <run>/<candidate>/pay_off.json        {"throughput_ratio": float, "source": "..."}: candidate / baseline
+                                          output tokens/s from the performance probe (written by the flow)
+The recall folder, judge report and pay-off figures can be given directly instead. A file that is missing,
+unreadable or of the wrong shape becomes an entry of `GateEvidence.gaps` with the reason: never an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import write_json
+from quantgate.evals.compare import bootstrap_ci
+from quantgate.gate.checks import Gap, GateEvidence, JudgeEvidence, ParityEvidence, RateEvidence, Ratio, Stat, evaluate
+from quantgate.gate.policy import load_policy
+
+BASELINE = "baseline"
+
+
+class _Bad(Exception):
+    """A file that cannot serve as evidence; the message is the reason."""
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _Bad(f"missing file {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _Bad(f"cannot read {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise _Bad(f"corrupt JSON in {path}: {exc.msg} at line {exc.lineno}") from None
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) else None
+
+
+def _stat(d: Mapping, higher: bool, file: Path) -> Stat:
+    return Stat(n=int(d.get("n") or 0), base=_num(d.get("base_mean")), cand=_num(d.get("cand_mean")),
+                delta=_num(d.get("delta")), ci_low=_num(d.get("ci_low")), ci_high=_num(d.get("ci_high")),
+                higher_is_better=higher, file=str(file))
+
+
+def candidates(run: Path | str) -> list[str]:
+    """Candidates of the run: those with a comparison, and the spec's schemes that have a folder in it (their
+    comparison may be missing: the gate then rejects them), in the spec's scheme order."""
+    run = Path(run)
+    try:
+        order = [str(s) for s in _read(run / "run.json")["spec"]["schemes"]]
+    except (_Bad, KeyError, TypeError):
+        order = []
+    found = {p.stem for p in (run / "compare").glob("*.json")} | {s for s in order if (run / s).is_dir()}
+    return sorted(found, key=lambda c: (order.index(c) if c in order else len(order), c))
+
+
+def _compare(run: Path, cand: str, ev: dict) -> None:
+    path = run / "compare" / f"{cand}.json"
+    data = _read(path)
+    if not isinstance(data, dict) or not data:
+        raise _Bad(f"{path} holds no eval set comparison")
+    for set_name, report in data.items():
+        for metric, m in report["metrics"].items():
+            higher = bool(m.get("higher_is_better", True))
+            ev["metrics"].setdefault(set_name, {})[metric] = _stat(m["overall"], higher, path)
+            for cat, d in m.get("by_category", {}).items():
+                ev["categories"].setdefault(set_name, {}).setdefault(cat, {})[metric] = _stat(d, higher, path)
+
+
+def _eval_error_rate(variant: str, set_name: str, folder: Path) -> RateEvidence:
+    summary = folder / "summary.json"
+    if summary.is_file():
+        s = _read(summary)
+        return RateEvidence(name=f"{variant}/{set_name}", rate=_num(s.get("error_rate")), n=int(s.get("n_samples") or 0),
+                            file=str(summary))
+    manifest = _read(folder / "manifest.json")
+    if manifest.get("status") == "failed" and _num(manifest.get("error_rate")) is not None:
+        return RateEvidence(name=f"{variant}/{set_name}", rate=_num(manifest["error_rate"]),
+                            n=int(manifest.get("n_samples") or 0), file=str(folder / "manifest.json"))
+    raise _Bad(f"eval run {folder} has no summary.json (status {manifest.get('status')!r})")
+
+
+def _variant(run: Path, name: str, ev: dict) -> dict:
+    """evidence.json of a variant; its eval sets' error rates go into ev['error_rates']."""
+    path = run / name / "evidence.json"
+    data = _read(path)
+    problems = []
+    for set_name, folder in sorted((data.get("evals") or {}).items()):
+        try:
+            ev["error_rates"].append(_eval_error_rate(name, set_name, Path(folder)))
+        except _Bad as exc:
+            problems.append(str(exc))
+    if problems:
+        _gap(ev, "error_rate", "; ".join(problems), str(path))
+    return data
+
+
+def _gap(ev: dict, slot: str, reason: str, file: str | None = None) -> None:
+    old = ev["gaps"].get(slot)
+    ev["gaps"][slot] = Gap(reason=f"{old.reason}; {reason}" if old else reason, file=(old.file if old else None) or file)
+
+
+def _try(ev: dict, slot: str, fn, *args) -> Any:
+    try:
+        return fn(*args)
+    except _Bad as exc:
+        _gap(ev, slot, str(exc))
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        _gap(ev, slot, f"unexpected content ({type(exc).__name__}: {exc})")
+    return None
+
+
+def _scheme_and_size(run: Path, cand: str, base_ev: dict | None, cand_ev: dict | None, ev: dict) -> None:
+    cv = (cand_ev or {}).get("variant") or {}
+    bv = (base_ev or {}).get("variant") or {}
+    quant = _try(ev, "scheme", _read, run / cand / "quantization.json") if not cv.get("scheme") else None
+    ev["scheme"] = cv.get("scheme") or (quant or {}).get("scheme")
+    if ev["scheme"]:
+        ev["gaps"].pop("scheme", None)
+    cs, bs = _num(cv.get("size_bytes")), _num(bv.get("size_bytes"))
+    if cs and bs:
+        ev["size_ratio"] = Ratio(value=cs / bs, file=str(run / cand / "evidence.json"))
+        return
+    try:
+        row = _read(run / "summary.json")["candidates"][cand]
+        if _num(row.get("size_ratio")):
+            ev["size_ratio"] = Ratio(value=_num(row["size_ratio"]), file=str(run / "summary.json"))
+            return
+    except (_Bad, KeyError, TypeError):
+        pass
+    if quant and _num(quant.get("compression_ratio")):
+        ev["size_ratio"] = Ratio(value=1 / _num(quant["compression_ratio"]), file=str(run / cand / "quantization.json"))
+        return
+    _gap(ev, "size", "no checkpoint sizes in evidence.json, summary.json or quantization.json", str(run / cand))
+
+
+def _recall(folder: Path, ev: dict) -> None:
+    path = folder / "delta.json"
+    delta = _read(path)
+    overall = delta["overall"]
+    pairs: dict[str, list[tuple[float, float]]] = {}
+    base_dir = Path(delta["baseline"]) if delta.get("baseline") else None
+    if base_dir is not None and (base_dir / "requests.jsonl").is_file() and (folder / "requests.jsonl").is_file():
+        pairs = _recall_pairs(base_dir / "requests.jsonl", folder / "requests.jsonl")
+    for measure in ("recall", "exact"):
+        key = "" if measure == "recall" else "_exact"
+        ci_low = ci_high = None
+        if pairs.get(measure):
+            ci_low, ci_high = bootstrap_ci([c - b for b, c in pairs[measure]], seed=0)
+        ev["recall"][measure] = Stat(n=int(delta.get("n_paired") or 0), base=_num(overall.get(f"base{key}")),
+                                     cand=_num(overall.get(f"cand{key}")), delta=_num(overall.get(f"delta{key}")),
+                                     ci_low=ci_low, ci_high=ci_high, file=str(path))
+    if not pairs:
+        _gap(ev, "recall", f"per-request records of the baseline ({base_dir}) or candidate ({folder}) are missing: "
+             "no confidence interval", str(path))
+    n_err = int(delta.get("n_error_excluded") or 0)
+    n_all = n_err + int(delta.get("n_paired") or 0)
+    if n_all:
+        ev["error_rates"].append(RateEvidence(name="recall", rate=n_err / n_all, n=n_all, file=str(path)))
+
+
+def _recall_pairs(base: Path, cand: Path) -> dict[str, list[tuple[float, float]]]:
+    def load(p: Path) -> dict[str, dict]:
+        try:
+            return {r["id"]: r for r in (json.loads(ln) for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip())}
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise _Bad(f"unreadable {p}: {exc}") from None
+
+    b, c = load(base), load(cand)
+    ids = sorted(i for i in set(b) & set(c) if b[i].get("error") is None and c[i].get("error") is None)
+    return {"recall": [(float(b[i]["recall"]), float(c[i]["recall"])) for i in ids],
+            "exact": [(float(bool(b[i]["exact"])), float(bool(c[i]["exact"]))) for i in ids]}
+
+
+def _judge(path: Path, ev: dict) -> None:
+    failed = path.with_name("error.json")
+    if failed.is_file() and (not path.is_file() or failed.stat().st_mtime >= path.stat().st_mtime):
+        err = _read(failed)
+        raise _Bad(f"the judge run failed ({failed}): {err.get('error') if isinstance(err, dict) else err}")
+    r = _read(path)
+    cal = r["calibration"]
+    ni = r["comparison"]["overall"]["non_inferiority"]
+    ev["judge"] = JudgeEvidence(counts_as_evidence=bool(r.get("counts_as_evidence")), reason=cal.get("reason"),
+                                not_stronger=r.get("judge_not_stronger"), n=int(ni.get("n") or 0), net=_num(ni.get("net")),
+                                lower_bound=_num(ni.get("lower_bound")), file=str(path))
+
+
+def _pay_off(source: Mapping | Path, ev: dict) -> None:
+    file = None
+    if not isinstance(source, Mapping):
+        file = str(source)
+        source = _read(Path(source))
+        if not isinstance(source, Mapping):
+            raise _Bad(f"{file} is not a JSON object")
+    value = _num(source.get("throughput_ratio"))
+    if value is None:
+        raise _Bad(f"no numeric 'throughput_ratio' in {file or 'the pay-off figures'}")
+    ev["throughput_ratio"] = Ratio(value=value, file=source.get("file") or file)
+    if _num(source.get("size_ratio")) is not None:  # an explicit figure wins over the checkpoint sizes
+        ev["size_ratio"] = Ratio(value=_num(source["size_ratio"]), file=source.get("file") or file)
+
+
+def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = None,
+            judge_report: Path | str | None = None, pay_off: Mapping | Path | str | None = None) -> GateEvidence:
+    """Evidence of `candidate` (a scheme id, the variant's folder name) from a run folder; see the module docstring.
+
+    `pay_off` may be a mapping {"throughput_ratio": float, "size_ratio"?: float, "file"?: str} from the flow."""
+    run = Path(run)
+    ev: dict[str, Any] = {"candidate": candidate, "metrics": {}, "categories": {}, "recall": {}, "error_rates": [],
+                          "gaps": {}}
+    _try(ev, "compare", _compare, run, candidate, ev)
+    base_ev = _try(ev, "error_rate", _variant, run, BASELINE, ev)
+    cand_ev = _try(ev, "error_rate", _variant, run, candidate, ev)
+    parity = (base_ev or {}).get("parity")
+    if isinstance(parity, Mapping) and parity.get("verdict"):
+        ev["parity"] = ParityEvidence(verdict=str(parity["verdict"]), reason=str(parity.get("reason") or ""),
+                                      file=str(run / BASELINE / "evidence.json"))
+    else:
+        _gap(ev, "parity", "no engine parity verdict in the baseline's evidence.json", str(run / BASELINE / "evidence.json"))
+    _scheme_and_size(run, candidate, base_ev, cand_ev, ev)
+    _try(ev, "recall", _recall, Path(recall_dir) if recall_dir else run / candidate / "recall", ev)
+    _try(ev, "judge", _judge, Path(judge_report) if judge_report else run / candidate / "judge" / "report.json", ev)
+    source = pay_off if pay_off is not None else run / candidate / "pay_off.json"
+    if isinstance(source, (str, Path)):
+        source = Path(source)
+    if isinstance(source, Mapping) or source.is_file():
+        _try(ev, "throughput", _pay_off, source, ev)
+    else:
+        _gap(ev, "throughput", f"no performance probe figures ({source})", str(source))
+    return GateEvidence(**ev)
+
+
+def policy_ref(path: Path | str) -> dict[str, str]:
+    """How a decision names its policy: the file and its sha256."""
+    import hashlib
+
+    path = Path(path)
+    return {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def write_decision(run: Path | str, decisions: list, out: Path | str | None = None) -> Path:
+    """Write <run>/decision.json (or `out`): PROMOTE when some candidate is promoted (the first, in the given order),
+    with every candidate's checks; and each candidate's own decision in <run>/<candidate>/decision.json."""
+    import datetime as dt
+
+
+    run = Path(run)
+    promoted = next((d.candidate for d in decisions if d.promoted), None)
+    doc = {"schema_version": decisions[0].schema_version if decisions else 1,
+           "decision": "PROMOTE" if promoted else "REJECT", "promoted": promoted, "run": str(run),
+           "policy": decisions[0].policy if decisions else None,
+           "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "candidates": {d.candidate: d.model_dump(mode="json") for d in decisions}}
+    target = Path(out) if out else run / "decision.json"
+    write_json(target, doc)
+    if out is None:
+        for d in decisions:
+            if (run / d.candidate).is_dir():
+                write_json(run / d.candidate / "decision.json", d.model_dump(mode="json"))
+    return target
+
+
+def gate_run(run: Path | str, policy_path: Path | str, candidate_names: list[str] | None = None, *,
+             pay_off: Mapping[str, Mapping] | None = None, recall_dirs: Mapping[str, Path | str] | None = None,
+             judge_reports: Mapping[str, Path | str] | None = None,
+             out: Path | str | None = None) -> tuple[list, Path]:
+    """Load the policy, gate each candidate of the run (default: `candidates(run)`), write decision.json.
+
+    Per candidate, optional: `pay_off` {"throughput_ratio": float, ...} from the performance probe, the recall
+    folder and the judge report when they are not at the default places (see `collect`).
+    Raises ConfigError for a bad policy and QuantgateError when the run has no candidate to gate."""
+
+    policy = load_policy(policy_path)
+    run = Path(run)
+    if not run.is_dir():
+        raise QuantgateError("run folder not found", where=str(run), fix="give a results/runs/<run-id> folder")
+    names = candidate_names or candidates(run)
+    if not names:
+        raise QuantgateError("no candidate to gate: the run has no compare/<candidate>.json", where=str(run),
+                             fix="pass --candidate NAME, or finish the release's compare step first")
+    ref = {"name": policy.name, "version": policy.version, **policy_ref(policy_path)}
+    decisions = [evaluate(policy, collect(run, name, pay_off=(pay_off or {}).get(name),
+                                          recall_dir=(recall_dirs or {}).get(name),
+                                          judge_report=(judge_reports or {}).get(name)), ref) for name in names]
+    return decisions, write_decision(run, decisions, out)

@@ -1,0 +1,219 @@
+"""Human review of judged pairs: export a blinded, stratified sample (CSV + self-contained HTML form), import the
+filled CSV, and compute the human win rate and human-judge agreement.
+
+Blinding: reviewers see `review_id`, the request, the reference and answers A and B; which of A/B is the baseline is
+drawn per row from a seeded generator and written only to the key file (JSON, kept apart: by default in the judge
+directory, not beside the CSV). Identical answers are left out unless asked for: a reviewer learns nothing from them.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import random
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from quantgate.base.errors import QuantgateError
+from quantgate.judge.core import wilson
+from quantgate.judge.report import render_markdown
+from quantgate.judge.run import write_json
+
+COLUMNS = ["review_id", "category", "question", "reference", "answer_a", "answer_b", "choice", "comment"]
+CHOICES = ("A", "B", "TIE")
+MIN_PAIRS = 50
+MAX_PROBLEMS_SHOWN = 30
+
+
+def allocate(sizes: dict[str, int], n: int) -> dict[str, int]:
+    """Split n over categories in proportion to their sizes (largest remainder), never more than a category has."""
+    total = sum(sizes.values())
+    if n >= total:
+        return dict(sizes)
+    exact = {c: n * s / total for c, s in sizes.items()}
+    got = {c: int(x) for c, x in exact.items()}
+    for c in sorted(sizes, key=lambda c: (-(exact[c] - got[c]), c)):
+        if sum(got.values()) >= n:
+            break
+        if got[c] < sizes[c]:
+            got[c] += 1
+    return got
+
+
+def select_pairs(pairs: Sequence[dict], n: int, seed: int, *, include_identical: bool = False) -> list[dict]:
+    pool = [p for p in pairs if include_identical or p["baseline"].strip() != p["candidate"].strip()]
+    if len(pool) < n:
+        raise QuantgateError(f"only {len(pool)} pairs with differing answers, {n} asked for",
+                             where="review export", fix="lower --n, or pass --include-identical")
+    by_cat: dict[str, list[dict]] = {}
+    for p in pool:
+        by_cat.setdefault(p["category"], []).append(p)
+    rng = random.Random(seed)
+    chosen = []
+    for cat, k in sorted(allocate({c: len(v) for c, v in by_cat.items()}, n).items()):
+        chosen += rng.sample(sorted(by_cat[cat], key=lambda p: p["id"]), k)
+    rng.shuffle(chosen)
+    return chosen
+
+
+def blind(chosen: Sequence[dict], seed: int) -> tuple[list[dict], dict]:
+    """(CSV rows, key). The key maps review_id -> pair id and which side answer A is."""
+    rng = random.Random(f"blind:{seed}")
+    rows, items = [], {}
+    for i, p in enumerate(chosen, start=1):
+        rid = f"R{i:03d}"
+        a_side = rng.choice(["baseline", "candidate"])
+        b_side = "candidate" if a_side == "baseline" else "baseline"
+        rows.append({"review_id": rid, "category": p["category"], "question": p["question"],
+                     "reference": p.get("reference") or "", "answer_a": p[a_side], "answer_b": p[b_side],
+                     "choice": "", "comment": ""})
+        items[rid] = {"pair_id": p["id"], "a": a_side}
+    return rows, {"schema": 1, "seed": seed, "items": items}
+
+
+def to_csv(rows: Sequence[dict]) -> str:
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def to_html(rows: Sequence[dict], title: str = "quantgate human review") -> str:
+    """A self-contained form (no network): pick A, B or TIE per item, then download the filled CSV."""
+    data = json.dumps(list(rows), ensure_ascii=False).replace("</", "<\\/")
+    template = (Path(__file__).with_name("review_form.html")).read_text(encoding="utf-8")
+    return template.replace("__TITLE__", title).replace("__ROWS__", data).replace("__COLUMNS__", json.dumps(COLUMNS))
+
+
+def parse_filled(text: str, key: dict, source: str) -> tuple[dict[str, str], int, int]:
+    """review_id -> choice ('A'/'B'/'TIE') from a filled CSV; (choices, blank rows, rows). Every bad row is reported
+    with its CSV line (the line where the row starts)."""
+    problems: list[str] = []
+    rdr = csv.reader(io.StringIO(text.lstrip("\ufeff"), newline=""))
+    try:
+        header = [h.strip() for h in next(rdr)]
+    except StopIteration:
+        raise QuantgateError("the CSV is empty", where=f"{source}:1", fix="export again with `quantgate review export`") from None
+    missing = [c for c in ("review_id", "choice") if c not in header]
+    if missing:
+        raise QuantgateError(f"missing column(s) {', '.join(missing)}; header is {header}", where=f"{source}:1",
+                             fix="keep the header row of the exported CSV")
+    idx_id, idx_choice = header.index("review_id"), header.index("choice")
+    choices: dict[str, str] = {}
+    first_line: dict[str, int] = {}
+    blank = rows = 0
+    while True:
+        start = rdr.line_num + 1
+        try:
+            row = next(rdr)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            problems.append(f"{source}:{start}: unreadable CSV row: {exc}")
+            break
+        if not any(cell.strip() for cell in row):
+            continue
+        rows += 1
+        if len(row) != len(header):
+            problems.append(f"{source}:{start}: {len(row)} fields, the header has {len(header)}")
+            continue
+        rid, choice = row[idx_id].strip(), row[idx_choice].strip().upper()
+        if rid not in key["items"]:
+            problems.append(f"{source}:{start}: unknown review_id {rid!r} (not in the key)")
+            continue
+        if rid in first_line:
+            problems.append(f"{source}:{start}: duplicate review_id {rid!r} (first at line {first_line[rid]})")
+            continue
+        first_line[rid] = start
+        if not choice:
+            blank += 1
+        elif choice not in CHOICES:
+            problems.append(f"{source}:{start}: invalid choice {row[idx_choice].strip()!r} for {rid}; "
+                            "write A, B or TIE (or leave it blank)")
+        else:
+            choices[rid] = choice
+    if problems:
+        shown = problems[:MAX_PROBLEMS_SHOWN] + ([f"... and {len(problems) - MAX_PROBLEMS_SHOWN} more"]
+                                                 if len(problems) > MAX_PROBLEMS_SHOWN else [])
+        line, msg = problems[0][len(source):].split(": ", 1)  # problems read "<source>:<line>: <message>"
+        where = source + line
+        raise QuantgateError(f"{len(problems)} bad row(s) in the review CSV: {msg}" + "".join(f"\n  {p}" for p in shown[1:]),
+                             where=where, fix="correct the rows named above and import again")
+    if not choices:
+        raise QuantgateError("no row has a choice", where=source, fix="fill the 'choice' column with A, B or TIE")
+    return choices, blank, rows
+
+
+def unblind(choices: dict[str, str], key: dict) -> dict[str, str]:
+    """pair_id -> 'candidate' | 'baseline' | 'tie' (who the reviewer preferred)."""
+    out = {}
+    for rid, c in choices.items():
+        item = key["items"][rid]
+        if c == "TIE":
+            out[item["pair_id"]] = "tie"
+        else:
+            a = item["a"]
+            out[item["pair_id"]] = a if c == "A" else ("candidate" if a == "baseline" else "baseline")
+    return out
+
+
+def human_summary(prefs: dict[str, str], judge_winners: dict[str, str | None], *, n_exported: int, n_blank: int) -> dict:
+    """Human win/tie/loss rates (candidate's view) and agreement with the judge's combined verdicts."""
+    n = len(prefs)
+    count = Counter(prefs.values())
+    rates = {}
+    for name, side in (("win", "candidate"), ("tie", "tie"), ("loss", "baseline")):
+        lo, hi = wilson(count[side], n)
+        rates[name] = {"count": count[side], "rate": count[side] / n if n else float("nan"), "ci_low": lo, "ci_high": hi}
+    as_judge = {"candidate": "second", "baseline": "first", "tie": "tie"}
+    both = [(as_judge[h], judge_winners[p]) for p, h in prefs.items() if judge_winners.get(p) is not None]
+    agree = sum(h == j for h, j in both)
+    lo, hi = wilson(agree, len(both))
+    return {"n_exported": n_exported, "n_reviewed": n, "n_blank": n_blank, "rates": rates,
+            "agreement": {"n": len(both), "agree": agree, "rate": agree / len(both) if both else float("nan"),
+                          "ci_low": lo, "ci_high": hi}}
+
+
+# --- files -----------------------------------------------------------------------------------------------
+
+def export_review(judge_dir: Path | str, out: Path | str, *, n: int = MIN_PAIRS, seed: int = 0,
+                  key_path: Path | str | None = None, include_identical: bool = False) -> dict[str, Path]:
+    judge_dir, out = Path(judge_dir), Path(out)
+    pairs_path = judge_dir / "pairs.jsonl"
+    if not pairs_path.is_file():
+        raise QuantgateError("missing file", where=str(pairs_path), fix="give a directory written by `quantgate judge`")
+    pairs = [json.loads(line) for line in pairs_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows, key = blind(select_pairs(pairs, n, seed, include_identical=include_identical), seed)
+    key["pairs_sha256"] = hashlib.sha256(pairs_path.read_bytes()).hexdigest()
+    out.mkdir(parents=True, exist_ok=True)
+    key_path = Path(key_path) if key_path else judge_dir / "review_key.json"
+    paths = {"csv": out / "review.csv", "html": out / "review.html", "key": key_path}
+    paths["csv"].write_text(to_csv(rows), encoding="utf-8")
+    paths["html"].write_text(to_html(rows), encoding="utf-8")
+    key_path.parent.mkdir(parents=True, exist_ok=True)
+    key_path.write_text(json.dumps(key, indent=2) + "\n", encoding="utf-8")
+    return paths
+
+
+def import_review(judge_dir: Path | str, csv_path: Path | str, key_path: Path | str | None = None) -> dict:
+    """Read a filled CSV, write human.json into the judge directory and add the human section to its report."""
+    judge_dir, csv_path = Path(judge_dir), Path(csv_path)
+    key_path = Path(key_path) if key_path else judge_dir / "review_key.json"
+    for p, fix in ((csv_path, "give the filled CSV"), (key_path, "give the key written by `quantgate review export`"),
+                   (judge_dir / "report.json", "give a directory written by `quantgate judge`")):
+        if not p.is_file():
+            raise QuantgateError("file not found", where=str(p), fix=fix)
+    key = json.loads(key_path.read_text(encoding="utf-8"))
+    report = json.loads((judge_dir / "report.json").read_text(encoding="utf-8"))
+    choices, blank, _ = parse_filled(csv_path.read_text(encoding="utf-8"), key, str(csv_path))
+    human = human_summary(unblind(choices, key), report["comparison"].get("winners", {}),
+                          n_exported=len(key["items"]), n_blank=blank)
+    write_json(judge_dir / "human.json", human)
+    report["human"] = human
+    write_json(judge_dir / "report.json", report)
+    (judge_dir / "report.md").write_text(render_markdown(report), encoding="utf-8")
+    return human

@@ -1,0 +1,177 @@
+"""One judge run in a directory: calibrate the judge, judge baseline vs candidate in both orders, write the report.
+
+Layout of the output directory:
+  manifest.json     judge (file hash, model, endpoint), eval set, the two runs' cache keys, settings, status
+  pairs.jsonl       the comparison pairs (id, category, question, reference, baseline, candidate)
+  judgements.jsonl  one record per judge request (quantgate.judge.client); resumable, never re-judged
+  report.json       calibration, comparison statistics, flags; report.md the same for people
+  human.json        added by `quantgate review import`
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.fileio import write_json
+from quantgate.base.paths import JUDGES
+from quantgate.base.yamlconfig import load_model
+from quantgate.evals.client import read_results
+from quantgate.evals.dataset import file_sha256, load_evalset
+from quantgate.evals.run import load_run, probe_server
+from quantgate.judge.client import JudgeClientConfig, JudgeJob, judge_all
+from quantgate.judge.core import (Judge, JudgeSpec, PairItem, SLOTS, outcomes, parse_verdict, render,
+                                  summarize_calibration, summarize_comparison, template_problems)
+from quantgate.judge.corrupt import CalibrationConfig, calibration_pairs
+from quantgate.judge.report import render_markdown
+
+SCHEMA = 1
+
+
+def load_judge(path: Path | str) -> Judge:
+    """A prompt template `<name>.md` and its sidecar `<name>.yaml`, checked together."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("judge template not found", where=str(path),
+                          fix=f"give a judges/*.md file, e.g. {JUDGES / 'pairwise.md'}")
+    sidecar = path.with_suffix(".yaml")
+    spec = load_model(sidecar, JudgeSpec)
+    template = path.read_text(encoding="utf-8")
+    problems = template_problems(spec, template)
+    if problems:
+        raise ConfigError("; ".join(problems), where=str(path),
+                          fix=f"use only the placeholders listed for kind '{spec.kind}' in judges/README.md")
+    return Judge(spec, template, file_sha256(path, sidecar))
+
+
+def load_calibration_config(path: Path | str = JUDGES / "calibration.yaml") -> CalibrationConfig:
+    return load_model(path, CalibrationConfig)
+
+
+def comparison_items(samples, base: list[dict], cand: list[dict]) -> tuple[list[PairItem], dict[str, float], list[str]]:
+    """Pairs for the ids answered in both runs (eval-set order), each pair's mean metric drop, and skipped ids."""
+    b = {r["id"]: r for r in base if r.get("output") is not None}
+    c = {r["id"]: r for r in cand if r.get("output") is not None}
+    items, drop, skipped = [], {}, []
+    for s in samples:
+        if s.id not in b or s.id not in c:
+            if s.id in b or s.id in c:
+                skipped.append(s.id)
+            continue
+        items.append(PairItem(pair_id=s.id, category=s.category, question=s.prompt_text(), first=b[s.id]["output"],
+                              second=c[s.id]["output"], reference=s.references[0], criteria=s.criteria))
+        shared = set(b[s.id].get("scores", {})) & set(c[s.id].get("scores", {}))
+        if shared:
+            drop[s.id] = sum(b[s.id]["scores"][m] - c[s.id]["scores"][m] for m in shared) / len(shared)
+    return items, drop, skipped
+
+
+def not_stronger(judge_model: str, judge_hash: str | None, runs: dict[str, dict], declared: bool) -> str | None:
+    """Why the judge is not known to be stronger than the judged models, or None."""
+    if declared:
+        return "declared with --judge-not-stronger"
+    for role, m in runs.items():
+        if judge_model == m.get("model") or (judge_hash and judge_hash == m.get("model_hash")):
+            return f"the judge model is the {role} model ({judge_model})"
+    return None
+
+
+def run_judge(
+    *, endpoint: str, model: str, evalset: Path | str, baseline: Path | str, candidate: Path | str, out: Path | str,
+    judge_path: Path | str = JUDGES / "pairwise.md", calibration_bar: float | None = None, margin: float = 0.05,
+    api_key: str | None = None, concurrency: int = 8, timeout_s: float = 120.0, limit: int | None = None,
+    calibration_per_type: int | None = None, judge_model_hash: str | None = None, judge_not_stronger: bool = False,
+    seed: int = 0, worst: int = 10, client: dict[str, Any] | None = None,
+) -> dict:
+    """Calibrate, judge, report (see the module docstring); `client` overrides JudgeClientConfig fields."""
+    judge = load_judge(judge_path)
+    cal_cfg = load_calibration_config()
+    if calibration_per_type is not None:
+        cal_cfg = cal_cfg.model_copy(update={"per_type": calibration_per_type})
+    bar = cal_cfg.bar if calibration_bar is None else calibration_bar
+    es = load_evalset(evalset)
+    bm, base = load_run(baseline)
+    cm, cand = load_run(candidate)
+    for role, m, d in (("baseline", bm, baseline), ("candidate", cm, candidate)):
+        if m["evalset"]["sha256"] != es.sha256:
+            raise QuantgateError(f"the {role} run used another eval set (sha256 differs from {es.path})",
+                                 where=str(Path(d) / "manifest.json"), fix="pass the --evalset both runs were made with")
+    items, drop, skipped = comparison_items(es.samples, base, cand)
+    items = items[:limit] if limit else items
+    cal_items = calibration_pairs(es.samples, cal_cfg)
+    if not items:
+        raise QuantgateError("no sample was answered in both runs", where=f"{baseline} vs {candidate}",
+                             fix="finish both `quantgate eval` runs first")
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    key = {"judge_sha256": judge.sha256, "judge_model": model, "evalset_sha256": es.sha256,
+           "baseline": bm.get("cache_key"), "candidate": cm.get("cache_key"), "seed": seed}
+    manifest_path = out / "manifest.json"
+    if manifest_path.is_file():
+        prev = json.loads(manifest_path.read_text(encoding="utf-8")).get("key", {})
+        diff = [k for k in key if prev.get(k) != key[k]]
+        if diff:
+            raise QuantgateError(f"this directory holds a judge run of something else (differs in: {', '.join(diff)})",
+                                 where=str(manifest_path), fix="use a new --out directory, or delete this one")
+    probe_server(endpoint, model, api_key)  # unreachable judge or unknown model: a clear error before any work
+    manifest = {"schema": SCHEMA, "status": "running", "key": key, "endpoint": endpoint,
+                "judge": {"path": str(judge_path), "name": judge.spec.name, "version": judge.spec.version,
+                          "kind": judge.spec.kind, "sha256": judge.sha256},
+                "evalset": {"path": str(es.path), "name": es.meta.name, "version": es.meta.version},
+                "baseline": {"dir": str(baseline), "model": bm.get("model")},
+                "candidate": {"dir": str(candidate), "model": cm.get("model")},
+                "calibration": cal_cfg.model_dump() | {"bar": bar}, "margin": margin, "limit": limit}
+    write_json(manifest_path, manifest)
+    (out / "pairs.jsonl").write_text("".join(json.dumps(
+        {"id": it.pair_id, "category": it.category, "question": it.question, "reference": it.reference,
+         "baseline": it.first, "candidate": it.second}, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
+
+    jobs = [JudgeJob(f"{it.pair_id}#{slot}", it.pair_id, slot,
+                     render(judge, it, slot, show_reference=judge.spec.calibration_shows_reference
+                            if it.kind == "calibration" else judge.spec.use_reference))
+            for it in [*cal_items, *items] if not it.identical for slot in SLOTS[judge.spec.kind]]
+    cfg = JudgeClientConfig(endpoint=endpoint, model=model, api_key=api_key, concurrency=concurrency,
+                            timeout_s=timeout_s, max_tokens=judge.spec.max_tokens, seed=seed, **(client or {}))
+    path = out / "judgements.jsonl"
+    try:
+        stats = judge_all(jobs, path, cfg, lambda t: parse_verdict(judge, t), judge.spec.retry)
+    except QuantgateError as exc:
+        write_json(manifest_path, {**manifest, "status": "failed", "error": exc.message})
+        raise
+    report = build_report(judge, cal_items, items, path, bar=bar, margin=margin, drop=drop, worst=worst)
+    report["judge_not_stronger"] = not_stronger(model, judge_model_hash, {"baseline": bm, "candidate": cm},
+                                                judge_not_stronger)
+    report["skipped_ids"] = skipped
+    report["meta"] = {k: manifest[k] for k in ("judge", "evalset", "baseline", "candidate", "endpoint")} | {
+        "judge_model": model, "client": stats}
+    write_json(out / "report.json", report)
+    (out / "report.md").write_text(render_markdown(report), encoding="utf-8")
+    write_json(manifest_path, {**manifest, "status": "complete"})
+    return report
+
+
+def read_labels(path: Path) -> tuple[dict[str, dict[str, str | None]], dict[str, int]]:
+    """labels[pair_id][slot] from a judgements file, and parse counts (strict/tolerant/invalid/retried)."""
+    labels: dict[str, dict[str, str | None]] = {}
+    counts = {"strict": 0, "tolerant": 0, "invalid": 0, "retried": 0}
+    for rec in read_results(path).values():
+        if rec.get("error") is not None:
+            continue
+        labels.setdefault(rec["pair_id"], {})[rec["slot"]] = rec["label"]
+        counts[rec["parsed"]] += 1
+        counts["retried"] += bool(rec.get("verdict_retry"))
+    return labels, counts
+
+
+def build_report(judge: Judge, cal_items: list[PairItem], items: list[PairItem], path: Path, *, bar: float,
+                 margin: float, drop: dict[str, float], worst: int) -> dict:
+    labels, counts = read_labels(path)
+    wanted = {it.pair_id for it in [*cal_items, *items]}
+    counts = counts | {"judgements": sum(len(v) for k, v in labels.items() if k in wanted)}
+    cal = summarize_calibration(outcomes(judge.spec.kind, cal_items, labels), bar)
+    cmp_ = summarize_comparison(outcomes(judge.spec.kind, items, labels), margin=margin, score_drop=drop, worst=worst)
+    return {"schema": SCHEMA, "calibration": cal, "comparison": cmp_, "parse": counts,
+            "counts_as_evidence": cal["reliable"]}

@@ -1,0 +1,1 @@
+"""Engine parity: is the served engine computing the same model as transformers?"""

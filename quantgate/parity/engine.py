@@ -1,0 +1,107 @@
+"""Engine parity adapter: is the served engine computing the same model as transformers?
+
+Sends each parity prompt to the server (greedy, `return_token_ids`), then runs transformers' greedy decoding from
+the very prompt tokens the server used. The pure comparison is `quantgate.parity.core`; this module only produces the
+two token lists and writes `parity.json`. A prompt whose server-side prompt tokens differ from the chat template
+rendered by the tokenizer is reported too: a template mismatch is also an engine problem.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import write_json
+from quantgate.base.paths import EVAL_SETS
+from quantgate.base.yamlconfig import load_model
+from quantgate.parity.core import POLICY_FILE, ParityPolicy, ParityReport, check_parity
+
+PROMPTS_FILE = EVAL_SETS / "parity_prompts.yaml"
+
+
+class ParityPrompt(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    messages: list[dict[str, str]] = Field(min_length=1)
+
+
+class ParityPrompts(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int
+    max_tokens: int = Field(ge=1, le=512)
+    prompts: list[ParityPrompt] = Field(min_length=1)
+
+
+def served_greedy(base_url: str, api_key: str, model: str, prompts: list[ParityPrompt], max_tokens: int,
+                  retries: int = 3) -> list[tuple[list[int], list[int]]]:
+    """(prompt token ids, output token ids) per prompt from the server; transient failures are retried."""
+    out = []
+    with httpx.Client(timeout=120, headers={"Authorization": f"Bearer {api_key}"}) as http:
+        for p in prompts:
+            body = {"model": model, "messages": p.messages, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
+                    "return_token_ids": True}
+            for attempt in range(retries):
+                try:
+                    resp = http.post(f"{base_url}/chat/completions", json=body)
+                    if resp.status_code < 500:
+                        break
+                except httpx.TransportError:
+                    if attempt == retries - 1:
+                        raise
+            if resp.status_code != 200:
+                raise QuantgateError(f"parity prompt {p.id}: server answered {resp.status_code}: {resp.text[:300]}",
+                                     where=base_url, fix="check the server log")
+            data = resp.json()
+            out.append((data["prompt_token_ids"], data["choices"][0]["token_ids"]))
+    return out
+
+
+def reference_greedy(model_dir: Path, prompt_ids: list[list[int]], max_tokens: int, dtype: str = "float32") -> list[list[int]]:
+    """transformers' greedy continuation of each prompt (token ids in, token ids out)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model.eval()
+    outs = []
+    with torch.no_grad():
+        for ids in prompt_ids:
+            x = torch.tensor([ids])
+            y = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_tokens, do_sample=False)
+            outs.append(y[0, len(ids):].tolist())
+    return outs
+
+
+def _strip_end(tokens: list[int], end_ids: set[int]) -> list[int]:
+    while tokens and tokens[-1] in end_ids:
+        tokens = tokens[:-1]
+    return tokens
+
+
+def run_parity(model_dir: Path, base_url: str, api_key: str, served_name: str, out_dir: Path,
+               dtype: str = "float32", prompts_file: Path = PROMPTS_FILE, policy_file: Path = POLICY_FILE) -> ParityReport:
+    from transformers import AutoTokenizer
+
+    prompts = load_model(prompts_file, ParityPrompts)
+    policy = load_model(policy_file, ParityPolicy)
+    served = served_greedy(base_url, api_key, served_name, prompts.prompts, prompts.max_tokens)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    templated = [tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False) for p in prompts.prompts]
+    template_mismatch = [p.id for p, t, (sp, _) in zip(prompts.prompts, templated, served) if list(t) != list(sp)]
+    reference = reference_greedy(model_dir, [sp for sp, _ in served], prompts.max_tokens, dtype)
+    end_ids = {i for i in (tok.eos_token_id, tok.pad_token_id) if i is not None}
+    report = check_parity([_strip_end(list(o), end_ids) for _, o in served], [_strip_end(r, end_ids) for r in reference],
+                          policy, [p.id for p in prompts.prompts])
+    if template_mismatch:
+        report = report.model_copy(update={"verdict": "fail", "reason": f"engine problem: the server's prompt tokens differ from the "
+                                           f"model's chat template for {template_mismatch}; {report.reason}"})
+    decode = tok.decode
+    write_json(out_dir / "parity.json", {
+        **report.model_dump(), "dtype": dtype, "template_mismatch": template_mismatch,
+        "texts": {p.id: {"served": decode(o, skip_special_tokens=True), "reference": decode(r, skip_special_tokens=True)}
+                  for p, (_, o), r in zip(prompts.prompts, served, reference)},
+    })
+    return report

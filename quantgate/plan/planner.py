@@ -1,0 +1,273 @@
+"""Parallelism planner (pure): model shape + weight bytes + hardware + workload -> TP/PP/DP/EP layout and vLLM args.
+
+Rules (docs/design.md, "Planner rules"): one device when weights fit with enough KV, spare devices become replicas; the smallest TP that
+gives enough capacity, inside a node and over a fast link only; PP when TP cannot divide the heads, without a fast
+link, or across nodes; MoE: data-parallel attention + expert parallel. "Enough" means each replica's KV pool holds
+`concurrency` requests of `context` tokens. Every choice and rejection is a Decision with its numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.plan.commands import cpu_env, replica_plans
+from quantgate.plan.models import (Capacity, Decision, Layout, MultiNode, NcclCheck, NodeCommand, Number, Plan,
+                                   PlanRequest, PlannerPolicy, Replica)
+from quantgate.target.modelshape import gib
+
+__all__ = ["Capacity", "Decision", "Layout", "MultiNode", "NcclCheck", "NodeCommand", "Plan", "PlannerPolicy",
+           "PlanRequest", "Replica", "capacity", "layouts_for", "plan"]
+
+
+# ---------------------------------------------------------------- the pieces
+
+
+def _tp_problem(t: int, req: PlanRequest) -> str | None:
+    """Why TP=t is not allowed (None: allowed)."""
+    s, hw = req.model.shape, req.hardware
+    if t == 1:
+        return None
+    if s.heads % t:
+        return f"TP={t} cannot divide {s.heads} attention heads"
+    if s.kv_heads % t and t % s.kv_heads:
+        return f"TP={t} cannot split or replicate {s.kv_heads} KV heads evenly"
+    if not hw.fast_link:
+        return f"TP={t} rejected: no fast link between devices ({hw.interconnect}); all-reduce per layer would dominate"
+    return None
+
+
+def layouts_for(k: int, per_node: int, req: PlanRequest, moe_dp_only: bool = True) -> tuple[list[Layout], list[str]]:
+    """Allowed layouts for a replica of k devices, most preferred first, and why others were dropped.
+
+    A MoE gets DP attention + EP only, unless `moe_dp_only` is False (its non-expert weights alone overflow a
+    device, so every rank cannot hold a full attention copy): then TP/PP layouts follow, experts split over TP."""
+    s = req.model.shape
+    nodes = max(1, k // per_node) if k > per_node else 1
+    g = k if k <= per_node else per_node
+    why: list[str] = []
+    if k == 1:
+        return [Layout(devices=1)], why
+    out: list[Layout] = []
+    if s.is_moe:
+        out.append(Layout(devices=k, dp=k, ep=True))
+        if moe_dp_only:
+            return out, why
+    problem = _tp_problem(g, req)
+    if problem is None and nodes <= s.layers:
+        out.append(Layout(devices=k, tp=g, pp=nodes))
+    elif problem:
+        why.append(problem)
+    if k <= s.layers:
+        out.append(Layout(devices=k, pp=k))
+    else:
+        why.append(f"PP={k} exceeds {s.layers} layers")
+    for t in sorted((t for t in range(2, g) if g % t == 0), reverse=True):
+        if _tp_problem(t, req) is None and k // t <= s.layers:
+            out.append(Layout(devices=k, tp=t, pp=k // t))
+    if s.is_moe and len(out) > 1:  # TP/PP fallbacks of a MoE still split experts over the TP group
+        out = [out[0]] + [lay.model_copy(update={"ep": lay.tp > 1}) for lay in out[1:]]
+    seen: set[tuple[int, int, int]] = set()
+    unique = [lay for lay in out if (key := (lay.tp, lay.pp, lay.dp)) not in seen and not seen.add(key)]
+    return unique, why
+
+
+def serve_dtype_factor(layout: Layout, req: PlanRequest, policy: PlannerPolicy) -> float:
+    """CPU + unquantized: served in policy.cpu_dtype (BF16 mismatched the reference), so weights and auto-KV grow."""
+    s = req.model.shape
+    if req.hardware.kind == "cpu" and not s.weights.quantized:
+        return {"float32": 4, "bfloat16": 2, "float16": 2}[policy.cpu_dtype] / s.dtype_bytes
+    return 1.0
+
+
+def capacity(layout: Layout, req: PlanRequest, policy: PlannerPolicy, pool_gib: float | None = None) -> Capacity:
+    """Weights per device, KV pool per device and replica, and the concurrency it holds at `context`."""
+    s, w, hw = req.model.shape, req.model.weights, req.hardware
+    factor = serve_dtype_factor(layout, req, policy)
+    shards = layout.tp * layout.pp
+    if layout.dp > 1:
+        w_dev = (w.total_bytes - w.expert_bytes) / shards + w.expert_bytes / (shards * layout.dp)
+    else:
+        w_dev = w.total_bytes / shards
+    w_dev *= factor
+    util = (req.gpu_memory_utilization or policy.gpu_memory_utilization) if hw.kind == "gpu" else 1.0
+    budget = hw.memory_bytes * util - w_dev - policy.reserve_gib[hw.kind] * 1024**3
+    pool = budget if pool_gib is None else min(budget, pool_gib * 1024**3)
+    kv_b = policy.kv_dtype_bytes.get(req.kv_dtype, s.dtype_bytes * factor)
+    per_tok = s.kv_bytes_per_token(kv_b)
+    stage = math.ceil(s.layers / layout.pp) / s.layers
+    heads = 1.0 if s.uses_mla else max(1, s.kv_heads // layout.tp) / s.kv_heads
+    per_dev = per_tok * stage * heads
+    tokens = int(pool // per_dev) if pool > 0 else 0
+    conc = layout.dp * tokens / req.context
+    return Capacity(
+        weight_gib_per_device=round(gib(w_dev), 2), kv_bytes_per_token=per_tok,
+        kv_bytes_per_token_per_device=round(per_dev, 1), kv_pool_gib_per_device=round(gib(pool), 2),
+        kv_pool_gib_per_replica=round(gib(max(pool, 0)) * layout.devices, 2), kv_tokens_per_replica=tokens * layout.dp,
+        context=req.context, concurrency_per_replica=round(conc, 2), target_concurrency=req.concurrency,
+        fits=pool > 0 and tokens >= req.context and conc >= req.concurrency,
+    )
+
+
+def _g(x: float) -> str:
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+def _capacity_text(lay: Layout, cap: Capacity) -> str:
+    return (f"{lay.label} on {lay.devices} device(s): {_g(cap.weight_gib_per_device)} GiB of weights per device "
+            f"leave {_g(cap.kv_pool_gib_per_device)} GiB ({_g(cap.kv_pool_gib_per_device * 1.073741824)} GB) for KV "
+            f"-> {cap.kv_tokens_per_replica:,} tokens per replica = {cap.concurrency_per_replica:.1f} concurrent "
+            f"requests of {cap.context:,} tokens (target {cap.target_concurrency})")
+
+
+def _numbers(cap: Capacity) -> dict[str, Number]:
+    keys = ("weight_gib_per_device", "kv_pool_gib_per_device", "kv_tokens_per_replica", "concurrency_per_replica")
+    out: dict[str, Number] = {k: getattr(cap, k) for k in keys}
+    out["kv_pool_gb_per_device"] = round(cap.kv_pool_gib_per_device * 1.073741824, 2)
+    return out
+
+
+def _shortfall(lay: Layout, cap: Capacity, req: PlanRequest) -> str:
+    need_tokens = max(req.context, math.ceil(req.concurrency * req.context / lay.dp))
+    need = gib(need_tokens * cap.kv_bytes_per_token_per_device)
+    short = need - cap.kv_pool_gib_per_device
+    return (f"{_capacity_text(lay, cap)}; the KV cache needs {_g(need)} GiB per device: short by {_g(short)} GiB "
+            f"per device")
+
+
+def _check_request(req: PlanRequest, policy: PlannerPolicy) -> int:
+    hw, s = req.hardware, req.model.shape
+    gpus = req.gpus or hw.devices_per_node
+    if gpus > hw.devices_per_node:
+        raise ConfigError(f"--gpus {gpus} is more than the {hw.devices_per_node} devices per node of '{hw.id}'",
+                          where="--gpus", fix=f"use at most {hw.devices_per_node} (more machines: --nodes)")
+    if req.kv_dtype not in hw.kv_cache_dtypes:
+        raise ConfigError(f"KV cache dtype '{req.kv_dtype}' is not supported on '{hw.id}'", where="--kv-dtype",
+                          fix=f"use one of: {', '.join(hw.kv_cache_dtypes)}")
+    if req.kv_dtype != "auto" and req.kv_dtype not in policy.kv_dtype_bytes:
+        raise ConfigError(f"no byte size known for KV dtype '{req.kv_dtype}'", where="quant_recipes/planner.yaml",
+                          fix="add it under kv_dtype_bytes")
+    if req.context > s.max_positions:
+        raise ConfigError(f"context {req.context} exceeds the model's max_position_embeddings {s.max_positions}",
+                          where="--context", fix=f"use at most {s.max_positions}")
+    total = gpus * req.nodes
+    if req.replicas:
+        k = total // req.replicas
+        if total % req.replicas or (k > gpus and k % gpus) or (k < gpus and gpus % k):
+            raise ConfigError(f"{total} devices ({req.nodes} node(s) x {gpus}) do not split into {req.replicas} "
+                              "equal replicas that each sit in one node or span whole nodes", where="--replicas",
+                              fix="choose a replica count that divides the devices per node, or the node count")
+    return gpus
+
+
+def plan(req: PlanRequest, policy: PlannerPolicy) -> Plan:
+    """Choose the layout; raise QuantgateError when nothing fits, saying by how much."""
+    hw, s, w = req.hardware, req.model.shape, req.model.weights
+    gpus = _check_request(req, policy)
+    total = gpus * req.nodes
+    kv_b = policy.kv_dtype_bytes.get(req.kv_dtype, s.dtype_bytes * serve_dtype_factor(Layout(devices=1), req, policy))
+    per_tok = s.kv_bytes_per_token(kv_b)
+    decisions = [
+        Decision(topic="weights", choice=f"{_g(gib(w.total_bytes))} GiB",
+                 reason=f"from {w.source}" + (f" ({w.files} file(s))" if w.files else "") +
+                        f"; linear weights {s.weights.method} at {s.weights.bytes_per_param:.3g} bytes/param",
+                 numbers={"weight_gib": round(gib(w.total_bytes), 2), "expert_gib": round(gib(w.expert_bytes), 2),
+                          "bytes_per_param": round(s.weights.bytes_per_param, 4)}),
+        Decision(topic="kv-cache", choice=f"{per_tok / 1024:.1f} KiB per token ({req.kv_dtype})",
+                 reason=(f"MLA latent: {s.layers} layers x ({s.kv_lora_rank}+{s.qk_rope_head_dim}) x {kv_b:g} bytes"
+                         if s.uses_mla else
+                         f"2 x {s.layers} layers x {s.kv_heads} KV heads x {s.head_dim} head_dim x {kv_b:g} bytes"),
+                 numbers={"kv_bytes_per_token": per_tok}),
+    ]
+    if hw.kind == "gpu" and not hw.fast_link and total > 1:
+        decisions.append(Decision(topic="interconnect", choice="no tensor parallel",
+                                  reason=f"{hw.id} links devices over {hw.interconnect}: spare devices become "
+                                         "independent replicas; a replica that must span devices uses PP"))
+    if req.replicas:
+        spans = [total // req.replicas]
+    else:
+        spans = [k for k in range(1, gpus + 1) if gpus % k == 0] + [gpus * m for m in range(2, req.nodes + 1)]
+    chosen: tuple[Layout, Capacity] | None = None
+    last: tuple[Layout, Capacity] | None = None
+    no_layout: list[str] = []
+    util = (req.gpu_memory_utilization or policy.gpu_memory_utilization) if hw.kind == "gpu" else 1.0
+    device_budget = hw.memory_bytes * util - policy.reserve_gib[hw.kind] * 1024**3
+    moe_dp_only = (w.total_bytes - w.expert_bytes) < device_budget
+    for k in spans:
+        layouts, why = layouts_for(k, gpus, req, moe_dp_only)
+        for reason in why:
+            decisions.append(Decision(topic="layout", choice=f"{k} device(s)", accepted=False, reason=reason))
+        if not layouts:
+            no_layout.append(f"{k} device(s): " + "; ".join(why))
+            continue
+        for i, lay in enumerate(layouts):
+            cap = capacity(lay, req, policy)
+            last = (lay, cap) if last is None or i == 0 else last
+            if cap.fits:
+                chosen = (lay, cap)
+                break
+            if i == 0:  # the preferred layout of this size; its alternatives split the same memory
+                decisions.append(Decision(topic="layout", choice=lay.label, accepted=False,
+                                          reason=_capacity_text(lay, cap) + ": not enough", numbers=_numbers(cap)))
+        if chosen:
+            break
+    if chosen is None:
+        if last is None:
+            raise ConfigError(f"no allowed layout for {s.heads} heads / {s.kv_heads} KV heads / {s.layers} layers: "
+                              + " | ".join(no_layout), where="--gpus/--nodes/--replicas",
+                              fix="use a device count whose TP divides the heads, or fewer devices per replica")
+        lay, cap = last
+        scope = f"with --replicas {req.replicas}" if req.replicas else f"even at maximum parallelism ({lay.devices} devices)"
+        raise QuantgateError(f"{s.name} does not fit {scope}: {_shortfall(lay, cap, req)}", where="plan",
+                             fix="quantize the weights (FP8/INT8/W4A16), use --kv-dtype fp8 where supported, lower "
+                                 "--context or --concurrency, add devices/nodes" + (", or fewer replicas" if req.replicas else ""))
+    lay, cap = chosen
+    decisions.append(Decision(topic="layout", choice=lay.label, reason=_capacity_text(lay, cap) + ": enough",
+                              numbers=_numbers(cap)))
+    if s.is_moe and lay.dp > 1:
+        decisions.append(Decision(topic="moe", choice=f"--data-parallel-size {lay.dp} --enable-expert-parallel",
+                                  reason=f"MoE with {s.num_experts} experts: attention data-parallel (each rank keeps "
+                                         f"its own requests' KV, no duplication across TP), experts split {lay.dp} ways",
+                                  numbers={"experts_per_device": round(s.num_experts / lay.dp, 2)}))
+    replicas = req.replicas or total // lay.devices
+    decisions.append(Decision(topic="replicas", choice=str(replicas),
+                              reason=f"{total} device(s) / {lay.devices} per replica"
+                                     + ("; spare devices become independent replicas" if replicas > 1 and not req.replicas else ""),
+                              numbers={"devices_unused": total - replicas * lay.devices}))
+    args: dict[str, int | float | str | bool] = {"--tensor-parallel-size": lay.tp, "--pipeline-parallel-size": lay.pp}
+    if lay.dp > 1:
+        args["--data-parallel-size"] = lay.dp
+    if lay.ep:
+        args["--enable-expert-parallel"] = True
+    args["--kv-cache-dtype"] = req.kv_dtype
+    args["--max-model-len"] = req.context
+    warnings: list[str] = []
+    if hw.kind == "gpu":
+        args["--gpu-memory-utilization"] = req.gpu_memory_utilization or policy.gpu_memory_utilization
+    else:
+        kv_gib, reason = cpu_env(lay, cap, req, policy)
+        cap = capacity(lay, req, policy, pool_gib=kv_gib)
+        decisions.append(Decision(topic="cpu", choice=f"VLLM_CPU_KVCACHE_SPACE={kv_gib}", reason=reason,
+                                  numbers={"kv_gib_per_worker": kv_gib}))
+        if lay.pp > 1 or lay.dp > 1:
+            args["--distributed-executor-backend"] = "mp"
+        if serve_dtype_factor(lay, req, policy) != 1.0:
+            args["--dtype"] = policy.cpu_dtype
+            decisions.append(Decision(topic="cpu", choice=f"--dtype {policy.cpu_dtype}",
+                                      reason="BF16 serving on this CPU did not match transformers' greedy output "
+                                             f"(docs/design.md, "Measured facts"; tests/conftest.py); {policy.cpu_dtype} did. Weights and KV "
+                                             "are counted at that width"))
+        if lay.pp > 1:
+            decisions.append(Decision(topic="cpu", choice="compiled, no --enforce-eager",
+                                      reason="PP=2 in eager mode crashed on the first request (docs/design.md, "Measured facts")"))
+        else:
+            args["--enforce-eager"] = True
+            decisions.append(Decision(topic="cpu", choice="--enforce-eager",
+                                      reason="start-up in about 30 s instead of 100-120 s compiled; eager output matched "
+                                             "the reference (docs/design.md, "Measured facts")"))
+        if not cap.fits:
+            warnings.append("the configured VLLM_CPU_KVCACHE_SPACE holds fewer requests than the target")
+    reps = replica_plans(lay, cap, replicas, gpus, req, policy, args, decisions)
+    return Plan(model=req.model.ref, hardware=hw.id, kind=hw.kind, devices_total=total, devices_used=replicas * lay.devices,
+                layout=lay, replicas=replicas, vllm_args=args, capacity=cap, replica_plans=reps,
+                decisions=decisions, warnings=warnings)

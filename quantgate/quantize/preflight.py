@@ -1,0 +1,188 @@
+"""Pre-flight check of a recipe against a checkpoint, before any calibration time is spent.
+
+Reads only `config.json` and the safetensors headers (no weights, no torch). Checks that every targeted Linear's
+input size is divisible by the weight group size; where the recipe's group size fails, picks the largest of
+128/64/32 that divides every targeted layer and says so; keeps lm_head and MoE router gates out of quantization;
+and refuses with the list of offending layers when no group size works.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.quantize.recipes import quant_settings
+from quantgate.quantize.schemes import ModelSize
+
+GROUP_CANDIDATES = (128, 64, 32)
+ROUTER_RE = re.compile(r"(^|\.)(gate|router|shared_expert_gate)$")
+EMBED_RE = re.compile(r"(embed_tokens|embed_positions|wte|wpe|word_embeddings|position_embeddings)$")
+ALWAYS_IGNORE = "lm_head"
+
+
+class LinearLayer(BaseModel):
+    name: str  # module name, e.g. model.layers.0.self_attn.q_proj
+    in_features: int
+    out_features: int
+
+
+class ModelLayout(BaseModel):
+    """What the pre-flight needs to know about a checkpoint, from its config and safetensors headers."""
+    path: str
+    model_type: str
+    architectures: list[str]
+    linears: list[LinearLayer]
+    other_params: int
+    routers: list[str]
+    has_chat_template: bool
+
+    def default_targets(self) -> list[LinearLayer]:
+        """The Linear layers a default recipe quantizes: all but lm_head and router gates."""
+        return [l for l in self.linears if l.name != ALWAYS_IGNORE and l.name not in self.routers]
+
+    def size(self, targeted: list[LinearLayer], group_sizes: tuple[int, ...] = GROUP_CANDIDATES) -> ModelSize:
+        quant = sum(l.in_features * l.out_features for l in targeted)
+        total = sum(l.in_features * l.out_features for l in self.linears) + self.other_params
+        ok = {g: all(l.in_features % g == 0 for l in targeted) for g in group_sizes}
+        return ModelSize(quantizable_params=quant, other_params=total - quant, group_sizes_ok=ok)
+
+
+class PreflightResult(BaseModel):
+    group_size: int | None
+    requested_group_size: int | None
+    ignore_added: list[str]
+    targeted: list[str]
+    skipped: list[str]
+    notes: list[str]
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a .safetensors file (8-byte little-endian length, then JSON)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ConfigError("not a safetensors file (too short)", where=str(path), fix="re-create the checkpoint")
+        (n,) = struct.unpack("<Q", raw)
+        if n > 100 * 1024**2:
+            raise ConfigError("safetensors header is implausibly large", where=str(path), fix="re-create the checkpoint")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header
+
+
+def read_layout(model_dir: Path) -> ModelLayout:
+    """Scan a Hugging Face checkpoint folder without loading weights."""
+    model_dir = Path(model_dir)
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        raise ConfigError("no config.json: not a Hugging Face checkpoint folder", where=str(model_dir), fix="pass the folder that holds config.json and *.safetensors")
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    if "quantization_config" in cfg:
+        method = cfg["quantization_config"].get("quant_method", "?")
+        raise ConfigError(f"checkpoint is already quantized ({method})", where=str(cfg_path), fix="quantize the original 16-bit checkpoint")
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ConfigError("no *.safetensors files", where=str(model_dir), fix="save the model with safetensors (save_pretrained does by default)")
+    tensors: dict[str, list[int]] = {}
+    for f in files:
+        tensors.update({k: v["shape"] for k, v in read_safetensors_header(f).items()})
+    linears, other = [], 0
+    for name, shape in sorted(tensors.items()):
+        module = name.removesuffix(".weight")
+        n = 1
+        for d in shape:
+            n *= d
+        if name.endswith(".weight") and len(shape) == 2 and not EMBED_RE.search(module):
+            linears.append(LinearLayer(name=module, in_features=shape[1], out_features=shape[0]))
+        else:
+            other += n
+    text_cfg = cfg.get("text_config", cfg)
+    if not any(l.name == ALWAYS_IGNORE for l in linears) and text_cfg.get("hidden_size") and text_cfg.get("vocab_size"):
+        # tied embeddings: lm_head shares the embedding matrix and has no tensor of its own; list it as present
+        linears.append(LinearLayer(name=ALWAYS_IGNORE, in_features=text_cfg["hidden_size"], out_features=text_cfg["vocab_size"]))
+        other -= text_cfg["hidden_size"] * text_cfg["vocab_size"]
+    n_experts = next((text_cfg[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if text_cfg.get(k)), None)
+    routers = [l.name for l in linears if ROUTER_RE.search(l.name) or (n_experts and l.out_features == n_experts)]
+    tok_cfg = model_dir / "tokenizer_config.json"
+    chat = (model_dir / "chat_template.jinja").is_file() or (model_dir / "chat_template.json").is_file() or (
+        tok_cfg.is_file() and bool(json.loads(tok_cfg.read_text(encoding="utf-8")).get("chat_template")))
+    return ModelLayout(path=str(model_dir), model_type=cfg.get("model_type", "?"), architectures=cfg.get("architectures") or [],
+                       linears=linears, other_params=max(other, 0), routers=routers, has_chat_template=chat)
+
+
+def matches(name: str, entry: str, class_name: str = "Linear") -> bool:
+    """llmcompressor's target/ignore semantics: `re:` prefix = regex matched at the start, else exact name or class."""
+    if entry.startswith("re:"):
+        return re.match(entry[3:], name) is not None
+    return entry in (name, class_name)
+
+
+def check(layout: ModelLayout, recipe: dict[str, Any], *, extra_ignore: list[str] = (),
+          requested_group_size: int | None = None) -> PreflightResult:
+    """Decide group size and ignore list for this recipe on this model, or refuse listing the layers."""
+    settings = quant_settings(recipe)
+    notes: list[str] = []
+    ignore_added = [] if ALWAYS_IGNORE in settings["ignore"] else [ALWAYS_IGNORE]
+    router_pattern = _router_patterns(layout.routers)
+    ignore_added += [p for p in router_pattern if p not in settings["ignore"]]
+    if router_pattern:
+        notes.append(f"MoE router gates kept at 16 bits: {', '.join(router_pattern)}")
+    ignore = settings["ignore"] + ignore_added + list(extra_ignore)
+    targeted, skipped = [], []
+    for layer in layout.linears:
+        hit = any(matches(layer.name, t) for t in settings["targets"])
+        if hit and not any(matches(layer.name, i) for i in ignore) and layer.name not in layout.routers:
+            targeted.append(layer)
+        elif hit:
+            skipped.append(layer.name)
+    if not targeted:
+        raise QuantgateError("the recipe targets no Linear layer of this model after the ignore list",
+                             where=layout.path, fix=f"check `targets`/`ignore`; layers are named like {layout.linears[0].name if layout.linears else '?'}")
+    group = next((g for g in settings["group_sizes"] if g), None)
+    requested = requested_group_size or group
+    chosen = requested
+    if requested:
+        bad = [l for l in targeted if l.in_features % requested]
+        if bad and settings["fixed_group"]:
+            raise QuantgateError(f"group size {requested} is fixed by the scheme and does not divide the input size of: {_listing(bad)}",
+                                 where=layout.path, fix="choose another scheme, or add these layers to the ignore list")
+        if bad:
+            chosen = next((g for g in GROUP_CANDIDATES if all(l.in_features % g == 0 for l in targeted)), None)
+            if chosen is None:
+                sizes = sorted({l.in_features for l in targeted})
+                raise QuantgateError(
+                    f"no weight group size among {requested}/{'/'.join(map(str, GROUP_CANDIDATES))} divides every targeted "
+                    f"layer's input size ({sizes}); layers failing {GROUP_CANDIDATES[-1]}: "
+                    f"{_listing([l for l in targeted if l.in_features % GROUP_CANDIDATES[-1]])}",
+                    where=layout.path, fix="add these layers to the ignore list (spec `ignore:`) or use a per-channel scheme (fp8-dynamic, int8-w8a8)")
+            notes.append(f"group size {requested} does not divide the input size of {_listing(bad)}; "
+                         f"using {chosen}, the largest of {'/'.join(map(str, GROUP_CANDIDATES))} that divides every targeted layer")
+    return PreflightResult(group_size=chosen, requested_group_size=requested, ignore_added=ignore_added,
+                           targeted=[l.name for l in targeted], skipped=skipped, notes=notes)
+
+
+def _router_patterns(routers: list[str]) -> list[str]:
+    """One `re:` pattern per distinct router module name with its layer index generalized."""
+    out: list[str] = []
+    for name in routers:
+        pattern = "re:" + re.sub(r"\\\.\d+\\\.", r"\\.\\d+\\.", re.escape(name)) + "$"
+        if pattern not in out:
+            out.append(pattern)
+    return out
+
+
+def _listing(layers: list[LinearLayer], limit: int = 6) -> str:
+    """Group layers by their name with the layer index removed: 'self_attn.q_proj (in 576) x30, ...'."""
+    groups: dict[str, list[LinearLayer]] = {}
+    for layer in layers:
+        groups.setdefault(re.sub(r"\.\d+\.", ".N.", layer.name), []).append(layer)
+    parts = [f"{k} (in {v[0].in_features}) x{len(v)}" if len(v) > 1 else f"{k} (in {v[0].in_features})"
+             for k, v in list(groups.items())[:limit]]
+    more = f", and {len(groups) - limit} more kinds" if len(groups) > limit else ""
+    return ", ".join(parts) + more

@@ -1,0 +1,310 @@
+"""Quantize a checkpoint with llmcompressor in a child process; write a compressed-tensors folder + manifest.
+
+`plan()` resolves and checks everything that can be wrong with the inputs (scheme, hardware support, recipe,
+pre-flight against the model's config and safetensors headers, calibration data) without loading the model.
+`quantize()` then runs `python -m quantgate.quantize.runner` in a child of the same environment, so a crash or an
+out-of-memory kill there cannot take the orchestrator down. The child writes into a hidden temporary folder that
+is renamed into place only after the output is checked and its manifest written: a folder at `out` is always
+finished. Same inputs (source hash, recipe as applied, calibration hash, library versions) -> reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import log_tail, pid_alive
+from quantgate.base.paths import RECIPES, REPO, home
+from quantgate.quantize import preflight
+from quantgate.quantize.calibration import CalibrationSet, CalibrationSpec, build, write_jsonl
+from quantgate.quantize.recipes import RecipeOverrides, apply_overrides, dump_recipe, load_recipe
+from quantgate.quantize.runner import EXIT_REFUSED, LIBRARIES
+from quantgate.quantize.schemes import SchemeInfo, load_schemes
+from quantgate.target.hardware import get_profile, load_catalogue
+
+MANIFEST = "quantgate-quant.json"
+FORMAT = 1  # bump when the runner's output changes, so old artifacts are not reused
+
+
+class QuantizeRequest(BaseModel):
+    """One quantization job. `recipe` replaces the scheme's recipe file; `overrides`/`calibration` tune it."""
+    model_config = ConfigDict(extra="forbid")
+
+    model: Path
+    scheme: str
+    out: Path
+    hardware: str | None = None
+    recipe: Path | None = None
+    overrides: RecipeOverrides = Field(default_factory=RecipeOverrides)
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    overwrite: bool = False
+
+
+class Plan(BaseModel):
+    request: QuantizeRequest
+    scheme: SchemeInfo
+    hardware: str | None
+    recipe_file: str
+    recipe_text: str
+    preflight: preflight.PreflightResult
+    calibration: CalibrationSet | None
+    source_sha256: str
+    versions: dict[str, str]
+    key: str
+
+
+class QuantizeResult(BaseModel):
+    out: Path
+    reused: bool
+    manifest: dict[str, Any]
+
+
+def plan(req: QuantizeRequest) -> Plan:
+    """Check every input and resolve the recipe as it will be applied; loads no model."""
+    catalogue = load_schemes()
+    scheme = catalogue.get(req.scheme)
+    hw_id = None
+    if req.hardware:
+        profile = get_profile(req.hardware)
+        hw_id = profile.id
+        if not profile.supports(scheme.id):
+            runs_it = [p.id for p in load_catalogue().profiles if p.supports(scheme.id)]
+            raise QuantgateError(
+                f"{profile.id} ({profile.arch}) has no vLLM kernel for {scheme.id} ({scheme.label})",
+                fix=f"on {profile.id} use one of: {', '.join(profile.schemes) or 'none'}; "
+                    f"{scheme.id} runs on: {', '.join(runs_it) or 'none'}  (see `quantgate schemes --hardware {profile.id}`)",
+            )
+    recipe_path = Path(req.recipe) if req.recipe else RECIPES / scheme.recipe
+    recipe = load_recipe(recipe_path)
+    layout = preflight.read_layout(req.model)
+    pre = preflight.check(layout, recipe, extra_ignore=req.overrides.ignore, requested_group_size=req.overrides.group_size)
+    applied = apply_overrides(recipe, req.overrides, group_size=pre.group_size if pre.group_size != pre.requested_group_size else None,
+                              extra_ignore=pre.ignore_added, where=str(recipe_path))
+    calib = None
+    if scheme.needs_calibration:
+        defaults = scheme.calibration
+        assert defaults is not None
+        calib = build(req.calibration, req.calibration.samples or defaults.samples,
+                      req.calibration.max_seq_length or defaults.max_seq_length)
+        if calib.uses_chat and not layout.has_chat_template:
+            raise QuantgateError("calibration has chat `messages` records but the model has no chat template",
+                                 where=calib.source, fix="use `text` records, or a model folder with a chat template")
+    elif req.calibration.path or req.calibration.dataset:
+        raise QuantgateError(f"{scheme.id} is data-free: it takes no calibration data", fix="drop the calibration option")
+    recipe_text = dump_recipe(applied)
+    versions = {name: _version(name) for name in LIBRARIES}
+    src = source_hash(Path(req.model))
+    key = _sha({"format": FORMAT, "source": src, "scheme": scheme.id, "recipe": recipe_text,
+                "calibration": calib.sha256 if calib else None, "seed": req.calibration.seed if calib else None,
+                "versions": versions})
+    return Plan(request=req, scheme=scheme, hardware=hw_id, recipe_file=str(recipe_path), recipe_text=recipe_text,
+                preflight=pre, calibration=calib, source_sha256=src, versions=versions, key=key)
+
+
+def quantize(req: QuantizeRequest, *, log: Callable[[str], None] = lambda s: None, timeout_s: float | None = None) -> QuantizeResult:
+    """Plan, then reuse a finished artifact with the same key or produce one through the runner child."""
+    t0 = time.perf_counter()
+    p = plan(req)
+    for note in p.preflight.notes:
+        log(f"pre-flight: {note}")
+    out = Path(req.out).resolve()
+    existing = reusable(out, p.key)
+    if existing is not None:
+        log(f"reusing {out} (same inputs, key {p.key[:12]})")
+        return QuantizeResult(out=out, reused=True, manifest=existing)
+    if out.exists() and not req.overwrite:
+        raise QuantgateError("output folder exists and was made from other inputs (or not by quantgate)", where=str(out),
+                             fix="choose another --out, or pass --overwrite to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale(out)
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp, work = out.parent / f".{out.name}.partial-{tag}", out.parent / f".{out.name}.work-{tag}"
+    tmp.mkdir()
+    work.mkdir()
+    try:
+        runner = _run_child(p, tmp, work, log, timeout_s)
+        shutil.copy(work / "quantize.log", tmp / "quantize.log")
+        manifest = _manifest(p, tmp, runner, time.perf_counter() - t0)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+        return QuantizeResult(out=out, reused=False, manifest=_publish(tmp, out, p.key, req.overwrite) or manifest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def reusable(out: Path, key: str) -> dict[str, Any] | None:
+    """The manifest of a finished output made from the same inputs, with all its files intact; else None."""
+    mpath = out / MANIFEST
+    if not mpath.is_file():
+        return None
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None
+    if manifest.get("key") != key:
+        return None
+    files = manifest.get("files", {})
+    if not files or any(not (out / f).is_file() or (out / f).stat().st_size != n for f, n in files.items()):
+        return None
+    return manifest
+
+
+def _run_child(p: Plan, tmp: Path, work: Path, log: Callable[[str], None], timeout_s: float | None) -> dict[str, Any]:
+    recipe = work / "recipe_applied.yaml"
+    recipe.write_text(p.recipe_text, encoding="utf-8")
+    job = {"model": str(Path(p.request.model).resolve()), "recipe": str(recipe), "out": str(tmp),
+           "result": str(work / "result.json"), "seed": p.request.calibration.seed, "calibration": None, "max_seq_length": None}
+    if p.calibration is not None:
+        write_jsonl(p.calibration.records, work / "calibration.jsonl")
+        job.update(calibration=str(work / "calibration.jsonl"), max_seq_length=p.calibration.max_seq_length)
+    (work / "job.json").write_text(json.dumps(job, indent=2), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "TOKENIZERS_PARALLELISM": "false"}
+    log(f"quantizing {p.request.model} -> {p.scheme.id} in a child process (log: {work / 'quantize.log'})")
+    with open(work / "quantize.log", "wb") as logf:
+        proc = subprocess.Popen([sys.executable, "-m", "quantgate.quantize.runner", str(work / "job.json")],
+                                stdout=logf, stderr=subprocess.STDOUT, cwd=str(REPO), env=env, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            raise QuantgateError(f"quantization ran past {timeout_s:.0f} s and was stopped", fix="raise the timeout or use fewer calibration samples") from None
+        except BaseException:  # interrupted (Ctrl-C, a test timeout, a Prefect cancel): take the child down with us
+            _kill(proc)
+            raise
+    result_path = work / "result.json"
+    result = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else {}
+    tail = log_tail(work / "quantize.log")
+    if code == EXIT_REFUSED:
+        raise QuantgateError(f"llmcompressor refused the {result.get('refused', 'input')} before loading the model: {result.get('message')}",
+                             where=p.recipe_file, fix="correct the recipe/calibration named above")
+    if code != 0:
+        why = "killed by signal 9 (out of memory?)" if code in (-9, 137) else f"exit code {code}"
+        raise QuantgateError(f"quantization child failed: {why}\n--- last lines of the log ---\n{tail}",
+                             fix="read the log above; a memory kill needs a machine with more RAM or a smaller model")
+    cfg = json.loads((tmp / "config.json").read_text(encoding="utf-8")) if (tmp / "config.json").is_file() else {}
+    if "quantization_config" not in cfg or not list(tmp.glob("*.safetensors")):
+        raise QuantgateError(f"quantization child exited 0 but wrote no compressed-tensors checkpoint\n{tail}", fix="report this with the log")
+    # recipe.yaml next to the weights is the recipe as applied (plain YAML, loadable by llmcompressor); the one
+    # llmcompressor serializes holds every default it filled in but also Python-object tags, so it is kept aside
+    if (tmp / "recipe.yaml").is_file():
+        os.replace(tmp / "recipe.yaml", tmp / "recipe_resolved.yaml")
+    (tmp / "recipe.yaml").write_text(p.recipe_text, encoding="utf-8")
+    return result
+
+
+def _manifest(p: Plan, tmp: Path, runner: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+    src_weights = sum(f.stat().st_size for f in Path(p.request.model).glob("*.safetensors"))
+    out_weights = sum(n for f, n in files.items() if f.endswith(".safetensors"))
+    cfg = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
+    calib = p.calibration
+    return {
+        "format": FORMAT,
+        "key": p.key,
+        "source": {"path": str(Path(p.request.model).resolve()), "sha256": p.source_sha256, "weights_bytes": src_weights},
+        "scheme": p.scheme.id,
+        "hardware": p.hardware,
+        "recipe_file": p.recipe_file,
+        "recipe_applied": p.recipe_text,
+        "overrides": p.request.overrides.model_dump(),
+        "preflight": p.preflight.model_dump(exclude={"targeted"}) | {"targeted_count": len(p.preflight.targeted)},
+        "calibration": None if calib is None else {
+            "source": calib.source, "sha256": calib.sha256, "samples": len(calib.records), "available": calib.available,
+            "max_seq_length": calib.max_seq_length, "seed": calib.seed, "tokens": runner.get("calibration_tokens")},
+        "quantization_config": cfg.get("quantization_config"),
+        "versions": {**p.versions, "quantgate": _version("quantgate")},
+        "workarounds": runner.get("workarounds", []),
+        "timings_s": {k: runner.get(k) for k in ("prepare_s", "load_s", "oneshot_s", "save_s", "total_s")} | {"wall": round(wall_s, 2)},
+        "size_on_disk_bytes": sum(files.values()),
+        "weights_bytes": out_weights,
+        "compression_ratio": round(src_weights / out_weights, 3) if out_weights else None,
+        "files": files,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _publish(tmp: Path, out: Path, key: str, overwrite: bool) -> dict[str, Any] | None:
+    """Rename the finished folder into place (atomic on one filesystem). Returns the manifest if another run won."""
+    old = None
+    if out.exists():
+        other = reusable(out, key)
+        if other is not None:  # a concurrent run with the same inputs finished first: keep it
+            return other
+        if not overwrite:
+            raise QuantgateError("output folder appeared while quantizing", where=str(out), fix="run again")
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(out, old)
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return None
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the child's whole process group (it runs in its own session) and reap it."""
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _clean_stale(out: Path) -> None:
+    """Remove temporary folders left by runs that died (their process id no longer exists)."""
+    for d in out.parent.glob(f".{out.name}.*-*"):
+        pid = d.name.rsplit("-", 2)[-2] if d.name.count("-") >= 2 else ""
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def source_hash(model_dir: Path) -> str:
+    """sha256 over (relative path, file sha256) of the checkpoint's files; per-file hashes cached by size+mtime."""
+    cache_path = home() / "cache" / "file-sha256.json"
+    try:
+        cache = json.loads(cache_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        cache = {}
+    entries, changed = [], False
+    for f in sorted(Path(model_dir).resolve().rglob("*")):
+        if not f.is_file() or f.name.startswith((".", "quantgate-")):
+            continue
+        st = f.stat()
+        stamp = f"{st.st_size}:{st.st_mtime_ns}"
+        hit = cache.get(str(f))
+        if not hit or hit[0] != stamp:
+            h = hashlib.sha256()
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            cache[str(f)], changed = [stamp, h.hexdigest()], True
+        entries.append([str(f.relative_to(Path(model_dir).resolve())), cache[str(f)][1]])
+    if changed:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache), encoding="utf-8")
+        os.replace(tmp, cache_path)
+    return _sha(entries)
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "absent"

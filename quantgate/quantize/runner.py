@@ -1,0 +1,143 @@
+"""Child process that runs llmcompressor `oneshot`: `python -m quantgate.quantize.runner JOB.json`.
+
+Started by `quantgate.quantize.run` so that a crash or an out-of-memory kill here cannot take the orchestrator down.
+It validates the recipe with llmcompressor and renders the calibration set before loading the model, then
+quantizes and saves a compressed-tensors checkpoint into the job's (temporary) output folder. It writes a result
+JSON; exit code 0 = done, 3 = input refused before the model was loaded, anything else = crash (see the log).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+EXIT_REFUSED = 3
+# Upstream version whose AWQ path pins CPU memory unconditionally (see pin_memory_workaround below).
+PIN_MEMORY_BUG_VERSION = "0.14.0.1"
+LIBRARIES = ("llmcompressor", "compressed-tensors", "transformers", "torch", "datasets")
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def needs_pin_memory_workaround(llmcompressor_version: str, has_accelerator: bool) -> bool:
+    """Only llmcompressor 0.14.0.1, only without an accelerator (pinning needs one; there it is useful)."""
+    return llmcompressor_version == PIN_MEMORY_BUG_VERSION and not has_accelerator
+
+
+def pin_memory_workaround() -> str | None:
+    """Make `IntermediatesCache.pin_memory` a no-op when no accelerator exists (llmcompressor 0.14.0.1).
+
+    Upstream's AWQModifier pins every cached activation before its grid search so that later host-to-device
+    copies can be non-blocking; `Tensor.pin_memory()` raises "Cannot access accelerator device when none is
+    available" on a CPU-only machine. Pinning only speeds up copies to an accelerator, so skipping it on a
+    machine without one changes no numbers. Applied in this child process only; returns a description of
+    what was patched, or None when the version/hardware does not need it.
+    """
+    import torch
+    from llmcompressor import __version__ as llmc_version
+
+    if not needs_pin_memory_workaround(llmc_version, torch.accelerator.is_available()):
+        return None
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    def pin_memory(self, batch_index: int, input_names: list[str] | None = None) -> None:  # noqa: ARG001
+        return None
+
+    IntermediatesCache.pin_memory = pin_memory  # type: ignore[method-assign]
+    return f"llmcompressor {llmc_version}: IntermediatesCache.pin_memory skipped (no accelerator)"
+
+
+def render(records: list[dict[str, Any]], tokenizer: Any, max_len: int) -> dict[str, list]:
+    """Token ids for each record; chat records go through the model's chat template."""
+    ids, masks = [], []
+    for rec in records:
+        if "messages" in rec:
+            text = tokenizer.apply_chat_template(rec["messages"], tokenize=False)
+            enc = tokenizer(text, truncation=True, max_length=max_len, add_special_tokens=False)
+        else:
+            enc = tokenizer(rec["text"], truncation=True, max_length=max_len)
+        ids.append(enc["input_ids"])
+        masks.append(enc["attention_mask"])
+    return {"input_ids": ids, "attention_mask": masks}
+
+
+def run(job: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {"versions": versions(), "workarounds": []}
+    uses_awq = "AWQModifier" in Path(job["recipe"]).read_text(encoding="utf-8")
+    patched = pin_memory_workaround() if uses_awq else None  # only AWQ reaches the pinning upstream
+    if patched:
+        result["workarounds"].append(patched)
+    from llmcompressor.recipe import Recipe
+
+    try:
+        Recipe.create_instance(job["recipe"])
+    except Exception as exc:  # llmcompressor raises ValueError/ValidationError/...: all mean "bad recipe"
+        return EXIT_REFUSED, {**result, "refused": "recipe", "message": f"{type(exc).__name__}: {exc}"}
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(job["model"])
+    dataset = None
+    if job.get("calibration"):
+        records = [json.loads(line) for line in Path(job["calibration"]).read_text(encoding="utf-8").splitlines() if line.strip()]
+        if any("messages" in r for r in records) and not getattr(tokenizer, "chat_template", None):
+            return EXIT_REFUSED, {**result, "refused": "calibration", "message": "chat records but the model has no chat template"}
+        import datasets
+
+        dataset = datasets.Dataset.from_dict(render(records, tokenizer, job["max_seq_length"]))
+        result["calibration_tokens"] = sum(len(x) for x in dataset["input_ids"])
+    result["prepare_s"] = round(time.perf_counter() - t0, 2)
+
+    import torch
+    from llmcompressor import oneshot
+
+    torch.manual_seed(job.get("seed", 0))
+    t1 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype="auto")
+    result["load_s"] = round(time.perf_counter() - t1, 2)
+    t2 = time.perf_counter()
+    kwargs: dict[str, Any] = {"model": model, "recipe": job["recipe"], "processor": tokenizer}
+    if dataset is not None:
+        kwargs.update(dataset=dataset, num_calibration_samples=len(dataset), max_seq_length=job["max_seq_length"],
+                      shuffle_calibration_samples=False)
+    oneshot(**kwargs)
+    result["oneshot_s"] = round(time.perf_counter() - t2, 2)
+    t3 = time.perf_counter()
+    model.save_pretrained(job["out"], save_compressed=True)
+    tokenizer.save_pretrained(job["out"])
+    result["save_s"] = round(time.perf_counter() - t3, 2)
+    result["total_s"] = round(time.perf_counter() - t0, 2)
+    return 0, result
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m quantgate.quantize.runner JOB.json", file=sys.stderr)
+        return 2
+    job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    try:
+        code, result = run(job)
+    except Exception:
+        traceback.print_exc()
+        code, result = 1, {"crashed": traceback.format_exc(limit=5)}
+    Path(job["result"]).write_text(json.dumps(result, indent=2), encoding="utf-8")
+    if code == EXIT_REFUSED:
+        print(f"refused: {result.get('message')}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,109 @@
+"""Recall scoring (pure): exact recall of the needle value(s) after normalization, per (length, depth, kind).
+
+Normalization: NFKC, case-folded, punctuation and symbols read as spaces, runs of spaces collapsed.
+Diacritics are kept (dropping them is a recall error). A value matches as a whole word (no letter or digit
+touching it); values written in CJK characters match as a substring. A numeric value also matches when
+written with single separators between digits ("4 821 337", "4,821,337").
+
+Per request: `recall` = share of expected values found, `exact` = all of them found; `others_found` counts
+values of facts not asked about (multi) in the answer, reported, not penalized. Failed requests (error) are
+counted per cell and left out of the means.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from quantgate.base.errors import QuantgateError
+
+_SEP = r"[\s,.'’_\u00a0\u202f-]?"
+
+
+def normalize(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = "".join(" " if unicodedata.category(c)[0] in "PSZC" else c for c in text)
+    return " ".join(text.split())
+
+
+def _is_cjk(value: str) -> bool:
+    return all(unicodedata.name(c, "").startswith(("CJK", "HIRAGANA", "KATAKANA", "HANGUL")) for c in value if not c.isspace())
+
+
+def found(value: str, output: str) -> bool:
+    if value.isdigit():
+        pattern = r"(?<!\d)" + _SEP.join(value) + r"(?!\d)"
+        return re.search(pattern, unicodedata.normalize("NFKC", output)) is not None
+    v, out = normalize(value), normalize(output)
+    if not v:
+        return False
+    if _is_cjk(v):
+        return v in out.replace(" ", "")
+    return re.search(r"(?<!\w)" + re.escape(v) + r"(?!\w)", out) is not None
+
+
+def score(output: str, expected: Sequence[str], others: Sequence[str] = ()) -> dict:
+    hits = [found(v, output) for v in expected]
+    return {"found": hits, "recall": sum(hits) / len(hits), "exact": all(hits),
+            "others_found": sum(found(v, output) for v in others)}
+
+
+def _summary(recs: Sequence[dict]) -> dict:
+    ok = [r for r in recs if r.get("error") is None]
+    n = len(ok)
+    return {"n": n, "n_error": len(recs) - n,
+            "recall": sum(r["recall"] for r in ok) / n if n else None,
+            "exact": sum(bool(r["exact"]) for r in ok) / n if n else None}
+
+
+def cells(records: Iterable[dict]) -> dict:
+    """Scored per-request records -> overall, by kind, by language and per (length, depth, kind) cell."""
+    records = list(records)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    by_lang: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[(r["length"], r["depth"], r["kind"])].append(r)
+        by_kind[r["kind"]].append(r)
+        by_lang[r["lang"]].append(r)
+    return {
+        "overall": _summary(records),
+        "by_kind": {k: _summary(v) for k, v in sorted(by_kind.items())},
+        "by_language": {k: _summary(v) for k, v in sorted(by_lang.items())},
+        "cells": [{"length": n, "depth": d, "kind": k, **_summary(v)} for (n, d, k), v in sorted(groups.items())],
+    }
+
+
+def _delta(b: float | None, c: float | None) -> float | None:
+    return None if b is None or c is None else c - b
+
+
+def compare(base: Iterable[dict], cand: Iterable[dict]) -> dict:
+    """Paired by request id (the id carries the prompt's hash): candidate minus baseline, per cell and overall."""
+    b = {r["id"]: r for r in base}
+    c = {r["id"]: r for r in cand}
+    common = sorted(set(b) & set(c))
+    if not common:
+        raise QuantgateError("the baseline and candidate runs share no prompt (different grid, seed or tokenizer?)",
+                             where="--baseline", fix="run both with the same --lengths/--depths/--kinds/--samples/--seed and tokenizer")
+    both = [i for i in common if b[i].get("error") is None and c[i].get("error") is None]
+    bc, cc = cells(b[i] for i in both), cells(c[i] for i in both)
+    out_cells = []
+    for x, y in zip(bc["cells"], cc["cells"]):
+        out_cells.append({"length": x["length"], "depth": x["depth"], "kind": x["kind"], "n": x["n"],
+                          "base": x["recall"], "cand": y["recall"], "delta": _delta(x["recall"], y["recall"]),
+                          "base_exact": x["exact"], "cand_exact": y["exact"], "delta_exact": _delta(x["exact"], y["exact"])})
+    ob, oc = bc["overall"], cc["overall"]
+    return {
+        "n_paired": len(both), "n_base_only": len(set(b) - set(c)), "n_cand_only": len(set(c) - set(b)),
+        "n_error_excluded": len(common) - len(both),
+        "overall": {"base": ob["recall"], "cand": oc["recall"], "delta": _delta(ob["recall"], oc["recall"]),
+                    "base_exact": ob["exact"], "cand_exact": oc["exact"], "delta_exact": _delta(ob["exact"], oc["exact"])},
+        "by_kind": {k: {"base": bc["by_kind"][k]["recall"], "cand": cc["by_kind"][k]["recall"],
+                        "delta": _delta(bc["by_kind"][k]["recall"], cc["by_kind"][k]["recall"])} for k in bc["by_kind"]},
+        "cells": out_cells,
+        "regressions": [i for i in both if b[i]["recall"] > c[i]["recall"]],
+        "improvements": [i for i in both if c[i]["recall"] > b[i]["recall"]],
+    }

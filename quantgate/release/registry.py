@@ -1,0 +1,188 @@
+"""Local registry of promoted variants (adapter): results/registry/<model>/<version>/, written atomically.
+
+An entry holds:
+    manifest.json    model, version, candidate, scheme, checkpoint (path, sha256, copied or not), run, report,
+                     decision summary, created; written last, so a folder with a manifest is complete
+    decision.json    the gate's decision for this candidate (quantgate.gate.checks.Decision)
+    report.<ext>     a copy of the release report file, when one is given (its original path is in the manifest)
+    checkpoint/      a copy of the checkpoint, only with copy_checkpoint=True (otherwise the manifest's path)
+    publish.json     where the entry was published, only when a publish target was given
+
+Atomicity: the entry is built in a hidden sibling folder `.<version>.tmp-<pid>-<random>` and renamed into place in
+one step, so a crash at any point leaves no `<version>` folder (the hidden leftover is removed by the next
+promotion once its process is gone). Promoting the same checkpoint under the same version again returns the
+existing entry; another checkpoint under a taken version is refused.
+
+Publishing is off by default. `publish="hf://<owner>/<repo>"` uploads the entry with huggingface_hub (imported
+only then; credentials from the usual HF_TOKEN); any other URI (`s3://bucket/prefix`, `gs://...`, `file:///dir`)
+is written with fsspec under <uri>/<model>/<version>/ (the matching fsspec backend, e.g. s3fs, must be installed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import pid_alive, write_json
+from quantgate.base.paths import results_dir
+from quantgate.target.catalogue import checkpoint_hash
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+MANIFEST = "manifest.json"
+STEPS = ("decision", "report", "checkpoint", "manifest", "rename")
+
+
+def _after_step(step: str) -> None:
+    """Called after each step of a promotion; tests replace it to kill the process between steps."""
+
+
+def registry_root(root: Path | str | None = None) -> Path:
+    return Path(root) if root else results_dir() / "registry"
+
+
+def _clean_stale(model_dir: Path) -> None:
+    """Remove temporary entries left by promotions whose process no longer exists."""
+    for d in model_dir.glob(".*.tmp-*-*"):
+        pid = d.name.rsplit("-", 2)[-2]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def read_entry(folder: Path) -> dict[str, Any] | None:
+    """An entry's manifest, or None when the folder is not a complete entry."""
+    try:
+        return json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def list_entries(root: Path | str | None = None, model: str | None = None) -> list[dict[str, Any]]:
+    """Manifests of every complete entry (hidden temporary folders are not entries)."""
+    base = registry_root(root)
+    models = [base / model] if model else sorted(p for p in base.glob("*") if p.is_dir() and not p.name.startswith("."))
+    out = []
+    for m in models:
+        for v in sorted(p for p in m.glob("*") if p.is_dir() and not p.name.startswith(".")):
+            man = read_entry(v)
+            if man is not None:
+                out.append(man | {"path": str(v)})
+    return out
+
+
+def _decision_dict(decision: Any) -> dict[str, Any]:
+    d = decision.model_dump(mode="json") if hasattr(decision, "model_dump") else dict(decision)
+    if d.get("decision") != "PROMOTE":
+        raise QuantgateError(f"the decision for {d.get('candidate')!r} is {d.get('decision')!r}, not PROMOTE",
+                             where="registry.promote", fix="only a candidate the gate promoted can be registered")
+    return d
+
+
+def _same(existing: dict[str, Any], sha: str, candidate: str | None) -> bool:
+    return existing.get("checkpoint", {}).get("sha256") == sha and existing.get("candidate") == candidate
+
+
+def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, report: Path | str | None = None,
+            run: Path | str | None = None, copy_checkpoint: bool = False, root: Path | str | None = None,
+            publish: str | None = None) -> dict[str, Any]:
+    """Register a promoted candidate; returns its manifest plus `path` and `reused` (True when it was there)."""
+    d = _decision_dict(decision)
+    for field, value in (("model", model), ("version", version)):
+        if not NAME.match(value):
+            raise QuantgateError(f"{field} {value!r} is not a safe folder name", where=f"registry.promote {field}",
+                                 fix="use letters, digits and . _ + - (not starting with a dot)")
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise QuantgateError("checkpoint folder not found", where=str(checkpoint), fix="give the promoted variant's folder")
+    sha = checkpoint_hash(checkpoint)
+    model_dir = registry_root(root) / model
+    target = model_dir / version
+    existing = read_entry(target)
+    if existing is not None:
+        return _reuse(existing, target, sha, d)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    _clean_stale(model_dir)
+    tmp = model_dir / f".{version}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        write_json(tmp / "decision.json", d)
+        _after_step("decision")
+        report_copy = None
+        if report is not None and Path(report).is_file():
+            report_copy = f"report{Path(report).suffix}"
+            shutil.copy2(report, tmp / report_copy)
+        _after_step("report")
+        if copy_checkpoint:
+            shutil.copytree(checkpoint, tmp / "checkpoint")
+        _after_step("checkpoint")
+        manifest = {
+            "schema_version": 1, "model": model, "version": version, "candidate": d.get("candidate"),
+            "scheme": d.get("scheme"), "family": d.get("family"),
+            "checkpoint": {"source": str(checkpoint.resolve()), "sha256": sha, "copied": copy_checkpoint,
+                           "path": "checkpoint" if copy_checkpoint else str(checkpoint.resolve())},
+            "report": {"source": str(report) if report else None, "copy": report_copy},
+            "run": str(run) if run else None, "policy": d.get("policy"),
+            "checks": {"passed": sum(c.get("passed") is True for c in d.get("checks", [])),
+                       "skipped": sum(c.get("passed") is None for c in d.get("checks", []))},
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        write_json(tmp / MANIFEST, manifest)
+        _after_step("manifest")
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another promotion won the race: keep its entry if it is the same one
+            other = read_entry(target)
+            if other is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            return _reuse(other, target, sha, d)
+        _after_step("rename")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    result = manifest | {"path": str(target), "reused": False}
+    if publish:
+        result["published"] = publish_entry(target, publish, model=model, version=version)
+    return result
+
+
+def _reuse(existing: dict[str, Any], target: Path, sha: str, d: dict[str, Any]) -> dict[str, Any]:
+    if not _same(existing, sha, d.get("candidate")):
+        raise QuantgateError(f"version already registered for another checkpoint ({existing.get('candidate')}, "
+                             f"sha256 {str(existing.get('checkpoint', {}).get('sha256'))[:12]})", where=str(target),
+                             fix="promote under a new version")
+    return existing | {"path": str(target), "reused": True}
+
+
+def publish_entry(entry: Path | str, target: str, *, model: str, version: str) -> dict[str, Any]:
+    """Copy a registry entry to a Hugging Face Hub repo (`hf://owner/repo`) or an fsspec URI; records publish.json."""
+    entry = Path(entry)
+    if target.startswith("hf://"):
+        from huggingface_hub import HfApi  # only when publishing to the Hub
+
+        repo = target.removeprefix("hf://")
+        info = HfApi().upload_folder(folder_path=str(entry), repo_id=repo, repo_type="model",
+                                     commit_message=f"quantgate: promote {model} {version}")
+        where = {"target": target, "repo_id": repo, "commit": str(getattr(info, "oid", info))}
+    else:
+        import fsspec
+
+        fs, base = fsspec.core.url_to_fs(target)
+        dest = f"{base.rstrip('/')}/{model}/{version}"
+        fs.makedirs(dest, exist_ok=True)
+        for f in sorted(p for p in entry.rglob("*") if p.is_file()):
+            rel = f.relative_to(entry)
+            if rel.parent != Path("."):
+                fs.makedirs(f"{dest}/{rel.parent.as_posix()}", exist_ok=True)
+            fs.put_file(str(f), f"{dest}/{rel.as_posix()}")
+        where = {"target": target, "path": dest}
+    record = where | {"published": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+    write_json(entry / "publish.json", record)
+    return record

@@ -1,0 +1,245 @@
+"""The release spec: one YAML file in `releases/` saying what to release, for which hardware, checked how.
+
+    version: 1                      # schema version of this file
+    name: demo                      # run ids and registry entries start with it
+    model: demo                     # catalogue id (releases/models.yaml) or a checkpoint folder
+    hardware: x86-cpu               # profile id in quant_recipes/hardware.yaml
+    workload: latency               # latency | throughput | fit
+    schemes: [w4a16-gptq]           # candidate schemes, each must run on the hardware
+    ladder: false                   # true: try the schemes in order, stop at the first PROMOTE
+    eval_sets: [../eval_sets/default.jsonl]
+    judge: {serve: demo, limit: 50} # or {endpoint: https://host/v1, model: NAME, api_key_env: VAR}
+    policy: policies/default.yaml
+    quantization: {calibration: {samples: 64, max_seq_length: 256}}
+    serving: {dtype: float32}
+    eval: {limit: 50}
+
+Relative paths are relative to the spec file's folder. Cross-field checks (the hardware exists and runs each
+scheme, referenced files exist) happen at load time and name the field and line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from quantgate.base.errors import QuantgateError
+from quantgate.base.paths import JUDGES
+from quantgate.base.yamlconfig import load_model
+from quantgate.judge.run import load_judge
+from quantgate.quantize.calibration import CalibrationSpec
+from quantgate.quantize.recipes import RecipeOverrides
+from quantgate.target.hardware import get_profile
+
+
+class ServingSpec(BaseModel):
+    """How vLLM serves every variant. The parallel layout and CPU settings come from the planner; these override."""
+    model_config = ConfigDict(extra="forbid")
+
+    python: Path | None = Field(None, description="serving interpreter (default: $QUANTGATE_SERVE_PYTHON or .venv-serve)")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(None, description="None: the planner's choice")
+    replicas: int | None = Field(None, ge=1, description="required replicas (the planner's --replicas)")
+    startup_timeout_s: float = Field(600.0, gt=0)
+    extra_args: list[str] = Field(default_factory=list, description="appended verbatim to `vllm serve`")
+    local_nodes: bool = Field(False, description="multi-node plans: the `nodes` are process groups on this host, "
+                                                 "launched and watched by quantgate (remote nodes: run `quantgate plan`'s commands)")
+    join_timeout_s: float = Field(300.0, gt=0, description="multi-node: every node must have joined by then")
+
+
+class QuantizationSpec(BaseModel):
+    """Recipe parameters and calibration data for the candidates (defaults: quant_recipes/schemes.yaml)."""
+    model_config = ConfigDict(extra="forbid")
+
+    overrides: dict[str, RecipeOverrides] = Field(default_factory=dict, description="scheme id -> recipe overrides")
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+
+
+class EvalSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int | None = Field(None, ge=1, description="first N samples of each set (CI subsets); None: all")
+    concurrency: int = Field(16, ge=1)
+    max_error_rate: float = Field(0.05, ge=0, le=1)
+
+
+class RecallSpec(BaseModel):
+    """Long-context needle grid (quantgate recall); every length plus the answer must fit `context`."""
+    model_config = ConfigDict(extra="forbid")
+
+    lengths: list[int] = Field(default_factory=lambda: [1024, 2048], min_length=1)
+    depths: list[int] = Field(default_factory=lambda: [0, 25, 50, 75, 100], min_length=1)
+    kinds: list[Literal["number", "name", "multilingual", "multi"]] = Field(
+        default_factory=lambda: ["number", "name", "multilingual", "multi"], min_length=1)
+    samples: int = Field(1, ge=1, description="prompts per (length, depth, kind) cell")
+    seed: int = 0
+    max_answer_tokens: int = Field(32, ge=1)
+
+    @field_validator("depths")
+    @classmethod
+    def _percent(cls, v: list[int]) -> list[int]:
+        if any(d < 0 or d > 100 for d in v):
+            raise ValueError("depths are percentages from 0 to 100")
+        return v
+
+
+class PerfSpec(BaseModel):
+    """Serving performance probe (quantgate perf, vLLM's own benchmark client): same workload for every variant."""
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: list[int] = Field(default_factory=lambda: [1, 8], min_length=1)
+    num_prompts: int = Field(32, ge=1)
+    input_len: int = Field(128, ge=1)
+    output_len: int = Field(32, ge=1)
+    repeats: int = Field(2, ge=1, description="medians over this many runs per level")
+
+
+def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
+    """Resolve a path relative to the spec file and check that it exists."""
+    if value is None:
+        return None
+    base = (info.context or {}).get("path")
+    path = value if value.is_absolute() or base is None else (Path(base).parent / value)
+    if not path.exists():
+        raise ValueError(f"file not found: {path} (relative paths are relative to the spec file's folder)")
+    return path.resolve()
+
+
+class JudgeSpec(BaseModel):
+    """The release's LLM judge (quantgate.judge.run): each candidate's answers on the first eval set against the
+    baseline's, in both orders, after a calibration. Exactly one of `endpoint` (a remote OpenAI-compatible judge)
+    or `serve` (a model quantgate serves with vLLM for the judge step, one server for all candidates)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    template: Path = Field(JUDGES / "pairwise.md", validate_default=True,
+                           description="judges/*.md prompt template, its .yaml sidecar beside it")
+    endpoint: str | None = Field(None, pattern=r"^https?://", description="remote judge server, e.g. https://host/v1")
+    model: str | None = Field(None, description="the model name the endpoint serves (required with endpoint)")
+    api_key_env: str | None = Field(None, description="environment variable holding the endpoint's API key")
+    prefect_secret: str | None = Field(None, description="Prefect Secret block holding the endpoint's API key")
+    serve: str | None = Field(None, description="catalogue id or checkpoint folder served as the judge")
+    limit: int | None = Field(None, ge=1, description="judge the first N pairs; None: all")
+    calibration_per_type: int | None = Field(None, ge=1, description="calibration pairs per corruption type; "
+                                                                      "None: judges/calibration.yaml")
+    calibration_bar: float | None = Field(None, ge=0, le=1, description="None: judges/calibration.yaml")
+    margin: float | None = Field(None, ge=0, le=1, description="non-inferiority margin on win - loss; "
+                                                               "None: the policy's judge.margin (else 0.05)")
+    not_stronger: bool = Field(False, description="declare that the judge is not stronger than the judged models")
+    concurrency: int = Field(8, ge=1, description="judge requests in flight")
+    timeout_s: float = Field(120.0, gt=0, description="seconds per judge request")
+
+    @field_validator("template")
+    @classmethod
+    def _template_loads(cls, v: Path, info: ValidationInfo) -> Path:
+        path = _resolve(v, info)
+        try:
+            load_judge(path)
+        except QuantgateError as exc:
+            raise ValueError(f"{exc.where}: {exc.message}" + (f"; {exc.fix}" if exc.fix else "")) from None
+        return path
+
+    @model_validator(mode="after")
+    def _one_judge(self) -> "JudgeSpec":
+        if (self.endpoint is None) == (self.serve is None):
+            raise ValueError("give exactly one of `endpoint` (a remote judge, with `model`) or `serve` (a catalogue id "
+                             "or checkpoint folder that quantgate serves as the judge)")
+        if self.endpoint is not None and not self.model:
+            raise ValueError(f"`model` is required with `endpoint`: the model name {self.endpoint} serves")
+        if self.serve is not None:
+            extra = [k for k in ("model", "api_key_env", "prefect_secret") if getattr(self, k) is not None]
+            if extra:
+                raise ValueError(f"not with `serve`: {', '.join(extra)} (they describe an `endpoint`; quantgate names "
+                                 "and keys the judge it serves)")
+        if self.api_key_env and self.prefect_secret:
+            raise ValueError("give either api_key_env or prefect_secret, not both")
+        return self
+
+
+class ReleaseSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = Field(description="schema version of release specs")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    model: str = Field(description="catalogue id or checkpoint folder")
+    hardware: str
+    gpus: int | None = Field(None, ge=1, description="devices to use per node; default: all of the profile's")
+    nodes: int = Field(1, ge=1)
+    workload: Literal["latency", "throughput", "fit"] = "latency"
+    context: int = Field(4096, ge=128, description="tokens per request for the capacity estimate")
+    concurrency: int = Field(8, ge=1, description="concurrent requests the deployment must hold")
+    schemes: list[str] = Field(min_length=1)
+    ladder: bool = Field(False, description="true: `schemes` is a preference order; try one at a time, stop at the "
+                                            "first PROMOTE. false: evaluate and gate every scheme")
+    eval_sets: list[Path] = Field(default_factory=list)
+    judge: JudgeSpec | None = Field(None, description="LLM judge step; null: none (a policy requiring it rejects)")
+    policy: Path | None = None
+    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
+    serving: ServingSpec = Field(default_factory=ServingSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    recall: RecallSpec | None = Field(default_factory=RecallSpec, description="null: no recall run (a policy requiring it rejects)")
+    perf: PerfSpec | None = Field(default_factory=PerfSpec, description="null: no performance probe")
+
+    @field_validator("eval_sets")
+    @classmethod
+    def _eval_sets_exist(cls, v: list[Path], info: ValidationInfo) -> list[Path]:
+        return [_resolve(p, info) for p in v]
+
+    @field_validator("policy")
+    @classmethod
+    def _file_exists(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve(v, info)
+
+    @field_validator("judge", mode="before")
+    @classmethod
+    def _judge_is_a_mapping(cls, v):
+        if isinstance(v, (str, Path)):
+            raise ValueError(f"a bare template path ({v}) names no judge model: write `judge: {{template: {v}, "
+                             "endpoint: URL, model: NAME}` for a remote judge or `judge: {template: "
+                             f"{v}, serve: MODEL}}` for one quantgate serves")
+        return v
+
+    @field_validator("judge")
+    @classmethod
+    def _judge_has_answers(cls, v: JudgeSpec | None, info: ValidationInfo) -> JudgeSpec | None:
+        if v is not None and "eval_sets" in info.data and not info.data["eval_sets"]:
+            raise ValueError("the judge compares answers to the first of `eval_sets`: list at least one eval set")
+        return v
+
+    @field_validator("hardware")
+    @classmethod
+    def _known_hardware(cls, v: str) -> str:
+        try:
+            return get_profile(v).id
+        except QuantgateError as exc:
+            raise ValueError(f"{exc.message}; {exc.fix}") from None
+
+    @field_validator("schemes")
+    @classmethod
+    def _schemes_run_on_hardware(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        hardware = info.data.get("hardware")
+        if hardware is None:  # the hardware field already failed; its error says why
+            return v
+        profile = get_profile(hardware)
+        unsupported = [s for s in v if s not in profile.schemes]
+        if unsupported:
+            raise ValueError(f"{unsupported} do not run on {profile.id} ({profile.name}); it runs: {', '.join(profile.schemes)}")
+        twice = sorted({s for s in v if v.count(s) > 1})
+        if twice:
+            raise ValueError(f"{twice} listed more than once")
+        return v
+
+
+    @model_validator(mode="after")
+    def _recall_fits_context(self) -> "ReleaseSpec":
+        if self.recall is not None:
+            need = max(self.recall.lengths) + self.recall.max_answer_tokens
+            if need > self.context:
+                raise ValueError(f"recall.lengths up to {max(self.recall.lengths)} + {self.recall.max_answer_tokens} answer tokens "
+                                 f"= {need} do not fit context {self.context}: raise `context` or shorten recall.lengths")
+        return self
+
+
+def load_spec(path: Path | str) -> ReleaseSpec:
+    return load_model(Path(path), ReleaseSpec)

@@ -1,0 +1,257 @@
+"""The release report of one run: a self-contained HTML page and a Markdown summary (the Prefect artifact).
+
+`context(view)` turns a run's evidence (quantgate.report.runview) into plain values; templates/report.html and
+templates/report.md.j2 lay them out. A section whose evidence is missing or malformed shows the gap instead of
+failing: every section is built on its own, and an unexpected shape becomes a gap naming the file.
+Links point only at files that exist and lie under `link_root` (the results folder), so they resolve both from
+disk and when the results folder is served.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from quantgate.report import charts
+from quantgate.report.runview import BASELINE, Candidate, Gap, RunView, load_run, size_ratio
+
+TEMPLATES = Path(__file__).with_name("templates")
+MAX_REGRESSIONS = 40
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) else None
+
+
+def _d(x: Any) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+class Links:
+    """Relative hrefs from the report's folder to evidence files under `root`; None for anything else."""
+    def __init__(self, out_dir: Path, root: Path):
+        self.out_dir, self.root = out_dir.resolve(), root.resolve()
+
+    def __call__(self, path: str | Path | None) -> dict:
+        if not path:
+            return {"href": None, "text": ""}
+        p = Path(path).resolve()
+        ok = p.is_file() and (p == self.root or self.root in p.parents)
+        return {"href": os.path.relpath(p, self.out_dir) if ok else None, "text": str(path)}
+
+
+def _section(view: RunView, name: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+        view.gaps.append(Gap(name, None, f"unexpected content, section left out: {type(exc).__name__}: {exc}"))
+        return None
+
+
+def _need(x: Any, kind: type, what: str) -> Any:
+    """x when it has the expected JSON type; else a TypeError that the section turns into a gap."""
+    if not isinstance(x, kind):
+        raise TypeError(f"{what} should be a JSON {'object' if kind is dict else 'array'}, found {type(x).__name__}")
+    return x
+
+
+def _stat_row(set_name: str, metric: str, category: str, s: dict) -> dict:
+    return {"set": set_name, "metric": metric, "category": category, "n": s.get("n"),
+            **{k: _num(s.get(k)) for k in ("base_mean", "cand_mean", "delta", "ci_low", "ci_high", "mcnemar_p")}}
+
+
+def _deltas(c: Candidate) -> list[dict]:
+    rows = []
+    for set_name, rep in _d(c.compare).items():
+        for metric, m in _need(_need(rep, dict, set_name).get("metrics"), dict, f"{set_name}: metrics").items():
+            rows.append(_stat_row(set_name, metric, "all", _need(_need(m, dict, metric).get("overall"), dict,
+                                                                 f"{set_name}/{metric}: overall")))
+            rows += [_stat_row(set_name, metric, cat, _d(s)) for cat, s in sorted(_d(m.get("by_category")).items())]
+    return rows
+
+
+def _regressions(c: Candidate) -> dict:
+    regs = [r for k, rep in _d(c.compare).items() for r in _need(_d(rep).get("regressions") or [], list, f"{k}: regressions")]
+    return {"n": len(regs), "shown": [{"id": r.get("id"), "category": r.get("category"), "metric": r.get("metric"),
+                                       "references": r.get("references") or [], "base": r.get("base_output"),
+                                       "cand": r.get("cand_output")} for r in regs[:MAX_REGRESSIONS]]}
+
+
+def _checks(c: Candidate, link: Links) -> dict | None:
+    if c.decision is None:
+        return None
+    return {"decision": c.decision.get("decision"), "family": c.decision.get("family"),
+            "reasons": c.decision.get("reasons") or [],
+            "checks": [{"name": ch.get("name"), "measured": ch.get("measured"), "limit": ch.get("limit"),
+                        "bound": ch.get("bound"), "required": ch.get("required"), "passed": ch.get("passed"),
+                        "evidence": link(ch.get("evidence_file")), "reason": ch.get("reason")}
+                       for ch in c.decision.get("checks") or []]}
+
+
+def _judge(c: Candidate) -> dict | None:
+    r = c.judge
+    if r is None:
+        return None
+    cal, cmp_ = _need(r.get("calibration"), dict, "calibration"), _need(r.get("comparison"), dict, "comparison")
+    overall = _d(cmp_.get("overall"))
+    rates = {k: _d(overall.get(k)) for k in ("win", "tie", "loss") if k in overall}
+    return {"counts": bool(r.get("counts_as_evidence")), "not_stronger": r.get("judge_not_stronger"),
+            "calibration": {"accuracy": _num(cal.get("accuracy")), "bar": _num(cal.get("bar")),
+                            "reliable": cal.get("reliable"), "reason": cal.get("reason"),
+                            "ci_low": _num(cal.get("ci_low")), "ci_high": _num(cal.get("ci_high")),
+                            "by_type": {t: _d(a) for t, a in _d(cal.get("by_type")).items()}},
+            "ni": _d(overall.get("non_inferiority")), "rates": rates,
+            "position_consistency": _num(cmp_.get("position_consistency")),
+            "worst": [_d(w) for w in (cmp_.get("worst_losses") or [])[:5]]}
+
+
+def _human(c: Candidate) -> dict:
+    """Review status: none (no judge), not exported, exported and awaiting the filled CSV, or imported."""
+    h = c.human or _d(c.judge).get("human")
+    if h:
+        agree = _d(h.get("agreement"))
+        return {"status": "imported", "text": f"{h.get('n_reviewed')} of {h.get('n_exported')} exported pairs reviewed "
+                f"({h.get('n_blank')} blank); human-judge agreement {_pct(agree.get('rate'))} over {agree.get('n')} pairs",
+                "rates": {k: _d(v) for k, v in _d(h.get("rates")).items()}}
+    if c.review_key:
+        n = len(c.review_key.get("items") or [])
+        return {"status": "awaiting", "text": f"{n} pairs exported for review; the filled CSV is not imported yet "
+                f"(quantgate review import)", "rates": {}}
+    if c.judge_dir is None:
+        return {"status": "none", "text": "no judge run for this candidate, so nothing to review", "rates": {}}
+    return {"status": "not_exported", "text": "no pairs exported for human review (quantgate review export)", "rates": {}}
+
+
+def _pct(x: Any) -> str:
+    return "—" if _num(x) is None else f"{x:.1%}"
+
+
+def _recall(c: Candidate) -> dict | None:
+    if c.recall_delta is None and c.recall_cells is None and not c.heatmaps:
+        return None
+    overall = _d(_d(c.recall_delta).get("overall"))
+    return {"overall": {k: _num(overall.get(k)) for k in ("base", "cand", "delta", "base_exact", "cand_exact", "delta_exact")},
+            "n": _d(c.recall_delta).get("n_paired"), "errors": _d(c.recall_delta).get("n_error_excluded"),
+            "images": {k: charts.png_uri(p) for k, p in c.heatmaps.items()}}
+
+
+def _perf(view: RunView, c: Candidate) -> dict:
+    q = view.variants[c.name].quantization if c.name in view.variants else None
+    p = _d(c.pay_off)
+    return {"size_ratio": size_ratio(view, c.name),
+            "ratios": {k: _num(p.get(k)) for k in ("throughput_ratio", "request_throughput_ratio", "ttft_ratio", "itl_ratio",
+                                                   "kv_tokens_ratio") if k in p},
+            "concurrency": p.get("concurrency"),
+            "quant": None if q is None else {"wall_s": _num(_d(q.get("timings_s")).get("wall")), "reused": q.get("reused"),
+                                             "weights_bytes": q.get("weights_bytes"), "compression": _num(q.get("compression_ratio"))}}
+
+
+def _candidate(view: RunView, c: Candidate, link: Links) -> dict:
+    out: dict[str, Any] = {"name": c.name, "scheme": _d(c.summary).get("scheme") or c.name,
+                           "gaps": [g for g in view.gaps if g.what.startswith(f"{c.name}:")]}
+    out["checks"] = _section(view, f"{c.name}: checks", lambda: _checks(c, link))
+    out["deltas"] = _section(view, f"{c.name}: comparison", lambda: _deltas(c)) or []
+    out["forest"] = _section(view, f"{c.name}: chart", lambda: charts.forest(
+        [{**r, "label": f"{r['set']}/{r['metric']}/{r['category']}"} for r in out["deltas"]], f"{c.name} vs baseline"))
+    out["regressions"] = _section(view, f"{c.name}: regressions", lambda: _regressions(c))
+    out["judge"] = _section(view, f"{c.name}: judge", lambda: _judge(c))
+    out["human"] = _section(view, f"{c.name}: human review", lambda: _human(c))
+    out["recall"] = _section(view, f"{c.name}: recall", lambda: _recall(c))
+    out["perf"] = _section(view, f"{c.name}: performance", lambda: _perf(view, c)) or \
+        {"size_ratio": None, "ratios": {}, "concurrency": None, "quant": None}
+    out["decision"] = (out["checks"] or {}).get("decision") or _d(c.summary).get("decision")
+    return out
+
+
+def _evidence_files(view: RunView, link: Links) -> list[dict]:
+    return [link(p) for p in sorted(set(view.files))]
+
+
+def context(view: RunView, out_dir: Path, link_root: Path) -> dict:
+    """Everything the templates show, as plain values."""
+    link = Links(out_dir, link_root)
+    run, dec = view.run or {}, view.decision or {}
+    cands = [_candidate(view, c, link) for c in view.candidates.values()]
+    points = [{"name": c["name"], "size_ratio": c["perf"].get("size_ratio"),
+               "throughput_ratio": c["perf"].get("ratios", {}).get("throughput_ratio"),
+               "deltas": [(f"{r['set']}/{r['metric']}", r["delta"], r["ci_low"], r["ci_high"])
+                          for r in c["deltas"] if r["category"] == "all"]} for c in cands]
+    trade = _section(view, "chart: quality vs size vs speed", lambda: charts.trade_off(points))
+    policy = _d(dec.get("policy") or _d(view.summary).get("policy"))
+    parity = _d(_d(view.variants[BASELINE].evidence).get("parity"))
+    notes = _d(view.summary).get("notes") or []
+    return {
+        "run_id": view.run_id, "started": view.started, "release": view.get("release", "name") or "?",
+        "model": view.get("model") or "?", "hardware": view.get("hardware") or "?",
+        "decision": dec.get("decision") or _d(view.summary).get("decision") or "UNKNOWN",
+        "promoted": dec.get("promoted") or (_d(view.summary).get("promoted") or [None])[0],
+        "policy": policy, "git": _d(run.get("git")), "packages": _d(run.get("packages")),
+        "parity": {"verdict": parity.get("verdict"), "reason": parity.get("reason")} if parity else None,
+        "notes": [str(n) for n in notes] if isinstance(notes, list) else [],
+        "candidates": cands, "trade_off": trade, "gaps": list(view.gaps), "files": _evidence_files(view, link),
+    }
+
+
+def _env(autoescape: bool):
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=autoescape,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(num=_fmt_num, pct=_pct, signed=_fmt_signed, mdcell=_mdcell, mark=_mark)
+    return env
+
+
+def _fmt_num(x: Any, digits: int = 3) -> str:
+    if isinstance(x, str):
+        return x
+    return "—" if _num(x) is None else f"{x:.{digits}f}"
+
+
+def _fmt_signed(x: Any, digits: int = 3) -> str:
+    return "—" if _num(x) is None else f"{x:+.{digits}f}"
+
+
+def _mark(passed: Any) -> str:
+    return {True: "pass", False: "FAIL"}.get(passed, "skip")
+
+
+def _mdcell(x: Any) -> str:
+    return " ".join(str("" if x is None else x).split()).replace("|", "\\|")
+
+
+def render_html(ctx: dict) -> str:
+    return _env(True).get_template("report.html").render(css=(TEMPLATES / "style.css").read_text(encoding="utf-8"), **ctx)
+
+
+def render_markdown(ctx: dict, html_name: str | None = None) -> str:
+    return _env(False).get_template("report.md.j2").render(html_name=html_name, **ctx)
+
+
+def default_root(run: Path) -> Path:
+    """The results folder when the run sits at <results>/runs/<id>, else the run folder itself."""
+    run = run.resolve()
+    return run.parent.parent if run.parent.name == "runs" else run
+
+
+def write_report(run: Path | str, out: Path | str | None = None, *, link_root: Path | None = None) -> tuple[Path, Path]:
+    """Write <run>/report.html and report.md (or `out` and out with .md); returns both paths."""
+    run = Path(run)
+    html = Path(out) if out else run / "report.html"
+    md = html.with_suffix(".md")
+    html.parent.mkdir(parents=True, exist_ok=True)
+    results = default_root(run)
+    # under the results folder: links stay inside it (they must resolve when it is served); elsewhere: any file
+    root = link_root or (results if results in html.resolve().parents else Path(html.resolve().anchor))
+    ctx = context(load_run(run), html.parent, root)
+    html.write_text(render_html(ctx), encoding="utf-8")
+    md.write_text(render_markdown(ctx, html.name), encoding="utf-8")
+    return html, md
+
+
+def markdown_summary(run: Path | str) -> str:
+    """The Markdown summary alone (for a Prefect artifact): no files written."""
+    run = Path(run)
+    return render_markdown(context(load_run(run), run, default_root(run)))

@@ -1,0 +1,219 @@
+"""Read a release run folder for people and the results store (adapter): every file tolerated, never an exception.
+
+A file that is missing, unreadable or of the wrong shape leaves its slot None and adds a `Gap` saying which file
+and why; evidence a spec did not ask for (no judge, no recall) is `absent` rather than a gap. Files read (see
+quantgate/release/steps.py and quantgate/gate/evidence.py for who writes them):
+
+    run.json, summary.json, decision.json, compare/<cand>.json
+    <variant>/evidence.json, <variant>/quantization.json, <perf folder>/perf.json
+    <cand>/recall/{cells.json, delta.json, heatmap.png, delta_heatmap.png}, <cand>/pay_off.json
+    <cand>/judge/{report.json, human.json, review_key.json}
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BASELINE = "baseline"
+_STAMP = re.compile(r"(\d{8}T\d{6}Z)$")
+
+
+@dataclass
+class Gap:
+    what: str                     # e.g. "decision", "w4a16-gptq: recall"
+    file: str | None
+    reason: str
+
+
+@dataclass
+class Variant:
+    name: str
+    evidence: dict | None = None
+    quantization: dict | None = None
+    perf: dict | None = None
+    perf_file: Path | None = None
+
+
+@dataclass
+class Candidate:
+    name: str
+    summary: dict | None = None   # summary.json's row
+    decision: dict | None = None  # decision.json's candidates[name]
+    compare: dict | None = None   # {eval set: compare_dirs output}
+    recall_cells: dict | None = None
+    recall_delta: dict | None = None
+    heatmaps: dict[str, Path] = field(default_factory=dict)  # "heatmap" / "delta_heatmap" -> png
+    pay_off: dict | None = None
+    judge: dict | None = None
+    judge_dir: Path | None = None
+    human: dict | None = None
+    review_key: dict | None = None
+
+
+@dataclass
+class RunView:
+    folder: Path
+    run_id: str
+    started: str                  # ISO time: from the run id, decision.json, or the folder's mtime
+    run: dict | None = None
+    summary: dict | None = None
+    decision: dict | None = None
+    variants: dict[str, Variant] = field(default_factory=dict)
+    candidates: dict[str, Candidate] = field(default_factory=dict)
+    gaps: list[Gap] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)  # every evidence file read (for the fingerprint)
+
+    @property
+    def spec(self) -> dict:
+        spec = (self.run or {}).get("spec")
+        return spec if isinstance(spec, dict) else {}
+
+    def get(self, *keys: str, default: Any = None) -> Any:
+        """spec/summary fields: the first of summary[key] or spec[key] that is set."""
+        for k in keys:
+            for src in (self.summary or {}, self.spec):
+                if isinstance(src, dict) and src.get(k) is not None:
+                    return src[k]
+        return default
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x else None
+
+
+def size_ratio(view: RunView, name: str) -> float | None:
+    """Candidate / baseline checkpoint size: summary.json, else both evidence.json sizes, else the perf ratios,
+    else 1 / the quantization manifest's compression ratio."""
+    c = view.candidates.get(name)
+    row = (c.summary if c and isinstance(c.summary, dict) else None) or {}
+    if _num(row.get("size_ratio")):
+        return _num(row["size_ratio"])
+
+    def size(v: str) -> float | None:
+        ev = view.variants[v].evidence if v in view.variants else None
+        var = (ev or {}).get("variant")
+        return _num(var.get("size_bytes")) if isinstance(var, dict) else None
+
+    cs, bs = size(name), size(BASELINE)
+    if cs and bs:
+        return cs / bs
+    pay = (c.pay_off if c and isinstance(c.pay_off, dict) else None) or {}
+    if _num(pay.get("size_ratio")):
+        return _num(pay["size_ratio"])
+    q = view.variants[name].quantization if name in view.variants else None
+    comp = _num((q or {}).get("compression_ratio"))
+    return 1 / comp if comp else None
+
+
+def _read(view: RunView, path: Path, what: str, *, required: bool = True, kind: type = dict) -> Any:
+    if not path.is_file():
+        if required:
+            view.gaps.append(Gap(what, str(path), "missing file"))
+        return None
+    view.files.append(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        view.gaps.append(Gap(what, str(path), f"unreadable: {exc}"))
+        return None
+    except json.JSONDecodeError as exc:
+        view.gaps.append(Gap(what, str(path), f"corrupt JSON: {exc.msg} at line {exc.lineno}"))
+        return None
+    if not isinstance(data, kind):
+        view.gaps.append(Gap(what, str(path), f"expected a JSON {kind.__name__}, found {type(data).__name__}"))
+        return None
+    return data
+
+
+def _started(folder: Path, run_id: str, decision: dict | None) -> str:
+    m = _STAMP.search(run_id)
+    if m:
+        return dt.datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.timezone.utc).isoformat()
+    if decision and isinstance(decision.get("created"), str):
+        return decision["created"]
+    return dt.datetime.fromtimestamp(folder.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _candidate_names(view: RunView) -> list[str]:
+    order = [str(s) for s in view.spec.get("schemes") or []]
+    found = {p.stem for p in (view.folder / "compare").glob("*.json")}
+    found |= {s for s in order if (view.folder / s).is_dir()}
+    found |= set(((view.summary or {}).get("candidates") or {}))
+    found |= set(((view.decision or {}).get("candidates") or {}))
+    return sorted(found, key=lambda c: (order.index(c) if c in order else len(order), c))
+
+
+def _variant(view: RunView, name: str) -> Variant:
+    v = Variant(name)
+    folder = view.folder / name
+    v.evidence = _read(view, folder / "evidence.json", f"{name}: evidence")
+    v.quantization = _read(view, folder / "quantization.json", f"{name}: quantization manifest", required=name != BASELINE)
+    perf_dir = (v.evidence or {}).get("perf")
+    if perf_dir:
+        v.perf_file = Path(perf_dir) / "perf.json"
+        v.perf = _read(view, v.perf_file, f"{name}: performance probe")
+    return v
+
+
+def _optional(view: RunView, spec_key: str) -> bool:
+    """Whether the spec asked for this evidence (an old run.json without the key: treat as not asked)."""
+    return view.spec.get(spec_key) is not None
+
+
+def _candidate(view: RunView, name: str) -> Candidate:
+    c = Candidate(name)
+    folder = view.folder / name
+    c.summary = ((view.summary or {}).get("candidates") or {}).get(name)
+    if view.summary is not None and c.summary is None:
+        view.gaps.append(Gap(f"{name}: summary", str(view.folder / "summary.json"), "no row for this candidate"))
+    c.decision = ((view.decision or {}).get("candidates") or {}).get(name)
+    if view.decision is not None and c.decision is None:
+        view.gaps.append(Gap(f"{name}: decision", str(view.folder / "decision.json"), "no decision for this candidate"))
+    c.compare = _read(view, view.folder / "compare" / f"{name}.json", f"{name}: comparison")
+    recall = folder / "recall"
+    want_recall = _optional(view, "recall") or recall.is_dir()
+    c.recall_cells = _read(view, recall / "cells.json", f"{name}: recall cells", required=want_recall)
+    c.recall_delta = _read(view, recall / "delta.json", f"{name}: recall delta", required=want_recall)
+    for key in ("heatmap", "delta_heatmap"):
+        if (recall / f"{key}.png").is_file():
+            c.heatmaps[key] = recall / f"{key}.png"
+        elif want_recall:
+            view.gaps.append(Gap(f"{name}: recall {key.replace('_', ' ')}", str(recall / f"{key}.png"), "missing file"))
+    c.pay_off = _read(view, folder / "pay_off.json", f"{name}: perf ratios", required=_optional(view, "perf"))
+    judge = folder / "judge"
+    c.judge_dir = judge if judge.is_dir() else None
+    c.judge = _read(view, judge / "report.json", f"{name}: judge report", required=_optional(view, "judge") or judge.is_dir())
+    c.human = _read(view, judge / "human.json", f"{name}: human review", required=False)
+    c.review_key = _read(view, judge / "review_key.json", f"{name}: review key", required=False)
+    return c
+
+
+def load_run(folder: Path | str) -> RunView:
+    """Everything a run folder holds, with gaps for what is missing or corrupt."""
+    folder = Path(folder)
+    view = RunView(folder=folder, run_id=folder.name, started="")
+    view.run = _read(view, folder / "run.json", "run record")
+    view.summary = _read(view, folder / "summary.json", "summary")
+    view.decision = _read(view, folder / "decision.json", "decision")
+    view.started = _started(folder, view.run_id, view.decision)
+    view.variants[BASELINE] = _variant(view, BASELINE)
+    for name in _candidate_names(view):
+        view.variants[name] = _variant(view, name)
+        view.candidates[name] = _candidate(view, name)
+    if not view.candidates:
+        view.gaps.append(Gap("candidates", str(folder), "no candidate found (no compare/, summary or spec schemes)"))
+    return view
+
+
+def is_run(folder: Path) -> bool:
+    return folder.is_dir() and (folder / "run.json").is_file()
+
+
+def run_folders(results: Path) -> list[Path]:
+    runs = results / "runs"
+    return sorted(p for p in runs.iterdir() if is_run(p)) if runs.is_dir() else []

@@ -1,0 +1,1 @@
+"""What the release targets: hardware profiles, a model's shape and weight bytes, and the model catalogue."""

