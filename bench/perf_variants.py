@@ -26,7 +26,7 @@ from quantgate.perf.models import PerfResult
 from quantgate.perf.probe import probe
 from quantgate.serving.server import ServerConfig, VLLMServer
 
-# CPU serving arguments: eager BF16 serves the demo model correctly (docs/design.md, "Measured facts"; compiled BF16 does not)
+# CPU serving arguments: eager BF16 serves the demo model correctly (docs/design.md, 'Measured facts'; compiled BF16 does not)
 CPU_ARGS = ["--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "2048"]
 
 

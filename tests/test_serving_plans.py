@@ -24,7 +24,7 @@ def chat(srv, name: str, **extra) -> httpx.Response:
 
 @pytest.mark.slow
 def test_pipeline_parallel_plan_is_served_and_answers(demo_model, tmp_path):
-    # One replica must span both CPU workers; 9 heads rule out TP=2, so the planner picks PP=2 (docs/design.md, "Measured facts": compiled FP32).
+    # One replica must span both CPU workers; 9 heads rule out TP=2, so the planner picks PP=2 (docs/design.md, 'Measured facts': compiled FP32).
     plan = build_plan(demo_model, "x86-cpu", context=2048, concurrency=4, replicas=1)
     assert (plan.layout.tp, plan.layout.pp) == (1, 2)
     cfg = config_from_plan(plan, demo_model, "demo-pp")

@@ -79,7 +79,7 @@ def multi_node(lay: Layout, per_node: list[list[int]], gpus: int, req: PlanReque
                      f"{' or '.join(nccl.look_for)}, not {' / '.join(nccl.bad)} (a silent TCP fallback is an order "
                      "of magnitude slower)")
     else:
-        notes.append("Ray is not offered: vLLM refuses the Ray executor on CPU (docs/design.md, "Measured facts"); use the native commands")
+        notes.append("Ray is not offered: vLLM refuses the Ray executor on CPU (docs/design.md, 'Measured facts'); use the native commands")
         notes.append("CPU ranks talk over gloo, not NCCL: no transport check applies")
     return MultiNode(nodes=m, native=native, ray=ray, nccl_check=nccl, notes=notes)
 

@@ -255,16 +255,16 @@ def plan(req: PlanRequest, policy: PlannerPolicy) -> Plan:
             args["--dtype"] = policy.cpu_dtype
             decisions.append(Decision(topic="cpu", choice=f"--dtype {policy.cpu_dtype}",
                                       reason="BF16 serving on this CPU did not match transformers' greedy output "
-                                             f"(docs/design.md, "Measured facts"; tests/conftest.py); {policy.cpu_dtype} did. Weights and KV "
+                                             f"(docs/design.md, 'Measured facts'; tests/conftest.py); {policy.cpu_dtype} did. Weights and KV "
                                              "are counted at that width"))
         if lay.pp > 1:
             decisions.append(Decision(topic="cpu", choice="compiled, no --enforce-eager",
-                                      reason="PP=2 in eager mode crashed on the first request (docs/design.md, "Measured facts")"))
+                                      reason="PP=2 in eager mode crashed on the first request (docs/design.md, 'Measured facts')"))
         else:
             args["--enforce-eager"] = True
             decisions.append(Decision(topic="cpu", choice="--enforce-eager",
                                       reason="start-up in about 30 s instead of 100-120 s compiled; eager output matched "
-                                             "the reference (docs/design.md, "Measured facts")"))
+                                             "the reference (docs/design.md, 'Measured facts')"))
         if not cap.fits:
             warnings.append("the configured VLLM_CPU_KVCACHE_SPACE holds fewer requests than the target")
     reps = replica_plans(lay, cap, replicas, gpus, req, policy, args, decisions)
