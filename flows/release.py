@@ -6,7 +6,8 @@
               -> compare with the baseline -> judge (spec.judge) -> gate (policy); a ladder stops at the first PROMOTE
          -> promote -> report (HTML, Markdown artifact, results DB)
 
-The flow run ends Failed when no candidate is promoted (REJECT), so pipelines can branch on its state.
+The flow run ends Failed when no candidate is promoted, named "Rejected" (harm detected) or "Inconclusive" (too
+little evidence to decide), so pipelines can branch on its state.
 
 Orchestration only: every step is a call into `quantgate`. Run it with `quantgate release SPEC`, as a Prefect
 deployment (prefect.yaml), or directly: `python flows/release.py releases/demo.yaml`.
@@ -45,10 +46,12 @@ def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path) -> rel.
 # Prefect's print capture would turn into pages of bytecode in the run log; our own messages go through `log`
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE, log_prints=False)
 def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parity: bool,
-                       tokenizer: Path | None = None) -> rel.Evidence:
-    """Plan, serve, check the engine, run the eval sets, recall grid and perf probe, stop the server (cached: no server)."""
+                       tokenizer: Path | None = None, reference: dict[str, Path] | None = None) -> rel.Evidence:
+    """Plan, serve, check the engine, run the eval sets, fidelity, recall grid and perf probe, stop the server
+    (cached: no server). Candidates score the baseline's answers for fidelity (`reference`)."""
     with timed(run, f"serve and measure {variant.name}"):
-        return rel.serve_and_evaluate(spec, variant, run, parity=parity, tokenizer=tokenizer, log=get_run_logger().info)
+        return rel.serve_and_evaluate(spec, variant, run, parity=parity, tokenizer=tokenizer, reference=reference,
+                                      log=get_run_logger().info)
 
 
 @task(cache_policy=NO_CACHE)
@@ -93,7 +96,8 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
     variants, cand_ev, comparisons, decisions = {}, [], {}, []
     while rung := rel.next_schemes(s, decisions):
         candidates = [quantize(s, model_dir, scheme, run) for scheme in rung]
-        evidence = [serve_and_evaluate(s, c, run, parity=False, tokenizer=model_dir) for c in candidates]
+        evidence = [serve_and_evaluate(s, c, run, parity=False, tokenizer=model_dir, reference=base_ev.evals)
+                    for c in candidates]
         comparisons |= {c.variant.name: compare(base_ev, c, run) for c in evidence}
         if s.judge is not None:
             judged = judge(s, run, base_ev, evidence, return_state=True)
@@ -107,7 +111,9 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
     create_markdown_artifact(key=f"release-{s.name}", markdown=report(run),
                              description=f"quantgate release {s.name}: {summary['decision']} ({run / 'report.html'})")
     message = f"{summary['decision']}: {run / 'summary.json'}"
-    return Completed(message=message, data=summary) if summary["promoted"] else Failed(message=message, data=summary)
+    if summary["promoted"]:
+        return Completed(message=message, data=summary)
+    return Failed(name="Rejected" if summary["decision"] == "REJECT" else "Inconclusive", message=message, data=summary)
 
 
 if __name__ == "__main__":

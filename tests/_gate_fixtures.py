@@ -11,6 +11,8 @@ from pathlib import Path
 
 from quantgate.evals.compare import compare_runs, summarize
 from quantgate.evals.metrics import load_table
+from quantgate.fidelity.core import SampleFidelity
+from quantgate.fidelity.core import summarize as summarize_fidelity
 from quantgate.recall import score as recall_score
 
 # category -> metrics, as in eval_sets/default.jsonl
@@ -87,9 +89,18 @@ def judge_report(path: Path, *, reliable: bool = True, net: float = 0.0, lower: 
     })
 
 
+def fidelity_file(path: Path, kl: float, top1: float = 0.97, n: int = 80, tokens: int = 60) -> Path:
+    """Per-sample fidelity as the release's fidelity step writes it (a spread of KL over samples)."""
+    samples = [SampleFidelity(id=f"s{i:03d}", category=list(CATEGORY_METRICS)[i % 6], n_tokens=tokens,
+                              kl_sum=kl * tokens * (0.5 + (i % 5) / 4), top1_agree=round(top1 * tokens),
+                              dnll_sum=kl * tokens, kl_max=kl * 3) for i in range(n)]
+    return _dump(path, {"summary": summarize_fidelity(samples).model_dump(mode="json"),
+                        "samples": [s.model_dump(mode="json") for s in samples]})
+
+
 def make_run(root: Path, cand_name: str = "w4a16-gptq", *, lose: dict[str, int] | None = None, parity: str = "pass",
              failed: int = 0, recall_lose: int = 0, judge: dict | None = None, throughput_ratio: float | None = 1.4,
-             base_size: int = 1000, cand_size: int = 400) -> Path:
+             base_size: int = 1000, cand_size: int = 400, kl: float | None = 0.003) -> Path:
     """A complete run folder for one candidate; the defaults give a candidate the default policy promotes."""
     run = root / "run"
     base, cand = records(lose=lose)
@@ -109,6 +120,9 @@ def make_run(root: Path, cand_name: str = "w4a16-gptq", *, lose: dict[str, int] 
     judge_report(run / cand_name / "judge" / "report.json", **(judge or {}))
     if throughput_ratio is not None:
         _dump(run / cand_name / "pay_off.json", {"throughput_ratio": throughput_ratio, "source": "perf probe"})
+    if kl is not None:
+        fidelity_file(run / "fidelity" / f"{cand_name}.json", kl)
+        fidelity_file(run / "fidelity" / "floor.json", 0.0002, top1=0.998)
     return run
 
 

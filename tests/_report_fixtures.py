@@ -1,22 +1,42 @@
 """Complete release run folders for the store, report and dashboard tests: the gate fixtures' evidence (real
 comparison, recall delta) plus what a finished release adds (gate decision, summary, heatmaps, judge report with
-human review, perf ratios), under <results>/runs/<run-id>/."""
+human review, perf ratios, optionally fidelity files), under <results>/runs/<run-id>/.
+
+The gate decision is written here in the gate's schema 2 (quantgate.gate.models validates it: a shape change there
+fails these fixtures) from the comparison's figures by a few fixed rules, rather than by the gate itself, so the
+report tests see known outcomes: a check fails when its drop is beyond the limit with significant harm, and is
+inconclusive when the drop is beyond a limit that lies below the minimum detectable drop without significant harm.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import json
+import math
 import shutil
 from pathlib import Path
+from statistics import NormalDist
 
-from _gate_fixtures import make_run
+from _gate_fixtures import make_run, records
 
 from quantgate.base.paths import RELEASES
-from quantgate.gate.evidence import gate_run
+from quantgate.evals.compare import compare_runs
+from quantgate.evals.metrics import load_table
+from quantgate.gate.models import Check, Decision, OperatingCharacteristics, Power
 from quantgate.recall import score as recall_score
 from quantgate.recall.run import heatmap
 
 POLICY = RELEASES / "policies" / "default.yaml"
 CAND = "w4a16-gptq"
+HOSTILE = '<img src=x onerror="alert(1)"> | [click](http://evil.example) & `code`'
+PRIMARY = {"exact_match": 0.03, "numeric_match": 0.03, "choice_accuracy": 0.03}      # max relative drop (w4a16)
+CATEGORIES = {"proper_nouns": ("exact_match", 0.08), "arithmetic_numbers": ("numeric_match", 0.08),
+              "multilingual": ("chrf", 0.08)}
+ALPHA, POWER = 0.05, 0.8
+OPERATING = OperatingCharacteristics(
+    false_reject_bound=0.05, false_promote_at_limit=0.05, power=POWER,
+    note="Harm tests are Holm-corrected; a check whose limit lies below its MDD only detects harm.")
 
 
 def _dump(path: Path, data) -> Path:
@@ -39,14 +59,142 @@ def judge_report(net: float = 0.02) -> dict:
                            "worst_losses": []}}
 
 
-def release_run(results: Path, run_id: str, *, lose: dict[str, int] | None = None, recall_lose: int = 0,
-                model: str = "demo", hardware: str = "x86-cpu", throughput_ratio: float = 1.4, human: bool = True) -> Path:
-    """A finished release run at <results>/runs/<run_id>, gated with the default policy."""
-    work = results / "work" / run_id
-    built = make_run(work, CAND, lose=lose, recall_lose=recall_lose, throughput_ratio=throughput_ratio)
-    run = results / "runs" / run_id
-    run.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(built), run)
+# --- the comparison, with gains and untrusted outputs -------------------------------------------------------------
+
+def recompare(run: Path, lose: dict[str, int] | None, gain: dict[str, int], hostile: bool) -> None:
+    """Rewrite compare/<CAND>.json from records where the candidate also gets right `gain[category]` samples the
+    baseline had wrong; `hostile` puts HTML and Markdown syntax into the first lost sample's output."""
+    base, cand = records(lose=lose)
+    for cat, k in gain.items():
+        wrong = [(b, c) for b, c in zip(base, cand) if b["category"] == cat and not any(b["scores"].values())]
+        for b, c in wrong[:k]:
+            c["scores"] = {m: 0.8 if m in ("chrf", "rouge_l") else 1.0 for m in b["scores"]}
+            c["output"] = f"gained {b['id']}"
+    if hostile:
+        lost = next(c for b, c in zip(base, cand) if b["output"] != c["output"] and not c["output"].startswith("gained"))
+        lost["output"] = HOSTILE
+    table = load_table()
+    refs = {r["id"]: [f"reference of {r['id']}"] for r in base}
+    cmp_ = compare_runs(base, cand, {m: table[m] for m in sorted({m for r in base for m in r["scores"]})}, n_boot=500,
+                        references=refs)
+    _dump(run / "compare" / f"{CAND}.json", {"default": cmp_})
+
+
+# --- the gate decision (schema 2) ---------------------------------------------------------------------------------
+
+def _power(s: dict, limit: float) -> Power:
+    n, base = s["n"], s["base_mean"] or 1.0
+    z = NormalDist().inv_cdf(1 - ALPHA) + NormalDist().inv_cdf(POWER)
+    spread = math.sqrt(max(s["discordance"], 1 / n)) if s.get("discordance") is not None else (s.get("sd_diff") or 0.0)
+    mdd = z * spread / math.sqrt(n) / base
+    below = limit < mdd
+    return Power(n=n, alpha=ALPHA, mdd=mdd, power=POWER, discordance=s.get("discordance"), p_harm=s.get("p_harm"),
+                 role="harm" if below else "non-inferiority", limit_below_mdd=below,
+                 needs_samples=math.ceil(n * (mdd / limit) ** 2) if below else None)
+
+
+def _stat_check(name: str, s: dict, limit: float, file: Path) -> Check:
+    drop = -s["ci_low"] / s["base_mean"] + 0.0
+    p = _power(s, limit)
+    harm = (s.get("p_harm") or 1.0) <= ALPHA
+    outcome = "pass" if drop <= limit else ("inconclusive" if p.limit_below_mdd and not harm else "fail")
+    reason = {"pass": f"relative drop {drop:.4f} at the CI's worst end is within the limit {limit}",
+              "fail": f"relative drop {drop:.4f} is beyond the limit {limit} and the harm test is significant "
+                      f"(p={s.get('p_harm', 0):.3g})",
+              "inconclusive": f"relative drop {drop:.4f} is beyond the limit {limit}, but the limit lies below the "
+                              f"minimum detectable drop {p.mdd:.4f} at n={p.n} and no harm is significant"}[outcome]
+    return Check(name=name, measured=round(drop, 6), limit=limit, bound="ci", required=True, outcome=outcome,
+                 evidence_file=str(file), reason=reason, power=p)
+
+
+def _fixed_checks(run: Path, fidelity: bool) -> list[Check]:
+    delta = json.loads((run / CAND / "recall" / "delta.json").read_text())["overall"]["delta"]
+    rdrop = round(-delta, 9) + 0.0
+    out = [Check(name="recall:recall", measured=rdrop, limit=0.05, bound="point", required=True,
+                 outcome="pass" if rdrop <= 0.05 else "fail", evidence_file=str(run / CAND / "recall" / "delta.json"),
+                 reason=f"recall drop {rdrop:.3f} against the limit 0.05"),
+           Check(name="engine_parity", measured="pass", limit="pass", required=True, outcome="pass",
+                 evidence_file=str(run / "baseline" / "evidence.json"), reason="the baseline reproduces the reference"),
+           Check(name="error_rate", measured=0.0, limit=0.02, required=True, outcome="pass", reason="no failed request"),
+           Check(name="pay_off:size_ratio", measured=0.4, limit=0.8, required=True, outcome="pass",
+                 evidence_file=str(run / CAND / "evidence.json"), reason="the checkpoint is 0.4 of the baseline's size"),
+           Check(name="judge:non_inferiority", measured=-0.04, limit=-0.05, bound="ci", required=False, outcome="pass",
+                 evidence_file=str(run / CAND / "judge" / "report.json"), reason="the judge finds it non-inferior")]
+    if fidelity:
+        f = str(run / "fidelity" / f"{CAND}.json")
+        out += [Check(name="fidelity:kl", measured=0.015, limit=0.02, required=True, outcome="pass", evidence_file=f,
+                      reason="KL upper bound 0.015 is within 0.02 (floor 0.00055)"),
+                Check(name="fidelity:top1", measured=0.955, limit=0.95, required=True, outcome="pass", evidence_file=f,
+                      reason="top-1 agreement lower bound 95.5% is within 95%")]
+    return out
+
+
+def decide(run: Path, *, fidelity: bool = False) -> Decision:
+    """The candidate's schema-2 decision from the run's comparison and recall files (see the module docstring)."""
+    file = run / "compare" / f"{CAND}.json"
+    rep = json.loads(file.read_text())["default"]
+    checks = [_stat_check(f"primary:default/{m}", rep["metrics"][m]["overall"], lim, file)
+              for m, lim in PRIMARY.items() if m in rep["metrics"]]
+    checks += [_stat_check(f"category:default/{cat}/{m}", rep["metrics"][m]["by_category"][cat], lim, file)
+               for cat, (m, lim) in CATEGORIES.items()]
+    checks += _fixed_checks(run, fidelity)
+    failed = [c for c in checks if c.outcome == "fail"]
+    undecided = [c for c in checks if c.outcome == "inconclusive"]
+    verdict = "REJECT" if failed else "INCONCLUSIVE" if undecided else "PROMOTE"
+    needs = max((c.power.needs_samples or 0 for c in undecided if c.power), default=0)
+    digest = hashlib.sha256(POLICY.read_bytes()).hexdigest()
+    return Decision(decision=verdict, candidate=CAND, scheme=CAND, family="w4a16",
+                    policy={"name": "default", "version": 1, "file": str(POLICY), "sha256": digest},
+                    checks=checks, reasons=[c.reason for c in failed or undecided],
+                    needs=f"about {needs} paired samples" if verdict == "INCONCLUSIVE" and needs else None,
+                    operating=OPERATING)
+
+
+def write_decision(run: Path, d: Decision) -> None:
+    """decision.json as quantgate.gate.evidence.write_decision lays it out, and the candidate's own copy."""
+    _dump(run / "decision.json", {
+        "schema_version": d.schema_version, "decision": d.decision, "promoted": CAND if d.promoted else None,
+        "run": str(run), "policy": d.policy, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "candidates": {CAND: d.model_dump(mode="json")}})
+    _dump(run / CAND / "decision.json", d.model_dump(mode="json"))
+
+
+def as_schema1(run: Path) -> None:
+    """Rewrite decision.json as an old (schema 1) gate wrote it: checks with `passed` only, PROMOTE or REJECT."""
+    doc = json.loads((run / "decision.json").read_text())
+    for d in doc["candidates"].values():
+        d["checks"] = [{k: c[k] for k in ("name", "measured", "limit", "required", "passed", "evidence_file", "reason")}
+                       for c in d["checks"]]
+        d.pop("needs", None), d.pop("operating", None), d.pop("schema_version", None)
+        d["decision"] = "PROMOTE" if d["decision"] == "PROMOTE" else "REJECT"
+    doc["schema_version"] = 1
+    doc["decision"] = "PROMOTE" if doc["decision"] == "PROMOTE" else "REJECT"
+    (run / "decision.json").write_text(json.dumps(doc))
+
+
+# --- fidelity -----------------------------------------------------------------------------------------------------
+
+def _iv(mean: float, low: float, high: float) -> dict:
+    return {"mean": mean, "low": low, "high": high, "level": 0.9}
+
+
+def fidelity_doc(scale: float, top1: float) -> dict:
+    """A fidelity file (quantgate.fidelity): per-category summaries, the worst samples and per-sample rows."""
+    cats = {cat: {"n_samples": 10, "n_tokens": 400, "kl": _iv(scale * k / 4, scale * k / 5, scale * k / 3),
+                  "top1": _iv(top1, top1 - 0.01, min(top1 + 0.01, 1.0)), "dnll": _iv(scale / 3, 0.0, scale / 2)}
+            for k, cat in enumerate(["arithmetic_numbers", "factual_qa", "multilingual", "proper_nouns"], 1)}
+    cats["arithmetic_numbers"]["kl"] = _iv(scale * 2.1, scale * 1.6, scale * 2.7)
+    worst = [{"id": f"arithmetic_numbers-{i:03d}", "category": "arithmetic_numbers", "kl_mean": scale * (8 - i),
+              "top1": top1 - 0.1, "dnll_mean": scale * 2, "n_tokens": 40} for i in range(3)]
+    return {"summary": {"n_samples": 40, "n_tokens": 1600, "kl": _iv(scale, scale * 0.82, scale * 1.22),
+                        "top1": _iv(top1, top1 - 0.007, min(top1 + 0.007, 1.0)), "dnll": _iv(scale / 3, scale / 10, scale / 2),
+                        "by_category": cats, "worst": worst},
+            "samples": [{"id": w["id"], "category": w["category"], "n_tokens": 40, "kl_mean": w["kl_mean"]} for w in worst]}
+
+
+# --- the run -------------------------------------------------------------------------------------------------------
+
+def _recall_extras(run: Path) -> None:
     rdir = run / CAND / "recall"
     delta = json.loads((rdir / "delta.json").read_text())
     delta["baseline"] = str(run / "baseline" / "recall")
@@ -56,6 +204,34 @@ def release_run(results: Path, run_id: str, *, lose: dict[str, int] | None = Non
     _dump(rdir / "cells.json", {"model": CAND, **cells})
     heatmap(cells["cells"], rdir / "heatmap.png", f"recall: {CAND}")
     heatmap(delta["cells"], rdir / "delta_heatmap.png", "recall delta", value="delta", delta=True)
+
+
+def _summary(run: Path, run_id: str, model: str, hardware: str, d: Decision) -> None:
+    cmp_ = json.loads((run / "compare" / f"{CAND}.json").read_text())
+    metrics = {f"{s}/{m}": v["overall"] for s, r in cmp_.items() for m, v in r["metrics"].items()}
+    _dump(run / "summary.json", {
+        "release": "demo", "run": run_id, "model": model, "hardware": hardware,
+        "baseline": {"size_bytes": 1000, "parity": {"verdict": "pass", "reason": "parity pass"}},
+        "candidates": {CAND: {"scheme": CAND, "size_bytes": 400, "size_ratio": 0.4, "metrics": metrics,
+                              "regressions": sum(len(r["regressions"]) for r in cmp_.values()),
+                              "decision": d.decision, "reasons": d.reasons, "registry": None}},
+        "decision": d.decision, "promoted": [CAND] if d.promoted else [], "policy": d.policy})
+
+
+def release_run(results: Path, run_id: str, *, lose: dict[str, int] | None = None, recall_lose: int = 0,
+                model: str = "demo", hardware: str = "x86-cpu", throughput_ratio: float = 1.4, human: bool = True,
+                gain: dict[str, int] | None = None, hostile: bool = False, fidelity: bool = False) -> Path:
+    """A finished release run at <results>/runs/<run_id> with its gate decision. `gain`: samples the candidate gets
+    right that the baseline had wrong, per category; `hostile`: HTML in a lost sample's output; `fidelity`:
+    fidelity/<CAND>.json and fidelity/floor.json."""
+    work = results / "work" / run_id
+    built = make_run(work, CAND, lose=lose, recall_lose=recall_lose, throughput_ratio=throughput_ratio)
+    run = results / "runs" / run_id
+    run.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(built), run)
+    if gain or hostile:
+        recompare(run, lose, gain or {}, hostile)
+    _recall_extras(run)
     _dump(run / "run.json", {"spec": {"name": "demo", "model": model, "hardware": hardware, "schemes": [CAND],
                                       "recall": {"lengths": [1024]}, "perf": {"concurrency": [8]}, "judge": "judges/pairwise.md"},
                              "git": {"commit": "0123456789abcdef0123", "dirty": False},
@@ -69,15 +245,17 @@ def release_run(results: Path, run_id: str, *, lose: dict[str, int] | None = Non
             "n_exported": 50, "n_reviewed": 48, "n_blank": 2,
             "rates": {"win": {"count": 14, "rate": 14 / 48, "ci_low": 0.18, "ci_high": 0.43}},
             "agreement": {"n": 48, "agree": 40, "rate": 40 / 48, "ci_low": 0.7, "ci_high": 0.91}})
-    decisions, _ = gate_run(run, POLICY)
-    cmp_ = json.loads((run / "compare" / f"{CAND}.json").read_text())
-    metrics = {f"{s}/{m}": v["overall"] for s, r in cmp_.items() for m, v in r["metrics"].items()}
-    d = decisions[0]
-    _dump(run / "summary.json", {
-        "release": "demo", "run": run_id, "model": model, "hardware": hardware,
-        "baseline": {"size_bytes": 1000, "parity": {"verdict": "pass", "reason": "parity pass"}},
-        "candidates": {CAND: {"scheme": CAND, "size_bytes": 400, "size_ratio": 0.4, "metrics": metrics,
-                              "regressions": sum(len(r["regressions"]) for r in cmp_.values()),
-                              "decision": d.decision, "reasons": d.reasons, "registry": None}},
-        "decision": d.decision, "promoted": [CAND] if d.promoted else [], "policy": d.policy})
+    if fidelity:
+        _dump(run / "fidelity" / f"{CAND}.json", fidelity_doc(0.0123, 0.962))
+        _dump(run / "fidelity" / "floor.json", fidelity_doc(0.00045, 0.998))
+    d = decide(run, fidelity=fidelity)
+    write_decision(run, d)
+    _summary(run, run_id, model, hardware, d)
     return run
+
+
+def inconclusive_run(results: Path, run_id: str, **kw) -> Path:
+    """Schema 2 at full stretch: one check inconclusive with its power (the limit below the MDD), fidelity with its
+    noise floor, regressions and gains, and a model output full of HTML."""
+    return release_run(results, run_id, lose={"arithmetic_numbers": 1}, gain={"factual_qa": 2, "arithmetic_numbers": 1},
+                       hostile=True, fidelity=True, **kw)

@@ -1,4 +1,4 @@
-"""`quantgate gate`: exit 0 on PROMOTE, 1 on REJECT, 2 on bad input; decision.json written."""
+"""`quantgate gate`: exit 0 on PROMOTE, 3 on REJECT, 4 on INCONCLUSIVE, 2 on bad input; decision.json written."""
 
 from __future__ import annotations
 
@@ -26,8 +26,11 @@ def invoke(*args):
 
 @pytest.mark.parametrize("run_kw, code, words", [
     ({}, 0, "decision: PROMOTE w4a16-gptq"),
-    ({"lose": {"arithmetic_numbers": 6}}, 1, "[FAIL] category:default/arithmetic_numbers/numeric_match"),
-    ({"parity": "fail"}, 1, "[FAIL] engine_parity"),
+    ({"lose": {"arithmetic_numbers": 10}}, 3, "[FAIL] category:default/arithmetic_numbers/numeric_match"),
+    ({"lose": {"arithmetic_numbers": 6}}, 3, "[FAIL] pooled:default"),   # only the pooled test sees 6 of 250
+    ({"parity": "fail"}, 3, "[FAIL] engine_parity"),
+    ({"kl": 0.2}, 3, "[FAIL] fidelity:kl"),
+    ({"kl": None}, 4, "[UNSURE] fidelity"),
     ({"throughput_ratio": None}, 0, "[pass] pay_off:size_ratio"),
 ])
 def test_exit_code_follows_the_decision(tmp_path, run_kw, code, words):
@@ -36,14 +39,14 @@ def test_exit_code_follows_the_decision(tmp_path, run_kw, code, words):
     assert r.exit_code == code, r.output
     assert words in r.output
     doc = json.loads((run / "decision.json").read_text())
-    assert doc["decision"] == ("PROMOTE" if code == 0 else "REJECT")
+    assert doc["decision"] == {0: "PROMOTE", 3: "REJECT", 4: "INCONCLUSIVE"}[code]
 
 
 def test_candidate_and_out(tmp_path):
     run = make_run(tmp_path)
     out = tmp_path / "elsewhere" / "d.json"
     r = invoke("--policy", DEFAULT, "--evidence", run, "--candidate", "int8-w8a8", "--out", out)
-    assert r.exit_code == 1 and "missing evidence (required)" in r.output
+    assert r.exit_code == 4 and "missing evidence (required)" in r.output
     assert json.loads(out.read_text())["candidates"].keys() == {"int8-w8a8"}
     assert not (run / "decision.json").exists()
 
@@ -71,7 +74,7 @@ def test_bad_run_folder_exits_2(tmp_path):
 
 
 def test_registered_in_the_quantgate_command(tmp_path):
-    run = make_run(tmp_path, lose={"proper_nouns": 6})
-    cmd = [sys.executable, "-m", "quantgate.cli.main", "gate", "--policy", str(DEFAULT), "--evidence", str(run)]
+    run = make_run(tmp_path, lose={"proper_nouns": 10})
+    cmd = [sys.executable, "-m", "quantgate.cli", "gate", "--policy", str(DEFAULT), "--evidence", str(run)]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 1 and "decision: REJECT" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 3 and "decision: REJECT" in p.stdout, p.stdout + p.stderr

@@ -10,7 +10,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 from _cdp import Browser, chromium
-from _report_fixtures import CAND, release_run
+from _report_fixtures import CAND, inconclusive_run, release_run
 from typer.testing import CliRunner
 
 from quantgate.cli.main import app
@@ -19,7 +19,8 @@ RUNS = {"demo-20261101T100000Z": dict(lose={"proper_nouns": 6}, recall_lose=2),
         "demo-20261102T100000Z": {},
         "other-20261103T100000Z": dict(model="other", hardware="x86-avx512")}
 BROKEN = "broken-20261104T100000Z"
-pytestmark = pytest.mark.slow  # a real browser; building the four runs alone takes about 6 s
+UNDECIDED = "demo-20261105T100000Z"  # INCONCLUSIVE, with fidelity, gains and a model output full of HTML
+pytestmark = pytest.mark.slow  # a real browser; building the five runs alone takes about 8 s
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,7 @@ def results(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("results")
     for run_id, kw in RUNS.items():
         release_run(root, run_id, **kw)
+    inconclusive_run(root, UNDECIDED)
     broken = release_run(root, BROKEN)
     (broken / "decision.json").unlink()
     (broken / "compare" / f"{CAND}.json").write_text("{truncated")
@@ -86,7 +88,7 @@ def test_dashboard_and_reports_from_disk(browser, results):
     index = results / "dashboard" / "index.html"
     links = check_page(browser, index.as_uri())
     reports = {_file_of(u) for u in links}
-    assert reports == {results / "runs" / r / "report.html" for r in [*RUNS, BROKEN]}
+    assert reports == {results / "runs" / r / "report.html" for r in [*RUNS, UNDECIDED, BROKEN]}
     for report in sorted(reports):
         for url in check_page(browser, report.as_uri()):
             path = _file_of(url)
@@ -106,15 +108,33 @@ def _select(browser: Browser, key: str, value: str) -> int:
 
 def test_dashboard_filters(browser, results):
     browser.open((results / "dashboard" / "index.html").as_uri())
-    assert _select(browser, "model", "") == 4
+    assert _select(browser, "model", "") == 5
     assert _select(browser, "model", "other") == 1
     assert browser.evaluate("document.querySelectorAll('.trend:not([hidden])').length") == 1
-    assert _select(browser, "model", "demo") == 3
+    assert _select(browser, "model", "demo") == 4
     # demo-20261102 (no losses) and the broken run, whose summary.json still records its PROMOTE
     assert _select(browser, "decision", "PROMOTE") == 2
     assert _select(browser, "decision", "REJECT") == 1
+    assert _select(browser, "decision", "INCONCLUSIVE") == 1
+    assert browser.evaluate("document.querySelector('#runs tr.f:not([hidden]) td:nth-child(3)').innerText") \
+        .startswith(UNDECIDED)
     assert _select(browser, "hardware", "x86-avx512") == 0
     assert browser.problems() == []
+
+
+BADGE_COLOUR = "getComputedStyle(document.querySelector('.badge.{}')).backgroundColor"
+
+
+def test_inconclusive_badge_colour_and_report(browser, results):
+    browser.open((results / "dashboard" / "index.html").as_uri())
+    colours = {d: browser.evaluate(BADGE_COLOUR.format(d)) for d in ("PROMOTE", "REJECT", "INCONCLUSIVE")}
+    assert len(set(colours.values())) == 3, colours
+    check_page(browser, (results / "runs" / UNDECIDED / "report.html").as_uri())  # the HTML output stays text
+    assert browser.evaluate(BADGE_COLOUR.format("INCONCLUSIVE")) == colours["INCONCLUSIVE"]
+    assert browser.evaluate("document.getElementById('decision').innerText") == "INCONCLUSIVE"
+    assert browser.evaluate("document.querySelectorAll('table.flips tr.regression, table.flips tr.gain').length") == 4
+    assert "onerror" in browser.evaluate("document.querySelector('table.flips tr.regression').innerText")
+    assert browser.evaluate("document.querySelectorAll('table.fidelity tr').length") == 4
 
 
 def test_served_on_loopback(browser, results):
@@ -130,7 +150,7 @@ def test_served_on_loopback(browser, results):
     try:
         base = f"http://127.0.0.1:{port}"
         links = check_page(browser, f"{base}/dashboard/index.html")
-        assert len(links) == len(RUNS) + 1
+        assert len(links) == len(RUNS) + 2
         with httpx.Client(timeout=10) as client:
             for report in links:
                 assert report.startswith(base + "/runs/"), report

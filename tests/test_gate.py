@@ -1,4 +1,4 @@
-"""The promotion gate (pure): every check, the ci/point bound, every fail-closed path; and policy files."""
+"""The promotion gate (pure): every check, the ci/point bound, the three outcomes, every fail-closed path; policy files."""
 
 from __future__ import annotations
 
@@ -24,13 +24,21 @@ POLICY = {
     "error_rate": {"max": 0.02},
     "engine_parity": {},
     "pay_off": {"max_size_ratio": 0.8, "min_throughput_ratio": 1.0, "required": False},
+    "pooled": {"required": True},
+    "fidelity": {"families": {"fp8": {"max_kl": 0.01, "min_top1": 0.95}, "w4a16": {"max_kl": 0.05, "min_top1": 0.9}}},
 }
 
 
-def stat(base=0.8, delta=-0.004, lo=-0.016, hi=0.008, n=100, higher=True) -> dict:
-    """Primary-metric default: relative drop 0.5% (point) and 2% (CI's worst end)."""
+def stat(base=0.8, delta=-0.004, lo=-0.016, hi=0.008, n=100, higher=True, p_harm=0.6, sd=None, disc=None) -> dict:
+    """Primary-metric default: relative drop 0.5% (point) and 2% (CI's worst end), no harm detected (p=0.6)."""
     return {"n": n, "base": base, "cand": None if base is None or delta is None else base + delta, "delta": delta,
-            "ci_low": lo, "ci_high": hi, "higher_is_better": higher, "file": "compare/x.json"}
+            "ci_low": lo, "ci_high": hi, "higher_is_better": higher, "file": "compare/x.json", "p_harm": p_harm,
+            "sd_diff": sd, "discordance": disc, "binary": disc is not None}
+
+
+def fid(kl=0.005, lo=0.004, hi=0.006, top1=(0.97, 0.965, 0.975), file="fidelity/c.json") -> dict:
+    return {"n_samples": 100, "n_tokens": 5000, "kl": {"mean": kl, "low": lo, "high": hi, "level": 0.9},
+            "top1": {"mean": top1[0], "low": top1[1], "high": top1[2], "level": 0.9}, "file": file}
 
 
 def evidence() -> dict:
@@ -45,6 +53,9 @@ def evidence() -> dict:
         "error_rates": [{"name": "baseline/default", "rate": 0.0, "n": 300}, {"name": "w4a16-gptq/default", "rate": 0.01, "n": 300}],
         "size_ratio": {"value": 0.4, "file": "w4a16-gptq/evidence.json"},
         "throughput_ratio": {"value": 1.3, "file": "w4a16-gptq/pay_off.json"},
+        "pooled": {"default": stat(base=0.6, n=250, disc=0.05)},
+        "fidelity": fid(),
+        "floor": fid(kl=0.0002, lo=0.0001, hi=0.0003, top1=(0.998, 0.997, 0.999), file="fidelity/floor.json"),
     }
 
 
@@ -79,132 +90,189 @@ def test_good_evidence_promotes_with_every_check_recorded():
     d = run_gate()
     assert d.decision == "PROMOTE" and d.reasons == [] and d.family == "w4a16"
     names = {c.name.split(":")[0] for c in d.checks}
-    assert names == {"engine_parity", "error_rate", "primary", "category", "recall", "judge", "pay_off"}
+    assert names == {"engine_parity", "error_rate", "primary", "category", "recall", "judge", "pay_off", "pooled",
+                     "fidelity"}
     for c in d.checks:
         assert c.passed is True and c.reason and c.limit is not None
     assert all(c.evidence_file for c in d.checks if not c.name.startswith("error_rate"))
 
 
 S, FP8 = "scheme", ("scheme", "fp8-dynamic")
+P, F, I, K = "pass", "fail", "inconclusive", "skipped"
+HARM = ("metrics.default.exact_match.p_harm", 0.001)
+NO_FID = ("fidelity", None)
 CASES = [
-    # id, policy edits, evidence edits, check prefix, expected passed, expected decision, words in the reason
-    # --- primary metrics, bound ci vs point, per family ---
-    ("fp8-ci-fails", [], [FP8], "primary:default/exact_match", False, "REJECT", "CI's worst end 2.00% > limit 1.00%"),
-    ("fp8-point-passes", [("bound", "point")], [FP8], "primary:default/exact_match", True, "PROMOTE", "point estimate"),
-    ("check-bound-overrides-policy", [("primary.bound", "point")], [FP8], "primary:", True, "PROMOTE", "0.50%"),
-    ("w4a16-ci-passes", [], [], "primary:", True, "PROMOTE", "2.00% <= limit 3.00%"),
+    # id, policy edits, evidence edits, check prefix, expected outcome, expected decision, words in the reason
+    # --- primary metrics: within the limit, harm detected, neither (then fidelity decides), bound ci vs point ---
+    ("w4a16-ci-passes", [], [], "primary:", P, "PROMOTE", "2.00% <= limit 3.00%"),
+    ("fp8-over-limit-no-harm-fidelity-proves", [], [FP8], "primary:default/exact_match", P, "PROMOTE",
+     "fidelity carries the proof"),
+    ("fp8-over-limit-harm", [], [FP8, HARM], "primary:default/exact_match", F, "REJECT", "harm detected"),
+    ("fp8-over-limit-no-fidelity", [], [FP8, NO_FID], "primary:default/exact_match", I, "INCONCLUSIVE",
+     "needs about"),
+    ("fp8-point-passes", [("bound", "point")], [FP8], "primary:default/exact_match", P, "PROMOTE", "point estimate"),
+    ("check-bound-overrides-policy", [("primary.bound", "point")], [FP8], "primary:", P, "PROMOTE", "0.50%"),
+    ("non-inferiority-role-crossing", [], [FP8, ("metrics.default.exact_match", stat(sd=0.05, n=4000, lo=-0.016))],
+     "primary:default/exact_match", I, "INCONCLUSIVE", "crosses the limit"),
     ("lower-is-better-uses-ci-high", [], [("metrics.default.exact_match", stat(base=0.2, delta=0.0, lo=-0.5, hi=0.001,
-                                                                            higher=False))], "primary:", True, "PROMOTE", "0.50%"),
+                                                                            higher=False))], "primary:", P, "PROMOTE", "0.50%"),
     ("zero-baseline-no-drop", [], [("metrics.default.exact_match", stat(base=0.0, delta=0.0, lo=0.0, hi=0.02))],
-     "primary:", True, "PROMOTE", "0.00%"),
-    ("zero-baseline-any-drop", [], [("metrics.default.exact_match", stat(base=0.0, delta=0.0, lo=-0.01, hi=0.02))],
-     "primary:", False, "REJECT", "inf"),
-    ("unknown-scheme", [], [(S, "nvfp4")], "primary", False, "REJECT", "in no family"),
-    ("no-scheme", [], [(S, None)], "primary", False, "REJECT", "scheme is unknown"),
-    # --- fail-closed on statistical evidence ---
-    ("metric-missing", [], [("metrics", {})], "primary:exact_match", False, "REJECT", "no eval set measured exact_match"),
+     "primary:", P, "PROMOTE", "0.00%"),
+    ("zero-baseline-any-drop-harm", [], [("metrics.default.exact_match", stat(base=0.0, delta=0.0, lo=-0.01, hi=0.02,
+                                                                             p_harm=0.001))], "primary:", F, "REJECT", "inf"),
+    ("unknown-scheme", [], [(S, "nvfp4")], "primary", I, "INCONCLUSIVE", "in no family"),
+    ("no-scheme", [], [(S, None)], "primary", I, "INCONCLUSIVE", "scheme is unknown"),
+    # --- fail-closed on statistical evidence: inconclusive, not harm ---
+    ("metric-missing", [], [("metrics", {})], "primary:exact_match", I, "INCONCLUSIVE", "no eval set measured exact_match"),
     ("metric-missing-gap-reason", [], [("metrics", {}), ("gaps", {"compare": {"reason": "corrupt JSON in c.json"}})],
-     "primary:exact_match", False, "REJECT", "corrupt JSON"),
-    ("too-few-samples", [], [("metrics.default.exact_match.n", 5)], "primary:", False, "REJECT", "fewer than min_samples=10"),
+     "primary:exact_match", I, "INCONCLUSIVE", "corrupt JSON"),
+    ("too-few-samples", [], [("metrics.default.exact_match.n", 5)], "primary:", I, "INCONCLUSIVE",
+     "fewer than min_samples=10"),
     ("too-few-samples-optional", [("primary.required", False)], [("metrics.default.exact_match.n", 5)], "primary:",
-     None, "PROMOTE", "skipped"),
-    ("nan-ci", [], [("metrics.default.exact_match.ci_low", math.nan)], "primary:", False, "REJECT", "no confidence interval"),
-    ("nan-ci-point-bound", [("bound", "point")], [("metrics.default.exact_match.ci_low", math.nan)], "primary:", True,
+     K, "PROMOTE", "skipped"),
+    ("nan-ci", [], [("metrics.default.exact_match.ci_low", math.nan)], "primary:", I, "INCONCLUSIVE",
+     "no confidence interval"),
+    ("nan-ci-point-bound", [("bound", "point")], [("metrics.default.exact_match.ci_low", math.nan)], "primary:", P,
      "PROMOTE", "point"),
-    ("nan-delta-point-bound", [("bound", "point")], [("metrics.default.exact_match.delta", math.nan)], "primary:", False,
-     "REJECT", "no delta"),
-    ("relative-without-base", [], [("metrics.default.exact_match.base", None)], "primary:", False, "REJECT",
+    ("nan-delta-point-bound", [("bound", "point")], [("metrics.default.exact_match.delta", math.nan)], "primary:", I,
+     "INCONCLUSIVE", "no delta"),
+    ("relative-without-base", [], [("metrics.default.exact_match.base", None)], "primary:", I, "INCONCLUSIVE",
      "no baseline mean"),
+    # --- pooled harm test ---
+    ("pooled-harm", [], [("pooled.default.p_harm", 0.001), ("pooled.default.ci_low", -0.05)], "pooled:default", F,
+     "REJECT", "harm detected"),
+    ("pooled-missing", [], [("pooled", {})], "pooled", I, "INCONCLUSIVE", "binary-scored"),
+    ("pooled-power-stated", [], [("pooled.default.ci_low", -0.05)], "pooled:default", P, "PROMOTE", "detects drops >="),
     # --- categories ---
     ("category-family-limit", [], [("categories.default.arithmetic_numbers.numeric_match",
-                                    stat(base=0.5, delta=-0.01, lo=-0.035, n=50))], "category:", True, "PROMOTE", "limit 8.00%"),
-    ("category-default-limit", [], [FP8, ("metrics.default.exact_match.ci_low", -0.004),
-                                    ("categories.default.arithmetic_numbers.numeric_match",
-                                     stat(base=0.5, delta=-0.01, lo=-0.035, n=50))], "category:", False, "REJECT",
-     "7.00% > limit 5.00%"),
+                                    stat(base=0.5, delta=-0.01, lo=-0.035, n=50))], "category:", P, "PROMOTE", "limit 8.00%"),
+    ("category-default-limit-harm", [], [FP8, ("metrics.default.exact_match.ci_low", -0.004),
+                                         ("categories.default.arithmetic_numbers.numeric_match",
+                                          stat(base=0.5, delta=-0.01, lo=-0.035, n=50, p_harm=0.0001))],
+     "category:", F, "REJECT", "7.00%"),
     ("category-absolute-limit", [("categories.arithmetic_numbers.max_relative_drop", None),
                                  ("categories.arithmetic_numbers.max_absolute_drop", 0.015),
-                                 ("categories.arithmetic_numbers.by_family", {})], [], "category:", False, "REJECT",
+                                 ("categories.arithmetic_numbers.by_family", {})],
+     [("categories.default.arithmetic_numbers.numeric_match.p_harm", 0.0001)], "category:", F, "REJECT",
      "+0.0200 > limit 0.0150"),
-    ("category-missing", [], [("categories", {})], "category:arithmetic_numbers", False, "REJECT", "no eval set has category"),
+    ("category-missing", [], [("categories", {})], "category:arithmetic_numbers", I, "INCONCLUSIVE",
+     "no eval set has category"),
     ("category-missing-optional", [("categories.arithmetic_numbers.required", False)], [("categories", {})],
-     "category:", None, "PROMOTE", "skipped"),
+     "category:", K, "PROMOTE", "skipped"),
     # --- recall ---
-    ("recall-drop", [], [("recall.recall.ci_low", -0.08)], "recall:recall", False, "REJECT", "+0.0800 > limit 0.0500"),
-    ("recall-no-ci", [], [("recall.recall.ci_low", None)], "recall:", False, "REJECT", "no confidence interval"),
-    ("recall-no-ci-point", [("recall.bound", "point")], [("recall.recall.ci_low", None)], "recall:", True, "PROMOTE", "point"),
+    ("recall-drop-harm", [], [("recall.recall.ci_low", -0.08), ("recall.recall.p_harm", 0.0001)], "recall:recall", F,
+     "REJECT", "+0.0800 > limit 0.0500"),
+    ("recall-no-ci", [], [("recall.recall.ci_low", None)], "recall:", I, "INCONCLUSIVE", "no confidence interval"),
+    ("recall-no-ci-point", [("recall.bound", "point")], [("recall.recall.ci_low", None)], "recall:", P, "PROMOTE", "point"),
     ("recall-missing", [], [("recall", {}), ("gaps", {"recall": {"reason": "missing file r/delta.json"}})], "recall:",
-     False, "REJECT", "missing file r/delta.json"),
-    ("recall-missing-optional", [("recall.required", False)], [("recall", {})], "recall:", None, "PROMOTE", "skipped"),
-    ("recall-exact-measure", [("recall.measure", "exact")], [], "recall:exact", False, "REJECT", "no recall comparison"),
+     I, "INCONCLUSIVE", "missing file r/delta.json"),
+    ("recall-missing-optional", [("recall.required", False)], [("recall", {})], "recall:", K, "PROMOTE", "skipped"),
+    ("recall-exact-measure", [("recall.measure", "exact")], [], "recall:exact", I, "INCONCLUSIVE", "no recall comparison"),
+    # --- fidelity ---
+    ("fidelity-passes", [], [], "fidelity:kl", P, "PROMOTE", "upper bound 0.006"),
+    ("fidelity-beyond-limit", [], [FP8, ("fidelity", fid(kl=0.02, lo=0.018, hi=0.022))], "fidelity:kl", F, "REJECT",
+     "beyond the limit"),
+    ("fidelity-crossing", [], [FP8, ("fidelity", fid(kl=0.009, lo=0.007, hi=0.011))], "fidelity:kl", I, "INCONCLUSIVE",
+     "needs about"),
+    ("fidelity-top1-low", [], [("fidelity", fid(top1=(0.8, 0.78, 0.82)))], "fidelity:top1", F, "REJECT", "top-1"),
+    ("floor-too-high", [], [FP8, ("floor", fid(kl=0.008, lo=0.007, hi=0.009))], "fidelity:floor", I, "INCONCLUSIVE",
+     "cannot judge"),
+    ("floor-missing", [], [("floor", None)], "fidelity:floor", I, "INCONCLUSIVE", "no noise floor"),
+    ("fidelity-missing", [], [NO_FID, ("gaps", {"fidelity": {"reason": "missing file f.json"}})], "fidelity", I,
+     "INCONCLUSIVE", "missing file f.json"),
     # --- judge ---
-    ("judge-inferior-ci", [], [("judge.lower_bound", -0.06)], "judge:", False, "REJECT", "-0.060 <= -margin -0.050"),
-    ("judge-inferior-ci-point", [("bound", "point"), ("primary.bound", "ci")], [("judge.lower_bound", -0.06)], "judge:", True,
+    ("judge-inferior-ci", [], [("judge.lower_bound", -0.06)], "judge:", I, "INCONCLUSIVE", "-0.060 <= -margin -0.050"),
+    ("judge-harm", [], [("judge.net", -0.2), ("judge.lower_bound", -0.25)], "judge:", F, "REJECT", "prefers the baseline"),
+    ("judge-inferior-ci-point", [("bound", "point"), ("primary.bound", "ci")], [("judge.lower_bound", -0.06)], "judge:", P,
      "PROMOTE", "point estimate"),
-    ("judge-uncalibrated-optional", [], [("judge.counts_as_evidence", False), ("judge.lower_bound", -0.5)], "judge:", None,
+    ("judge-uncalibrated-optional", [], [("judge.counts_as_evidence", False), ("judge.lower_bound", -0.5)], "judge:", K,
      "PROMOTE", "failed calibration"),
-    ("judge-uncalibrated-required", [("judge.required", True)], [("judge.counts_as_evidence", False)], "judge:", False,
-     "REJECT", "failed calibration"),
+    ("judge-uncalibrated-required", [("judge.required", True)], [("judge.counts_as_evidence", False)], "judge:", I,
+     "INCONCLUSIVE", "failed calibration"),
     ("judge-not-stronger", [("judge.required", True)], [("judge.not_stronger", "the judge model is the baseline model")],
-     "judge:", False, "REJECT", "not known to be stronger"),
+     "judge:", I, "INCONCLUSIVE", "not known to be stronger"),
     ("judge-not-stronger-accepted", [("judge.required", True), ("judge.accept_not_stronger", True)],
-     [("judge.not_stronger", "same model")], "judge:", True, "PROMOTE", "lower confidence bound"),
-    ("judge-missing-required", [("judge.required", True)], [("judge", None)], "judge:", False, "REJECT", "no judge report"),
-    ("judge-too-few-pairs", [("judge.required", True)], [("judge.n", 3)], "judge:", False, "REJECT", "3 judged pairs"),
+     [("judge.not_stronger", "same model")], "judge:", P, "PROMOTE", "lower confidence bound"),
+    ("judge-missing-required", [("judge.required", True)], [("judge", None)], "judge:", I, "INCONCLUSIVE",
+     "no judge report"),
+    ("judge-too-few-pairs", [("judge.required", True)], [("judge.n", 3)], "judge:", I, "INCONCLUSIVE", "3 judged pairs"),
     # --- error rate ---
-    ("error-rate-over", [], [("error_rates.1.rate", 0.03)], "error_rate:w4a16-gptq/default", False, "REJECT",
+    ("error-rate-over", [], [("error_rates.1.rate", 0.03)], "error_rate:w4a16-gptq/default", F, "REJECT",
      "3.00% of 300 requests failed > limit 2.00%"),
-    ("error-rate-none", [], [("error_rates.1.rate", None)], "error_rate:w4a16-gptq", False, "REJECT", "no error rate"),
-    ("error-rate-no-summaries", [], [("error_rates", [])], "error_rate", False, "REJECT", "no eval summary"),
+    ("error-rate-none", [], [("error_rates.1.rate", None)], "error_rate:w4a16-gptq", I, "INCONCLUSIVE", "no error rate"),
+    ("error-rate-no-summaries", [], [("error_rates", [])], "error_rate", I, "INCONCLUSIVE", "no eval summary"),
     ("error-rate-unreadable-part", [], [("gaps", {"error_rate": {"reason": "missing file b/summary.json"}})],
-     "error_rate:unreadable", False, "REJECT", "missing file b/summary.json"),
+     "error_rate:unreadable", I, "INCONCLUSIVE", "missing file b/summary.json"),
     # --- engine parity ---
     ("parity-fail", [], [("parity.verdict", "fail"), ("parity.reason", "engine problem, not quantization")],
-     "engine_parity", False, "REJECT", "engine problem"),
-    ("parity-missing", [], [("parity", None)], "engine_parity", False, "REJECT", "no engine parity report"),
-    ("parity-missing-optional", [("engine_parity.required", False)], [("parity", None)], "engine_parity", None, "PROMOTE",
+     "engine_parity", F, "REJECT", "engine problem"),
+    ("parity-missing", [], [("parity", None)], "engine_parity", I, "INCONCLUSIVE", "no engine parity report"),
+    ("parity-missing-optional", [("engine_parity.required", False)], [("parity", None)], "engine_parity", K, "PROMOTE",
      "skipped"),
     # --- must pay off ---
-    ("size-not-smaller-enough", [], [("size_ratio.value", 0.9)], "pay_off:size_ratio", False, "REJECT", "0.900 > 0.800"),
-    ("slower", [], [("throughput_ratio.value", 0.9)], "pay_off:throughput_ratio", False, "REJECT", "0.900 < 1.000"),
-    ("no-probe-optional", [], [("throughput_ratio", None)], "pay_off:throughput_ratio", None, "PROMOTE", "skipped"),
-    ("no-probe-required", [("pay_off.required", True)], [("throughput_ratio", None)], "pay_off:throughput_ratio", False,
-     "REJECT", "missing evidence (required)"),
+    ("size-not-smaller-enough", [], [("size_ratio.value", 0.9)], "pay_off:size_ratio", F, "REJECT", "0.900 > 0.800"),
+    ("slower", [], [("throughput_ratio.value", 0.9)], "pay_off:throughput_ratio", F, "REJECT", "0.900 < 1.000"),
+    ("no-probe-optional", [], [("throughput_ratio", None)], "pay_off:throughput_ratio", K, "PROMOTE", "skipped"),
+    ("no-probe-required", [("pay_off.required", True)], [("throughput_ratio", None)], "pay_off:throughput_ratio", I,
+     "INCONCLUSIVE", "missing evidence (required)"),
 ]
 
 
-@pytest.mark.parametrize("policy_edits, evidence_edits, prefix, passed, decision, words",
+@pytest.mark.parametrize("policy_edits, evidence_edits, prefix, outcome, decision, words",
                          [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_check(policy_edits, evidence_edits, prefix, passed, decision, words):
+def test_check(policy_edits, evidence_edits, prefix, outcome, decision, words):
     d = run_gate(policy_edits, evidence_edits)
     c = check(d, prefix)
-    assert c.passed is passed, c
+    assert c.outcome == outcome, c
+    assert c.passed is {"pass": True, "skipped": None}.get(outcome, False)
     assert words in c.reason, c.reason
     assert d.decision == decision, d.reasons
-    if decision == "REJECT":
-        assert any(r.startswith(c.name) for r in d.reasons)  # the decision says which check rejected it
+    if decision != "PROMOTE":
+        assert any(r.startswith(c.name) for r in d.reasons), d.reasons  # the decision says which check decided it
+    if decision == "INCONCLUSIVE":
+        assert d.needs
+
+
+def test_statistical_checks_state_their_power():
+    d = run_gate([], [FP8, ("metrics.default.exact_match", stat(n=300, sd=0.3))])
+    c = check(d, "primary:default/exact_match")
+    assert c.power and c.power.n == 300 and c.power.role == "harm" and c.power.limit_below_mdd
+    assert c.power.mdd > 0.01 and c.power.needs_samples > 300 and 0 < c.power.alpha <= 0.05
+    pooled = check(d, "pooled:default").power
+    assert pooled.discordance == 0.05 and pooled.mdd is not None
+    assert d.operating and d.operating.false_reject_bound == 0.05 and "at most 5%" in d.operating.note
+
+
+def test_harm_tests_are_holm_corrected_within_their_group():
+    # p = 0.02 is significant alone at 0.05 * (1 - 0.6) = 0.02, but not as the smallest of three at Holm's 0.0067
+    one = run_gate([("recall", None), ("categories", {})], [FP8, ("metrics.default.exact_match.p_harm", 0.02)])
+    assert check(one, "primary:default/exact_match").outcome == "fail"
+    two = run_gate([], [FP8, ("metrics.default.exact_match.p_harm", 0.02)])
+    assert check(two, "primary:default/exact_match").outcome == "pass"
 
 
 def test_measured_and_limit_follow_the_bound():
     ci = check(run_gate([], [FP8]), "primary:")
     point = check(run_gate([("bound", "point")], [FP8]), "primary:")
+    assert ci.outcome == point.outcome == "pass"
     assert (ci.bound, point.bound) == ("ci", "point")
     assert ci.measured == pytest.approx(0.016 / 0.8) and point.measured == pytest.approx(0.004 / 0.8)
     assert ci.limit == point.limit == 0.01
 
 
-def test_disabled_checks_are_absent_and_nothing_checked_rejects():
-    off = [(k, None) for k in ("primary", "recall", "judge", "error_rate", "engine_parity", "pay_off")]
+def test_disabled_checks_are_absent_and_nothing_checked_is_inconclusive():
+    off = [(k, None) for k in ("primary", "recall", "judge", "error_rate", "engine_parity", "pay_off", "pooled",
+                               "fidelity")]
     d = run_gate(off + [("categories", {})])
-    assert d.checks == [] and d.decision == "REJECT" and "no check passed" in d.reasons[-1]
+    assert d.checks == [] and d.decision == "INCONCLUSIVE" and "no check passed" in d.reasons[-1]
     only_optional = run_gate(off[:2] + off[3:] + [("categories", {})], [("judge", None)])
-    assert [c.passed for c in only_optional.checks] == [None] and only_optional.decision == "REJECT"
+    assert [c.outcome for c in only_optional.checks] == ["skipped"] and only_optional.decision == "INCONCLUSIVE"
 
 
 def test_one_check_per_eval_set_and_a_failure_in_any_rejects():
-    d = run_gate([], [("metrics.other", {"exact_match": stat(lo=-0.1)})])
-    rows = {c.name: c.passed for c in d.checks if c.name.startswith("primary:")}
-    assert rows == {"primary:default/exact_match": True, "primary:other/exact_match": False}
+    d = run_gate([], [("metrics.other", {"exact_match": stat(lo=-0.1, p_harm=0.0001)})])
+    rows = {c.name: c.outcome for c in d.checks if c.name.startswith("primary:")}
+    assert rows == {"primary:default/exact_match": "pass", "primary:other/exact_match": "fail"}
     assert d.decision == "REJECT"
 
 
@@ -249,7 +317,7 @@ BAD_POLICIES = [
     ("{w4a16: 0.08, fp4: 0.08}}\n  proper", "{w4a16: 1.08, fp4: 0.08}}\n  proper",
      "categories.arithmetic_numbers.by_family.w4a16", "less than or equal to 1"),
     ("schemes: [int8-w8a8]", "schemes: [int8-w8a8, fp8-dynamic]", "primary.families", "in two families",
-     "  families:"),
+     "  families:   "),  # primary's (fidelity's `families:` comes first in the file)
     ("recall: {measure: recall", "recal: {measure: recall", "recal", "Extra inputs"),
 ]
 

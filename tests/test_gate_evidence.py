@@ -42,10 +42,25 @@ def test_collect_reads_every_kind_of_evidence(tmp_path):
 
 
 def test_damage_is_rejected_with_its_reason(tmp_path):
-    decisions, _ = gate_run(make_run(tmp_path, lose={"proper_nouns": 6}), DEFAULT)
+    decisions, _ = gate_run(make_run(tmp_path, lose={"proper_nouns": 10}), DEFAULT)
     d = decisions[0]
     assert d.decision == "REJECT"
     assert any(r.startswith("category:default/proper_nouns/exact_match") for r in d.reasons)
+    assert any(r.startswith("pooled:default") and "harm detected" in r for r in d.reasons)
+
+
+def test_fidelity_and_floor_are_read_at_the_policy_level(tmp_path):
+    run = make_run(tmp_path, kl=0.004)
+    ev = collect(run, CAND, fidelity_level=0.90)
+    assert ev.fidelity.kl.level == 0.90 and ev.fidelity.kl.low < 0.004 * 1.0 < ev.fidelity.kl.high
+    assert ev.floor.kl.mean < ev.fidelity.kl.mean and ev.fidelity.n_samples == 80
+    wide = collect(run, CAND, fidelity_level=0.99)
+    assert wide.fidelity.kl.high - wide.fidelity.kl.low > ev.fidelity.kl.high - ev.fidelity.kl.low
+    (run / "fidelity" / "floor.json").unlink()
+    no_floor = collect(run, CAND)
+    assert no_floor.floor is None and "floor.json" in no_floor.gaps["fidelity"].reason
+    d = gate_run(run, DEFAULT)[0][0]
+    assert d.decision == "INCONCLUSIVE" and any(r.startswith("fidelity:floor") for r in d.reasons)
 
 
 def _rm(p: Path) -> None:
@@ -83,6 +98,8 @@ BROKEN = [
     ("eval-failed-run", lambda t: _cand_eval(t) / "summary.json",
      lambda p: (p.unlink(), (p.parent / "manifest.json").write_text(
          '{"status": "failed", "error_rate": 0.2, "n_samples": 300}')), None, f"error_rate:{CAND}/default", "20.00%"),
+    ("fidelity-corrupt", lambda t: _run(t) / "fidelity" / f"{CAND}.json", _corrupt, "fidelity", "fidelity",
+     "corrupt JSON"),
     ("recall-delta-missing", lambda t: _run(t) / CAND / "recall" / "delta.json", _rm, "recall", "recall:", "missing file"),
     ("recall-baseline-records-missing", lambda t: _run(t) / "baseline" / "recall" / "requests.jsonl", _rm, "recall",
      "recall:", "no confidence interval"),
@@ -106,15 +123,18 @@ def test_broken_evidence_becomes_a_gap_and_fails_closed(tmp_path, target, breake
         assert d.decision == "PROMOTE", d.reasons
         return
     bad = [c for c in d.checks if c.name.startswith(failing)]
-    assert bad and bad[0].passed is False and words in bad[0].reason, [c.reason for c in d.checks]
-    assert d.decision == "REJECT"
+    # evidence that is broken or missing is not harm: inconclusive (not promoted, not rejected); a failed eval
+    # run that is readable (slot None) is harm: its error rate fails the check
+    outcome, decision = ("inconclusive", "INCONCLUSIVE") if slot else ("fail", "REJECT")
+    assert bad and bad[0].outcome == outcome and words in bad[0].reason, [c.reason for c in d.checks]
+    assert d.decision == decision
 
 
 def test_pay_off_figures_required_by_the_strict_policy(tmp_path):
     run = make_run(tmp_path, throughput_ratio=None)
     d = gate_run(run, STRICT)[0][0]
     c = next(c for c in d.checks if c.name == "pay_off:throughput_ratio")
-    assert c.passed is False and "no performance probe figures" in c.reason
+    assert c.outcome == "inconclusive" and "no performance probe figures" in c.reason
     # the flow may pass the probe's figures directly instead of a file
     d2 = gate_run(run, STRICT, pay_off={CAND: {"throughput_ratio": 1.5, "file": "perf/x.json"}})[0][0]
     c2 = next(c for c in d2.checks if c.name == "pay_off:throughput_ratio")
@@ -135,7 +155,7 @@ def test_size_falls_back_to_the_quantization_manifest(tmp_path):
 
 def test_unknown_candidate_is_rejected_not_crashed(tmp_path):
     d = gate_run(make_run(tmp_path), DEFAULT, ["int8-w8a8"])[0][0]
-    assert d.decision == "REJECT" and d.scheme is None
+    assert d.decision == "INCONCLUSIVE" and d.scheme is None
     assert any("missing evidence" in r for r in d.reasons)
 
 

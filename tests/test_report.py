@@ -9,18 +9,25 @@ from html import unescape
 from pathlib import Path
 
 import pytest
-from _report_fixtures import CAND, release_run
+from _report_fixtures import CAND, HOSTILE, as_schema1, inconclusive_run, release_run
 from typer.testing import CliRunner
 
 from quantgate.cli.main import app
-from quantgate.report.page import markdown_summary, write_report
+from quantgate.report.page import TEMPLATES, markdown_summary, write_report
 
 RUN_ID = "demo-20261101T100000Z"
+RUN2_ID = "demo-20261105T100000Z"
 
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory) -> Path:
     return release_run(tmp_path_factory.mktemp("results"), RUN_ID, lose={"proper_nouns": 6}, recall_lose=2)
+
+
+@pytest.fixture(scope="module")
+def pristine2(tmp_path_factory) -> Path:
+    """Schema 2 at full stretch: an INCONCLUSIVE candidate, fidelity with its floor, gains and an HTML output."""
+    return inconclusive_run(tmp_path_factory.mktemp("results"), RUN2_ID)
 
 
 @pytest.fixture
@@ -29,6 +36,17 @@ def run(pristine, tmp_path) -> Path:
     dst = tmp_path / "results" / "runs" / RUN_ID
     shutil.copytree(pristine, dst)
     return dst
+
+
+@pytest.fixture
+def run2(pristine2, tmp_path) -> Path:
+    dst = tmp_path / "results" / "runs" / RUN2_ID
+    shutil.copytree(pristine2, dst)
+    return dst
+
+
+def decision_of(run: Path) -> dict:
+    return json.loads((run / "decision.json").read_text())["candidates"][CAND]
 
 
 def hrefs(html: str) -> list[str]:
@@ -43,6 +61,8 @@ def test_report_shows_the_evidence(run):
     assert 'id="decision">REJECT<' in html
     for check in decision["candidates"][CAND]["checks"]:
         assert unescape(html).count(check["reason"]) >= 1, check["name"]
+    failed = [c["name"] for c in decision["candidates"][CAND]["checks"] if c["outcome"] == "fail"]
+    assert failed and html.count('<span class="badge FAIL">FAIL</span>') == len(failed)
     pn = cmp_["metrics"]["exact_match"]["by_category"]["proper_nouns"]
     assert f"[{pn['ci_low']:+.3f}, {pn['ci_high']:+.3f}]" in html
     assert len(cmp_["regressions"]) == 6
@@ -54,6 +74,7 @@ def test_report_shows_the_evidence(run):
     assert 'id="gaps"' not in html and "85.2 s wall" in html  # complete evidence: no gap section
     md = md_path.read_text()
     assert md.startswith("# Release `demo`: **REJECT**") and "| default/exact_match | 100 |" in md
+    assert "| category:default/proper_nouns/exact_match | FAIL |" in md and "Flips: 6 lost" in md
     assert "category:default/proper_nouns/exact_match" in md and "report.html" in md
 
 
@@ -158,3 +179,158 @@ def test_cli_report_and_bad_folder(run, tmp_path):
             assert (out.parent / h).is_file(), h
     res = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert res.exit_code != 0 and "no run.json" in str(res.exception)
+
+
+# --- schema 2: three outcomes, power, flips, fidelity -------------------------------------------------------------
+
+def test_inconclusive_decision_shows_outcomes_power_and_needs(run2):
+    html_path, md_path = write_report(run2)
+    html, text = html_path.read_text(), unescape(html_path.read_text())
+    dec = decision_of(run2)
+    (check,) = [c for c in dec["checks"] if c["outcome"] == "inconclusive"]
+    p = check["power"]
+    assert p["limit_below_mdd"] and dec["decision"] == "INCONCLUSIVE" and dec["needs"]
+    assert 'id="decision">INCONCLUSIVE<' in html and '<span class="badge INCONCLUSIVE">INCONCLUSIVE</span>' in html
+    assert html.count('<span class="badge INCONCLUSIVE">INCONCLUSIVE</span>') == 3  # header, overview, candidate
+    row = text[text.index(f"<td>{check['name']}</td>"):].split("</tr>")[0]
+    assert ">INCONCLUSIVE<" in row and f"{p['mdd']:.4f}" in row and f">{p['n']}</td>" in row
+    assert "limit below MDD" in row and f"needs about {p['needs_samples']} samples" in row
+    assert f"To decide:</b> {dec['needs']}" in text and dec["operating"]["note"] in text
+    assert "12 passed, 0 failed, 1 inconclusive, 0 skipped." in text
+    md = md_path.read_text()
+    assert md.startswith("# Release `demo`: **INCONCLUSIVE**") and "## w4a16-gptq: INCONCLUSIVE" in md
+    assert f"| {check['name']} | INCONCLUSIVE | {check['measured']:.4f} | {check['limit']:.4f} | {p['mdd']:.4f} (limit below MDD) | {p['n']} |" in md
+    assert f"- **To decide:** {dec['needs']}" in md and dec["operating"]["note"] in md
+    assert "| w4a16-gptq | INCONCLUSIVE | 0.400 | 1.400 | 1 / 3 | 0 / 1 |" in md
+
+
+def test_inconclusive_has_its_own_colour():
+    css = (TEMPLATES / "style.css").read_text()
+    rule = lambda cls: re.search(r"\." + cls + r"\b[^{]*\{([^}]*)\}", css).group(1)  # noqa: E731
+    assert rule("INCONCLUSIVE") not in (rule("REJECT"), rule("PROMOTE"))
+    assert "INCONCLUSIVE" not in re.search(r"[^}]*\.REJECT[^{]*", css).group(0)
+
+
+def test_flips_ledger_regressions_first_with_counts(run2):
+    html_path, md_path = write_report(run2)
+    html = html_path.read_text()
+    rep = json.loads((run2 / "compare" / f"{CAND}.json").read_text())["default"]
+    assert len(rep["regressions"]) == 1 and len(rep["gains"]) == 3
+    assert "<b class=\"bad\">1 regressions</b>" in html and "<b class=\"good\">3 gains</b>" in html
+    ledger = html[html.index('<table class="flips">'):].split("</table>")[0]
+    kinds = re.findall(r'<tr class="(regression|gain)">', ledger)
+    assert kinds == ["regression", "gain", "gain", "gain"]
+    for r in rep["regressions"] + rep["gains"]:
+        assert unescape(ledger).count(f"<pre>{r['base_output']}</pre>") >= 1
+        assert r["cand_output"] in unescape(ledger) and r["id"] in ledger
+    # the category that lost, net, comes first; its gain before the other category's gains
+    assert ledger.index("arithmetic_numbers-000") < ledger.index("factual_qa-000")
+    assert "default / arithmetic_numbers" in html and ">+2</td>" in html
+    md = md_path.read_text()
+    assert "Flips: 1 lost (right -> wrong), 3 gained (wrong -> right)." in md
+    assert "| lost | arithmetic_numbers-001 | arithmetic_numbers |" in md and "| gained | factual_qa-005 |" in md
+
+
+def test_flips_are_capped(run2, monkeypatch):
+    from quantgate.report import sections
+
+    monkeypatch.setattr(sections, "MAX_GAINS", 2)
+    html = write_report(run2)[0].read_text()
+    assert "First 2 of 3 gains shown." in html and html.count('<tr class="gain">') == 2
+
+
+def test_old_comparison_without_gains(run2):
+    path = run2 / "compare" / f"{CAND}.json"
+    cmp_ = json.loads(path.read_text())
+    del cmp_["default"]["gains"]
+    path.write_text(json.dumps(cmp_))
+    html = write_report(run2)[0].read_text()
+    assert "gains not recorded by this comparison" in html and 'id="gaps"' not in html
+
+
+def test_fidelity_section_with_floor_categories_and_worst(run2):
+    html_path, md_path = write_report(run2)
+    html = unescape(html_path.read_text())
+    cand = json.loads((run2 / "fidelity" / f"{CAND}.json").read_text())["summary"]
+    floor = json.loads((run2 / "fidelity" / "floor.json").read_text())["summary"]
+    kl, fkl, top1 = cand["kl"], floor["kl"], cand["top1"]
+    iv = lambda x: f"{x['mean']:.3g} [{x['low']:.3g}, {x['high']:.3g}]"  # noqa: E731
+    assert f'<td class="n">{iv(kl)}</td><td class="n">{iv(fkl)}</td>' in html
+    assert f"{top1['mean']:.1%} [{top1['low']:.1%}, {top1['high']:.1%}]" in html
+    assert "40 samples, 1600 tokens; intervals at 90.0%" in html
+    for cat, v in cand["by_category"].items():
+        assert f"<tr><td>{cat}</td>" in html and iv(v["kl"]) in html and iv(floor["by_category"][cat]["kl"]) in html
+    for w in cand["worst"]:
+        assert f"<tr><td>{w['id']}</td><td>{w['category']}</td><td class=\"n\">{w['kl_mean']:.3g}</td>" in html
+    md = md_path.read_text()
+    assert f"Fidelity (40 samples): KL {iv(kl)} (noise floor {iv(fkl)}); top-1" in md
+
+
+def test_fidelity_with_shifted_field_names_still_reads(run2):
+    """The summary at the top level, intervals named value / ci_low / ci_high, a bare number, no worst list."""
+    path = run2 / "fidelity" / f"{CAND}.json"
+    s = json.loads(path.read_text())["summary"]
+    path.write_text(json.dumps({"n_samples": 40, "kl": {"value": 0.02, "ci_low": 0.01, "ci_high": 0.03},
+                                "top1": 0.97, "by_category": s["by_category"]}))
+    html = unescape(write_report(run2)[0].read_text())
+    assert "0.02 [0.01, 0.03]" in html and "97.0%" in html and "worst samples" not in html
+    assert "fidelity" not in " ".join(re.findall(r'<div class="gap">(.*?)</div>', html))
+
+
+@pytest.mark.parametrize("rel, content, what, reason", [
+    (f"fidelity/{CAND}.json", "{broken", f"{CAND}: fidelity", "corrupt JSON"),
+    (f"fidelity/{CAND}.json", {"summary": {"kl": 1, "by_category": [1, 2]}}, f"{CAND}: fidelity", "unexpected content"),
+    (f"fidelity/{CAND}.json", {"samples": []}, f"{CAND}: fidelity", "no \"summary\" object"),
+    ("fidelity/floor.json", None, "fidelity noise floor", "missing file"),
+    ("fidelity/floor.json", [1], "fidelity noise floor", "expected a JSON dict"),
+    ("decision.json", "checks", f"{CAND}: checks", "unexpected content"),
+    (f"compare/{CAND}.json", "gains", f"{CAND}: flips", "unexpected content"),
+])
+def test_damaged_schema2_evidence_renders_with_the_gap(run2, rel, content, what, reason):
+    path = run2 / rel
+    if content is None:
+        path.unlink()
+    elif content == "checks":
+        doc = json.loads(path.read_text())
+        doc["candidates"][CAND]["checks"] = {"not": "a list"}
+        path.write_text(json.dumps(doc))
+    elif content == "gains":
+        doc = json.loads(path.read_text())
+        doc["default"]["gains"] = 5
+        path.write_text(json.dumps(doc))
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    html_path, md_path = write_report(run2)
+    html = unescape(html_path.read_text())
+    assert what in html and reason in html
+    assert "</html>" in html and md_path.read_text().startswith("# Release")
+    if "floor" in rel:
+        assert "no noise floor (fidelity/floor.json)" in html and "0.0123 [0.0101, 0.015]" in html
+
+
+def test_schema1_decision_still_renders(run2):
+    as_schema1(run2)
+    html_path, md_path = write_report(run2)
+    html = html_path.read_text()
+    assert 'id="decision">REJECT<' in html and 'id="gaps"' not in html
+    assert "badge INCONCLUSIVE" not in html and '<span class="badge pass">pass</span>' in html
+    assert '<span class="badge FAIL">FAIL</span>' in html  # the inconclusive check was `passed: false` in schema 1
+    assert "To decide" not in html and "Operating characteristics" not in html
+    md = md_path.read_text()
+    assert "| primary:default/numeric_match | FAIL |" in md and "INCONCLUSIVE" not in md
+
+
+def test_untrusted_text_cannot_inject_html_into_the_markdown(run2):
+    dec = json.loads((run2 / "decision.json").read_text())
+    dec["candidates"][CAND]["reasons"] = ["<script>alert(1)</script> & <b>bold</b> | x"]
+    dec["candidates"][CAND]["needs"] = "<img src=y>"
+    (run2 / "decision.json").write_text(json.dumps(dec))
+    html_path, md_path = write_report(run2)
+    md = md_path.read_text()
+    assert HOSTILE not in md and "<img" not in md and "<script" not in md and "<b>" not in md
+    assert "&lt;img src=x onerror=\"alert(1)\"&gt; \\| \\[click\\](http://evil.example) &amp; \\`code\\`" in md
+    assert "- &lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt; \\| x" in md
+    assert "- **To decide:** &lt;img src=y&gt;" in md
+    assert markdown_summary(run2).count("&lt;img") == md.count("&lt;img")
+    html = html_path.read_text()  # the HTML page escapes it too (autoescape)
+    assert "<img src=x" not in html and "<script>alert" not in html and "&lt;img src=x onerror=" in html

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import sqlite3
 from pathlib import Path
 
 import pytest
-from _report_fixtures import CAND, release_run
+from _report_fixtures import CAND, as_schema1, inconclusive_run, release_run
 
 from quantgate.base.errors import QuantgateError
 from quantgate.report.store import LATEST, Store, ingest_all
 
-R1, R2 = "demo-20261101T100000Z", "demo-20261102T100000Z"
+R1, R2, R3 = "demo-20261101T100000Z", "demo-20261102T100000Z", "demo-20261105T100000Z"
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +22,16 @@ def results(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("results")
     release_run(root, R1, lose={"proper_nouns": 6}, recall_lose=2)
     release_run(root, R2)
+    return root
+
+
+@pytest.fixture(scope="module")
+def results3(tmp_path_factory) -> Path:
+    """R1, R2 and an INCONCLUSIVE run (schema 2 at full stretch)."""
+    root = tmp_path_factory.mktemp("results3")
+    release_run(root, R1, lose={"proper_nouns": 6}, recall_lose=2)
+    release_run(root, R2)
+    inconclusive_run(root, R3)
     return root
 
 
@@ -115,14 +126,15 @@ def test_migration_from_v1_keeps_data(results, tmp_path):
                    "required": True, "evidence_file": None, "reason": "too much"}]
         old.db.execute("INSERT INTO decisions VALUES (?,?,?,?,?)", (R1, CAND, "REJECT", "[]", json.dumps(checks)))
     with Store(path) as new:
-        assert new.version == LATEST == 2
-        assert [r["version"] for r in new.query("SELECT version FROM schema_version ORDER BY version")] == [1, 2]
+        assert new.version == LATEST == 3
+        assert [r["version"] for r in new.query("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
         run = new.runs()[0]
         assert (run["run_id"], run["decision"], run["fingerprint"]) == (R1, "REJECT", None)
         assert new.query("SELECT decision FROM variants WHERE name=?", CAND)[0]["decision"] == "REJECT"
-        moved = new.query("SELECT name, passed, measured FROM checks ORDER BY name")
-        assert moved == [{"name": "engine_parity", "passed": 1, "measured": "pass"},
-                         {"name": "primary:default/exact_match", "passed": 0, "measured": "0.1375"}]
+        moved = new.query("SELECT name, passed, measured, outcome, mdd FROM checks ORDER BY name")
+        assert moved == [{"name": "engine_parity", "passed": 1, "measured": "pass", "outcome": "pass", "mdd": None},
+                         {"name": "primary:default/exact_match", "passed": 0, "measured": "0.1375", "outcome": "fail",
+                          "mdd": None}]
         assert new.metric_history("demo")[0]["delta"] == -0.06
         assert "decisions" not in {r["name"] for r in new.query("SELECT name FROM sqlite_master WHERE type='table'")}
         assert new.ingest(results / "runs" / R1) == "updated"  # the cleared fingerprint makes it refill the new tables
@@ -158,3 +170,85 @@ def test_database_from_a_newer_quantgate_is_refused(tmp_path):
     con.close()
     with pytest.raises(QuantgateError, match="schema version 99"):
         Store(path)
+
+
+# --- schema 3: check outcomes, minimum detectable drops, INCONCLUSIVE -------------------------------------------
+
+def test_ingest_stores_outcomes_mdd_and_inconclusive(results3, tmp_path):
+    run = results3 / "runs" / R3
+    dec = json.loads((run / "decision.json").read_text())
+    with Store(tmp_path / "q.db") as store:
+        assert store.ingest(run) == "new"
+        assert store.runs()[0]["decision"] == dec["decision"] == "INCONCLUSIVE"
+        v = store.query("SELECT decision, needs FROM variants WHERE run_id=? AND name=?", R3, CAND)[0]
+        assert v == {"decision": "INCONCLUSIVE", "needs": dec["candidates"][CAND]["needs"]}
+        rows = {r["name"]: r for r in store.query("SELECT * FROM checks WHERE run_id=?", R3)}
+        for ch in dec["candidates"][CAND]["checks"]:
+            row, p = rows[ch["name"]], ch["power"] or {}
+            assert row["outcome"] == ch["outcome"] and row["passed"] == (None if ch["passed"] is None else int(ch["passed"]))
+            assert row["mdd"] == pytest.approx(p.get("mdd")) and row["power_n"] == p.get("n")
+            assert row["limit_below_mdd"] == (int(p["limit_below_mdd"]) if p else None)
+        assert [r["name"] for r in store.query("SELECT name FROM checks WHERE outcome='inconclusive'")] == \
+            ["primary:default/numeric_match"]
+        assert [c["run_id"] for c in store.candidates(decision="INCONCLUSIVE")] == [R3]
+
+
+def test_schema1_decision_ingests_with_derived_outcomes(results3, tmp_path):
+    import shutil
+
+    run = tmp_path / "runs" / R3
+    shutil.copytree(results3 / "runs" / R3, run)
+    as_schema1(run)
+    with Store(tmp_path / "q.db") as store:
+        store.ingest(run)
+        got = {r["name"]: (r["outcome"], r["mdd"]) for r in store.query("SELECT name, outcome, mdd FROM checks")}
+        assert got["primary:default/numeric_match"] == ("fail", None) and got["engine_parity"] == ("pass", None)
+        assert store.runs()[0]["decision"] == "REJECT"
+
+
+def test_migration_from_v2_keeps_rows(results3, tmp_path):
+    path = tmp_path / "v2.db"
+    with Store(path, upto=2) as old:  # the previous schema version, as its migrations wrote it
+        assert old.version == 2
+        old.db.execute("INSERT INTO runs (run_id, folder, release, model, hardware, started, decision, fingerprint, "
+                       "promoted) VALUES (?,?,?,?,?,?,?,?,?)",
+                       (R3, str(results3 / "runs" / R3), "demo", "demo", "x86-cpu", "2026-11-05T10:00:00+00:00",
+                        "REJECT", "v2-fingerprint", None))
+        old.db.execute("INSERT INTO variants VALUES (?,?,?,?,?,?,?,?,?)",
+                       (R3, CAND, CAND, "abc", 400, "REJECT", 0.4, 1.4, 0.0))
+        old.db.execute("INSERT INTO checks VALUES (?,?,?,?,?,?,?,?,?)",
+                       (R3, CAND, "primary:default/numeric_match", "0.075", "0.03", 0, 1, None, "too much"))
+        old.db.execute("INSERT INTO checks VALUES (?,?,?,?,?,?,?,?,?)",
+                       (R3, CAND, "judge:non_inferiority", None, "-0.05", None, 0, None, "skipped"))
+        old.db.execute("INSERT INTO metrics VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (R3, CAND, "default", "numeric_match", "*", 50, 0.8, 0.8, 0.0, -0.06, 0.06, 1.0))
+    with Store(path) as new:
+        assert new.version == LATEST == 3
+        assert [r["version"] for r in new.query("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
+        cols = {r["name"] for r in new.query("PRAGMA table_info(checks)")}
+        assert {"outcome", "mdd", "power_n", "limit_below_mdd"} <= cols
+        assert "needs" in {r["name"] for r in new.query("PRAGMA table_info(variants)")}
+        assert new.query("SELECT name, outcome, passed, mdd FROM checks ORDER BY name") == [
+            {"name": "judge:non_inferiority", "outcome": "skipped", "passed": None, "mdd": None},
+            {"name": "primary:default/numeric_match", "outcome": "fail", "passed": 0, "mdd": None}]
+        run = new.runs()[0]
+        assert (run["decision"], run["fingerprint"], run["model"]) == ("REJECT", None, "demo")
+        assert new.query("SELECT size_ratio, needs FROM variants")[0] == {"size_ratio": 0.4, "needs": None}
+        assert new.metric_history("demo")[0]["ci_low"] == -0.06
+        # the cleared fingerprint makes the next ingest refill the run with the new columns
+        assert new.ingest(results3 / "runs" / R3) == "updated"
+        assert new.runs()[0]["decision"] == "INCONCLUSIVE"
+        row = new.query("SELECT outcome, mdd FROM checks WHERE name='primary:default/numeric_match'")[0]
+        assert row["outcome"] == "inconclusive" and row["mdd"] > 0.03
+
+
+def test_dashboard_shows_inconclusive(results3, tmp_path):
+    from quantgate.report.dashboard import build
+
+    index = build(results3, tmp_path / "q.db", log=lambda *_: None).read_text()
+    options = re.findall(r'<option value="([A-Z]+)">', index)
+    assert options == ["PROMOTE", "REJECT", "INCONCLUSIVE"]
+    assert index.count('data-decision="INCONCLUSIVE"') == 1
+    row = index[index.index('data-decision="INCONCLUSIVE"'):].split("</tr>")[0]
+    assert '<span class="badge INCONCLUSIVE" title="to decide: about' in row and "needs about" in row
+    assert re.search(r"\.INCONCLUSIVE\b[^{]*\{[^}]*background", index)

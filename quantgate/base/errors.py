@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class QuantgateError(Exception):
     """A user-facing failure. `where` names the file/field/line, `fix` says what to do about it."""
@@ -18,3 +21,9 @@ class QuantgateError(Exception):
 
 class ConfigError(QuantgateError):
     """A configuration file (YAML/JSONL) that does not validate."""
+
+
+def did_you_mean(name: object, known: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the known name closest to `name`, or '' when none is close (difflib)."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

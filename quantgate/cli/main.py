@@ -8,7 +8,7 @@ import typer
 
 from quantgate.base.errors import QuantgateError
 from quantgate.cli import eval as eval_cmds
-from quantgate.cli import gate, judge, models, perf, plan, quant, recall, release, report
+from quantgate.cli import check, gate, judge, models, perf, plan, quant, recall, release, report
 
 app = typer.Typer(
     help="Quantize an LLM for its target hardware, validate it against the baseline, gate its release.",
@@ -33,6 +33,7 @@ app.command("schemes")(quant.schemes)
 app.command("quantize")(quant.quantize)
 app.command("plan")(plan.plan)
 app.add_typer(models.models_app, name="models")
+app.command("check")(check.check)
 
 
 def main() -> None:

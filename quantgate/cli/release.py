@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
 from quantgate.base.paths import REPO, results_dir
+from quantgate.gate.models import EXIT_CODES
 from quantgate.release.runrecord import timings
 from quantgate.release.spec import load_spec
 
-REJECTED = 3  # exit code of a release that ran to a REJECT decision (2: bad input, 1: a failure)
 
 
 def load_flow(name: str):
@@ -34,7 +35,8 @@ def release(
 ) -> None:
     """Run a release to a decision: quantize, serve and evaluate every variant, compare, gate, promote.
 
-    Exit code 0: a candidate was promoted; 3: every candidate was rejected; 2: bad input; 1: a step failed."""
+    Exit code 0: a candidate was promoted; 3: REJECT (harm detected in every candidate); 4: INCONCLUSIVE (no candidate
+    promoted, at least one for lack of evidence); 2: bad input; 1: a step failed."""
 
     load_spec(spec)  # refuse a bad spec before Prefect starts anything
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network here: no telemetry
@@ -52,7 +54,7 @@ def release(
     for name, row in summary["candidates"].items():
         print(f"{name}: {row['decision']}" + "".join(f"\n  - {r}" for r in row["reasons"]))
     _print_timings(summary["run"])
-    raise typer.Exit(0 if summary["promoted"] else REJECTED)
+    raise typer.Exit(EXIT_CODES[summary["decision"]])
 
 
 def _print_timings(run_id: str) -> None:

@@ -1,8 +1,11 @@
 """Paired comparison of two eval runs over the same ids, and the cache key of a run. Pure: no I/O.
 
 A run's per-sample record: {"id", "category", "output", "scores": {metric: value}}. For every metric, overall and
-per category: means, delta (candidate - baseline), a seeded paired-bootstrap CI of the delta, and for binary
-metrics McNemar's exact test and the regressions (right in the baseline, wrong in the candidate).
+per category: means, delta (candidate - baseline), a seeded paired-bootstrap CI of the delta, the spread of the
+paired differences and a one-sided harm p-value (quantgate.base.stats); for binary metrics also the samples lost and
+gained (McNemar). `pooled` is one binary measure per sample (the first binary metric the sample is scored with),
+so that every sample of a set counts in one paired harm test. The flips ledger lists each sample that went from
+right to wrong (`regressions`) or from wrong to right (`gains`), with both outputs.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import math
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
+
+from quantgate.base.stats import harm_p_binary, harm_p_paired
 
 CACHE_KEY_VERSION = 1
 
@@ -72,17 +77,66 @@ def summarize(records: Sequence[Mapping], metrics: Sequence[str]) -> dict[str, d
     return out
 
 
+def _sd(xs: Sequence[float]) -> float:
+    if len(xs) < 2:
+        return math.nan
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
 def _paired_stats(pairs: list[tuple[float, float]], info: MetricInfo, *, n_boot: int, seed: int, level: float) -> dict:
     base, cand = [p[0] for p in pairs], [p[1] for p in pairs]
     lo, hi = bootstrap_ci([c - b for b, c in pairs], n_boot=n_boot, seed=seed, level=level)
+    sign = 1.0 if info.higher_is_better else -1.0
+    drops = [sign * (b - c) for b, c in pairs]
     out = {"n": len(pairs), "base_mean": _mean(base), "cand_mean": _mean(cand),
-           "delta": _mean(cand) - _mean(base) if pairs else math.nan, "ci_low": lo, "ci_high": hi}
+           "delta": _mean(cand) - _mean(base) if pairs else math.nan, "ci_low": lo, "ci_high": hi,
+           "sd_diff": _sd(drops)}
     if info.binary:
         good = 1.0 if info.higher_is_better else 0.0
         b = sum(1 for x, y in pairs if x == good and y != good)  # lost by the candidate
         c = sum(1 for x, y in pairs if x != good and y == good)  # gained by the candidate
-        out.update({"lost": b, "gained": c, "mcnemar_p": mcnemar_exact(b, c)})
+        out.update({"lost": b, "gained": c, "mcnemar_p": mcnemar_exact(b, c), "p_harm": harm_p_binary(b, c),
+                    "discordance": (b + c) / len(pairs) if pairs else math.nan})
+    else:
+        out["p_harm"] = harm_p_paired(drops, seed=seed)
     return out
+
+
+class _Binary:
+    higher_is_better = True
+    binary = True
+
+
+def _pooled(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Sequence[str],
+            metrics: Mapping[str, MetricInfo], **kw: Any) -> dict[str, Any] | None:
+    """One binary, higher-is-better measure per sample (the first such metric in its scores), paired."""
+    pairs, used = [], {}
+    for i in ids:
+        name = next((m for m in b_by[i]["scores"] if m in metrics and metrics[m].binary and metrics[m].higher_is_better
+                     and m in c_by[i]["scores"]), None)
+        if name is not None:
+            pairs.append((b_by[i]["scores"][name], c_by[i]["scores"][name]))
+            used[name] = used.get(name, 0) + 1
+    if not pairs:
+        return None
+    return {"metrics_used": used, **_paired_stats(pairs, _Binary(), **kw)}
+
+
+def _flips(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Sequence[str], name: str, info: MetricInfo,
+           references: Mapping[str, Sequence[str]] | None) -> tuple[list[dict], list[dict]]:
+    """Samples that went right -> wrong (regressions) and wrong -> right (gains) on one binary metric."""
+    good = 1.0 if info.higher_is_better else 0.0
+    lost, gained = [], []
+    for i in ids:
+        sb, sc = b_by[i]["scores"].get(name), c_by[i]["scores"].get(name)
+        if sb is None or sc is None or (sb == good) == (sc == good):
+            continue
+        row = {"id": i, "category": b_by[i]["category"], "metric": name,
+               "references": list((references or {}).get(i, [])),
+               "base_output": b_by[i].get("output"), "cand_output": c_by[i].get("output")}
+        (lost if sb == good else gained).append(row)
+    return lost, gained
 
 
 def compare_runs(
@@ -110,7 +164,8 @@ def compare_runs(
         "only_in_base": sorted(set(b_by) - set(c_by)), "only_in_cand": sorted(set(c_by) - set(b_by)),
         "bootstrap": {"n_boot": n_boot, "seed": seed, "level": level},
         "agreement": {"overall": agreement(ids), "by_category": {c: agreement(g) for c, g in sorted(by_cat.items())}},
-        "metrics": {}, "regressions": [],
+        "metrics": {}, "regressions": [], "gains": [],
+        "pooled": _pooled(b_by, c_by, ids, metrics, n_boot=n_boot, level=level, seed=seed + zlib.crc32(b"pooled")),
     }
     for name, info in metrics.items():
         def pairs(group: list[str]) -> list[tuple[float, float]]:
@@ -129,13 +184,7 @@ def compare_runs(
             "by_category": {c: stats(g, c) for c, g in sorted(by_cat.items()) if pairs(g)},
         }
         if info.binary:
-            good = 1.0 if info.higher_is_better else 0.0
-            for i in ids:
-                sb, sc = b_by[i]["scores"].get(name), c_by[i]["scores"].get(name)
-                if sb == good and sc is not None and sc != good:
-                    result["regressions"].append({
-                        "id": i, "category": b_by[i]["category"], "metric": name,
-                        "references": list((references or {}).get(i, [])),
-                        "base_output": b_by[i].get("output"), "cand_output": c_by[i].get("output"),
-                    })
+            lost, gained = _flips(b_by, c_by, ids, name, info, references)
+            result["regressions"] += lost
+            result["gains"] += gained
     return result

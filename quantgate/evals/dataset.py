@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from quantgate.base.errors import ConfigError
+from quantgate.base.errors import ConfigError, did_you_mean
 from quantgate.base.paths import EVAL_SETS
-from quantgate.base.yamlconfig import load_model, read_yaml
+from quantgate.base.yamlconfig import describe_error, load_model, not_utf8, read_yaml
 from quantgate.evals.metrics import MetricSpec, TABLE, load_table
 
 CATEGORIES_FILE = EVAL_SETS / "categories.yaml"
@@ -173,8 +173,21 @@ def load_categories(path: Path = CATEGORIES_FILE) -> set[str]:
 
 def _field_problem(err: dict) -> str:
     loc = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
+    msg = describe_error(err, Sample)
     return f"field '{loc}': {msg}" if loc else msg
+
+
+def _jsonl_lines(path: Path) -> list[tuple[int, str | None, str | None]]:
+    """(line number, text, problem) per line of a JSONL file: UTF-8, a byte-order mark and CRLF accepted; a line
+    that is not UTF-8 has no text and a problem naming its column."""
+    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    out = []
+    for no, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            out.append((no, raw.decode("utf-8"), None))
+        except UnicodeDecodeError as exc:
+            out.append((no, None, not_utf8(exc, raw, path, no).message))
+    return out
 
 
 def check_lines(
@@ -190,42 +203,46 @@ def check_lines(
     samples: list[Sample] = []
     lines: dict[str, int] = {}
     label = getattr(count_tokens, "label", getattr(count_tokens, "__name__", "tokenizer"))
-    with path.open(encoding="utf-8") as fh:
-        for no, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            at = f"{path}:{no}"
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                problems.append(f"{at}: invalid JSON: {exc.msg} (column {exc.colno})")
-                continue
-            if not isinstance(obj, dict):
-                problems.append(f"{at}: expected a JSON object, got {type(obj).__name__}")
-                continue
-            if isinstance(obj.get("id"), str) and obj["id"] in lines:
-                problems.append(f"{at}: duplicate id {obj['id']!r} (first at line {lines[obj['id']]})")
-            try:
-                s = Sample.model_validate(obj)
-            except ValidationError as exc:
-                problems.extend(f"{at}: {_field_problem(e)}" for e in exc.errors())
-                continue
-            if s.id not in lines:
-                lines[s.id] = no
-                samples.append(s)
-            if s.category not in categories:
-                problems.append(f"{at}: unknown category {s.category!r}; known: {', '.join(sorted(categories))}")
-            for m in s.metrics:
-                if m not in meta.metrics:
-                    problems.append(f"{at}: unknown metric {m!r}; this set declares: {', '.join(meta.metrics)}")
-            if max_context is not None:
-                need = count_tokens(s.prompt_text())
-                mt = s.max_tokens or meta.default_max_tokens
-                if need + mt > max_context:
-                    problems.append(
-                        f"{at}: prompt of {need} tokens ({label}) + max_tokens {mt} exceeds the served context"
-                        f" of {max_context} tokens"
-                    )
+    for no, raw, bad in _jsonl_lines(path):
+        at = f"{path}:{no}"
+        if raw is None:
+            problems.append(f"{at}: {bad}")
+            continue
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{at}: invalid JSON: {exc.msg} (column {exc.colno})")
+            continue
+        if not isinstance(obj, dict):
+            problems.append(f"{at}: expected a JSON object, got {type(obj).__name__}")
+            continue
+        if isinstance(obj.get("id"), str) and obj["id"] in lines:
+            problems.append(f"{at}: duplicate id {obj['id']!r} (first at line {lines[obj['id']]})")
+        try:
+            s = Sample.model_validate(obj, strict=True)  # JSON types as they are: "32" is no integer
+        except ValidationError as exc:
+            problems.extend(f"{at}: {_field_problem(e)}" for e in exc.errors())
+            continue
+        if s.id not in lines:
+            lines[s.id] = no
+            samples.append(s)
+        if s.category not in categories:
+            problems.append(f"{at}: field 'category': unknown category {s.category!r}{did_you_mean(s.category, categories)};"
+                            f" known: {', '.join(sorted(categories))}")
+        for i, m in enumerate(s.metrics):
+            if m not in meta.metrics:
+                problems.append(f"{at}: field 'metrics.{i}': unknown metric {m!r}{did_you_mean(m, meta.metrics)}; "
+                                f"this set declares: {', '.join(meta.metrics)}")
+        if max_context is not None:
+            need = count_tokens(s.prompt_text())
+            mt = s.max_tokens or meta.default_max_tokens
+            if need + mt > max_context:
+                problems.append(
+                    f"{at}: prompt of {need} tokens ({label}) + max_tokens {mt} exceeds the served context"
+                    f" of {max_context} tokens"
+                )
     return problems, samples, lines
 
 

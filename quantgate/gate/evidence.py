@@ -13,12 +13,16 @@ Files read (written by the release flow, quantgate/release/steps.py, and the too
                                           the judge slot's gap then carries that reason
     <run>/<candidate>/pay_off.json        {"throughput_ratio": float, "source": "..."}: candidate / baseline
                                           output tokens/s from the performance probe (written by the flow)
+    <run>/fidelity/<candidate>.json       per-sample teacher-forced fidelity against the baseline
+    <run>/fidelity/floor.json             the same for the baseline against itself on another execution path
 The recall folder, judge report and pay-off figures can be given directly instead. A file that is missing,
 unreadable or of the wrong shape becomes an entry of `GateEvidence.gaps` with the reason: never an exception.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -27,8 +31,12 @@ from typing import Any
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
+from quantgate.base.stats import harm_p_binary, harm_p_paired
 from quantgate.evals.compare import bootstrap_ci
-from quantgate.gate.checks import Gap, GateEvidence, JudgeEvidence, ParityEvidence, RateEvidence, Ratio, Stat, evaluate
+from quantgate.fidelity.core import SampleFidelity, summarize
+from quantgate.gate.checks import evaluate
+from quantgate.gate.models import (FidelityEvidence, Gap, GateEvidence, Interval, JudgeEvidence, ParityEvidence,
+                                   RateEvidence, Ratio, Stat)
 from quantgate.gate.policy import load_policy
 
 BASELINE = "baseline"
@@ -53,10 +61,11 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) else None
 
 
-def _stat(d: Mapping, higher: bool, file: Path) -> Stat:
+def _stat(d: Mapping, higher: bool, file: Path, binary: bool = False) -> Stat:
     return Stat(n=int(d.get("n") or 0), base=_num(d.get("base_mean")), cand=_num(d.get("cand_mean")),
                 delta=_num(d.get("delta")), ci_low=_num(d.get("ci_low")), ci_high=_num(d.get("ci_high")),
-                higher_is_better=higher, file=str(file))
+                higher_is_better=higher, binary=binary, sd_diff=_num(d.get("sd_diff")),
+                discordance=_num(d.get("discordance")), p_harm=_num(d.get("p_harm")), file=str(file))
 
 
 def candidates(run: Path | str) -> list[str]:
@@ -76,12 +85,19 @@ def _compare(run: Path, cand: str, ev: dict) -> None:
     data = _read(path)
     if not isinstance(data, dict) or not data:
         raise _Bad(f"{path} holds no eval set comparison")
+    comparison_evidence(data, path, ev)
+
+
+def comparison_evidence(data: Mapping[str, Mapping], path: Path, ev: dict) -> None:
+    """Fill ev's metrics, categories and pooled slots from {eval set: quantgate.evals.compare output}."""
     for set_name, report in data.items():
         for metric, m in report["metrics"].items():
-            higher = bool(m.get("higher_is_better", True))
-            ev["metrics"].setdefault(set_name, {})[metric] = _stat(m["overall"], higher, path)
+            higher, binary = bool(m.get("higher_is_better", True)), bool(m.get("binary", False))
+            ev["metrics"].setdefault(set_name, {})[metric] = _stat(m["overall"], higher, path, binary)
             for cat, d in m.get("by_category", {}).items():
-                ev["categories"].setdefault(set_name, {}).setdefault(cat, {})[metric] = _stat(d, higher, path)
+                ev["categories"].setdefault(set_name, {}).setdefault(cat, {})[metric] = _stat(d, higher, path, binary)
+        if isinstance(report.get("pooled"), Mapping):
+            ev["pooled"][set_name] = _stat(report["pooled"], True, path, True)
 
 
 def _eval_error_rate(variant: str, set_name: str, folder: Path) -> RateEvidence:
@@ -161,12 +177,10 @@ def _recall(folder: Path, ev: dict) -> None:
         pairs = _recall_pairs(base_dir / "requests.jsonl", folder / "requests.jsonl")
     for measure in ("recall", "exact"):
         key = "" if measure == "recall" else "_exact"
-        ci_low = ci_high = None
-        if pairs.get(measure):
-            ci_low, ci_high = bootstrap_ci([c - b for b, c in pairs[measure]], seed=0)
+        harm = paired_harm(pairs.get(measure) or [], binary=measure == "exact")
         ev["recall"][measure] = Stat(n=int(delta.get("n_paired") or 0), base=_num(overall.get(f"base{key}")),
                                      cand=_num(overall.get(f"cand{key}")), delta=_num(overall.get(f"delta{key}")),
-                                     ci_low=ci_low, ci_high=ci_high, file=str(path))
+                                     binary=measure == "exact", file=str(path), **harm)
     if not pairs:
         _gap(ev, "recall", f"per-request records of the baseline ({base_dir}) or candidate ({folder}) are missing: "
              "no confidence interval", str(path))
@@ -174,6 +188,24 @@ def _recall(folder: Path, ev: dict) -> None:
     n_all = n_err + int(delta.get("n_paired") or 0)
     if n_all:
         ev["error_rates"].append(RateEvidence(name="recall", rate=n_err / n_all, n=n_all, file=str(path)))
+
+
+def paired_harm(pairs: list[tuple[float, float]], binary: bool) -> dict[str, float | None]:
+    """The paired statistics the gate's harm test and power statement need, from (baseline, candidate) pairs."""
+    if not pairs:
+        return {}
+    drops = [b - c for b, c in pairs]
+    lo, hi = bootstrap_ci([-d for d in drops], seed=0)
+    mean = sum(drops) / len(drops)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in drops) / (len(drops) - 1)) if len(drops) > 1 else None
+    out: dict[str, float | None] = {"ci_low": lo, "ci_high": hi, "sd_diff": sd}
+    if binary:
+        lost = sum(1 for b, c in pairs if b > c)
+        gained = sum(1 for b, c in pairs if c > b)
+        out |= {"p_harm": harm_p_binary(lost, gained), "discordance": (lost + gained) / len(pairs)}
+    else:
+        out["p_harm"] = harm_p_paired(drops)
+    return out
 
 
 def _recall_pairs(base: Path, cand: Path) -> dict[str, list[tuple[float, float]]]:
@@ -202,6 +234,30 @@ def _judge(path: Path, ev: dict) -> None:
                                 lower_bound=_num(ni.get("lower_bound")), file=str(path))
 
 
+def _fidelity(path: Path, level: float) -> FidelityEvidence:
+    data = _read(path)
+    samples = [SampleFidelity.model_validate(x) for x in data["samples"]]
+    if not samples:
+        raise _Bad(f"{path} holds no scored sample")
+    return fidelity_evidence(samples, level, str(path))
+
+
+def fidelity_evidence(samples: list[SampleFidelity], level: float, file: str | None) -> FidelityEvidence:
+    """Per-sample fidelity -> the gate's evidence, with cluster-bootstrap intervals at `level`."""
+    s = summarize(samples, level=level)
+
+    def iv(x) -> Interval:
+        return Interval(mean=x.mean, low=x.low, high=x.high, level=x.level)
+
+    return FidelityEvidence(n_samples=s.n_samples, n_tokens=s.n_tokens, kl=iv(s.kl), top1=iv(s.top1),
+                            dnll=iv(s.dnll) if s.dnll is not None else None, file=file)
+
+
+def _fidelity_pair(run: Path, cand: str, level: float, ev: dict) -> None:
+    ev["fidelity"] = _fidelity(run / "fidelity" / f"{cand}.json", level)
+    ev["floor"] = _fidelity(run / "fidelity" / "floor.json", level)
+
+
 def _pay_off(source: Mapping | Path, ev: dict) -> None:
     file = None
     if not isinstance(source, Mapping):
@@ -218,14 +274,17 @@ def _pay_off(source: Mapping | Path, ev: dict) -> None:
 
 
 def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = None,
-            judge_report: Path | str | None = None, pay_off: Mapping | Path | str | None = None) -> GateEvidence:
+            judge_report: Path | str | None = None, pay_off: Mapping | Path | str | None = None,
+            fidelity_level: float = 0.90) -> GateEvidence:
     """Evidence of `candidate` (a scheme id, the variant's folder name) from a run folder; see the module docstring.
 
-    `pay_off` may be a mapping {"throughput_ratio": float, "size_ratio"?: float, "file"?: str} from the flow."""
+    `pay_off` may be a mapping {"throughput_ratio": float, "size_ratio"?: float, "file"?: str} from the flow.
+    Fidelity intervals are computed at `fidelity_level` (two-sided; the policy's alpha gives 1 - 2 * alpha)."""
     run = Path(run)
-    ev: dict[str, Any] = {"candidate": candidate, "metrics": {}, "categories": {}, "recall": {}, "error_rates": [],
-                          "gaps": {}}
+    ev: dict[str, Any] = {"candidate": candidate, "metrics": {}, "categories": {}, "pooled": {}, "recall": {},
+                          "error_rates": [], "gaps": {}}
     _try(ev, "compare", _compare, run, candidate, ev)
+    _try(ev, "fidelity", _fidelity_pair, run, candidate, fidelity_level, ev)
     base_ev = _try(ev, "error_rate", _variant, run, BASELINE, ev)
     cand_ev = _try(ev, "error_rate", _variant, run, candidate, ev)
     parity = (base_ev or {}).get("parity")
@@ -249,22 +308,25 @@ def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = 
 
 def policy_ref(path: Path | str) -> dict[str, str]:
     """How a decision names its policy: the file and its sha256."""
-    import hashlib
-
     path = Path(path)
     return {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def overall(verdicts: list[str]) -> str:
+    """A run's decision from its candidates': PROMOTE when one was promoted, else INCONCLUSIVE when one could not be
+    decided (more evidence might promote it), else REJECT."""
+    if "PROMOTE" in verdicts:
+        return "PROMOTE"
+    return "INCONCLUSIVE" if "INCONCLUSIVE" in verdicts else "REJECT"
 
 
 def write_decision(run: Path | str, decisions: list, out: Path | str | None = None) -> Path:
     """Write <run>/decision.json (or `out`): PROMOTE when some candidate is promoted (the first, in the given order),
     with every candidate's checks; and each candidate's own decision in <run>/<candidate>/decision.json."""
-    import datetime as dt
-
-
     run = Path(run)
     promoted = next((d.candidate for d in decisions if d.promoted), None)
     doc = {"schema_version": decisions[0].schema_version if decisions else 1,
-           "decision": "PROMOTE" if promoted else "REJECT", "promoted": promoted, "run": str(run),
+           "decision": overall([d.decision for d in decisions]), "promoted": promoted, "run": str(run),
            "policy": decisions[0].policy if decisions else None,
            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "candidates": {d.candidate: d.model_dump(mode="json") for d in decisions}}
@@ -296,7 +358,9 @@ def gate_run(run: Path | str, policy_path: Path | str, candidate_names: list[str
         raise QuantgateError("no candidate to gate: the run has no compare/<candidate>.json", where=str(run),
                              fix="pass --candidate NAME, or finish the release's compare step first")
     ref = {"name": policy.name, "version": policy.version, **policy_ref(policy_path)}
+    level = 1 - 2 * policy.fidelity.alpha if policy.fidelity else 0.90
     decisions = [evaluate(policy, collect(run, name, pay_off=(pay_off or {}).get(name),
                                           recall_dir=(recall_dirs or {}).get(name),
-                                          judge_report=(judge_reports or {}).get(name)), ref) for name in names]
+                                          judge_report=(judge_reports or {}).get(name), fidelity_level=level), ref)
+                 for name in names]
     return decisions, write_decision(run, decisions, out)

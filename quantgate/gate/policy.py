@@ -1,7 +1,8 @@
 """Gate policies (releases/policies/*.yaml): which checks a candidate must pass, with which limits. Data only.
 
-Load with `load_policy(path)`; unknown keys, wrong types and limits out of range are refused with the file, line
-and field. The checks themselves are in `quantgate.gate.checks`. Schema, in short:
+Load with `load_policy(path)`; unknown keys (with the closest known name suggested), wrong types, limits out of
+range, scheme ids that quant_recipes/schemes.yaml does not know, and a policy that enables no check at all are
+refused with the file, line and field. The checks themselves are in `quantgate.gate.checks`. Schema, in short:
 
     version: 1
     name: default
@@ -15,39 +16,47 @@ and field. The checks themselves are in `quantgate.gate.checks`. Schema, in shor
     error_rate: {max: 0.02}
     engine_parity: {}
     pay_off: {max_size_ratio: 0.75, min_throughput_ratio: 1.0}
+    statistics: {false_reject: 0.05, pooled_share: 0.6, power: 0.8}
+    pooled: {required: true}   # one paired harm test over every binary-scored sample of a set
+    fidelity: {families: {fp8: {max_kl: 0.01, min_top1: 0.95}, ...}, alpha: 0.05, max_floor_share: 0.5}
 
-Every check has `required` (missing or unreliable evidence: REJECT when true, skipped when false); present
-evidence is always enforced. Omit a section (or set it to null) to turn the check off.
+Every check has `required` (missing or unreliable evidence: INCONCLUSIVE when true, skipped when false); present
+evidence is always enforced. Omit a section (or set it to null) to turn the check off. `statistics` says how the
+task checks' harm tests share their false-alarm budget (quantgate.gate.statistical).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from quantgate.base.errors import ConfigError, did_you_mean
 from quantgate.base.paths import RELEASES
-from quantgate.base.yamlconfig import load_model
+from quantgate.base.yamlconfig import item_error, load_model, read_yaml
 from quantgate.evals.dataset import load_categories
 from quantgate.evals.metrics import load_table
+from quantgate.gate.models import Bound
+from quantgate.quantize.schemes import load_schemes
 
 DEFAULT_POLICY = RELEASES / "policies" / "default.yaml"
-Bound = Literal["ci", "point"]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 def _known_metric(name: str) -> str:
     table = load_table()
     if name not in table:
-        raise ValueError(f"unknown metric {name!r}; quantgate/evals/metrics/table.yaml has: {', '.join(sorted(table))}")
+        raise ValueError(f"unknown metric {name!r}{did_you_mean(name, table)}; quantgate/evals/metrics/table.yaml "
+                         f"has: {', '.join(sorted(table))}")
     return name
 
 
 def _known_category(name: str) -> str:
     known = load_categories()
     if name not in known:
-        raise ValueError(f"unknown category {name!r}; eval_sets/categories.yaml has: {', '.join(sorted(known))}")
+        raise ValueError(f"unknown category {name!r}{did_you_mean(name, known)}; eval_sets/categories.yaml has: "
+                         f"{', '.join(sorted(known))}")
     return name
 
 
@@ -77,7 +86,17 @@ class DropLimit(_Strict):
 
 class Family(DropLimit):
     """A scheme family (fp8, int8, w4a16, ...): the schemes in it and its limit on the primary metrics."""
-    schemes: list[str] = Field(min_length=1)
+    schemes: list[str] = Field(min_length=1, description="scheme ids of quant_recipes/schemes.yaml")
+
+    @field_validator("schemes")
+    @classmethod
+    def _schemes_known(cls, v: list[str]) -> list[str]:
+        known = [s.id for s in load_schemes().schemes]
+        for i, s in enumerate(v):
+            if s not in known:
+                raise item_error(i, f"unknown scheme {s!r}{did_you_mean(s, known)}; quant_recipes/schemes.yaml has: "
+                                    f"{', '.join(known)}")
+        return v
 
 
 class PrimaryCheck(_Strict):
@@ -100,7 +119,12 @@ class PrimaryCheck(_Strict):
     @field_validator("metrics")
     @classmethod
     def _metrics_known(cls, v: list[str]) -> list[str]:
-        return [_known_metric(m) for m in v]
+        for i, m in enumerate(v):
+            try:
+                _known_metric(m)
+            except ValueError as exc:
+                raise item_error(i, str(exc)) from None  # at the item's own line
+        return v
 
     def family_of(self, scheme: str | None) -> str | None:
         return next((n for n, f in self.families.items() if scheme in f.schemes), None)
@@ -155,6 +179,36 @@ class PayOffCheck(_Strict):
     required: bool = False
 
 
+class Statistics(_Strict):
+    """How the task checks' harm tests spend their false-alarm budget, and the power at which minimum detectable
+    drops are stated."""
+    false_reject: float = Field(0.05, gt=0, lt=0.5, description="P(a lossless candidate is rejected by a task "
+                                "check) at most this, across all task checks (Holm)")
+    pooled_share: float = Field(0.6, ge=0, le=1, description="share of false_reject given to the pooled harm test")
+    power: float = Field(0.8, ge=0.5, lt=1)
+
+
+class PooledCheck(_Strict):
+    """One paired harm test per eval set over every sample scored with a binary metric (quantgate.evals.compare):
+    the most sensitive task check at a few hundred samples. Its limit is the family's primary limit."""
+    required: bool = True
+
+
+class FidelityLimit(_Strict):
+    max_kl: float = Field(gt=0, le=10, description="mean per-token KL(baseline || candidate), nats")
+    min_top1: Fraction | None = Field(None, description="share of positions with the same most likely token")
+
+
+class FidelityCheck(_Strict):
+    """Teacher-forced fidelity (quantgate.fidelity): per-family limits on KL and top-1 agreement, each judged on a
+    one-sided bound at level `alpha`; a noise floor above `max_floor_share` of the KL limit makes the check
+    inconclusive (the gate cannot tell quantization from engine noise)."""
+    families: dict[str, FidelityLimit] = Field(min_length=1)
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="P(PROMOTE | fidelity exactly at its limit) at most this")
+    max_floor_share: float = Field(0.5, gt=0, le=1)
+    required: bool = True
+
+
 class GatePolicy(_Strict):
     version: Literal[1]
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -168,10 +222,16 @@ class GatePolicy(_Strict):
     error_rate: ErrorRateCheck | None = None
     engine_parity: ParityCheck | None = None
     pay_off: PayOffCheck | None = None
+    statistics: Statistics = Field(default_factory=Statistics)
+    pooled: PooledCheck | None = None
+    fidelity: FidelityCheck | None = None
 
     @model_validator(mode="after")
     def _families_known(self):
         families = set(self.primary.families) if self.primary else set()
+        if self.fidelity and set(self.fidelity.families) - families:
+            raise ValueError(f"fidelity.families: {sorted(set(self.fidelity.families) - families)} are not in "
+                             "primary.families")
         for c, v in self.categories.items():
             if set(v.by_family) - families:
                 raise ValueError(f"categories.{c}.by_family: {sorted(set(v.by_family) - families)} are not in primary.families")
@@ -181,6 +241,28 @@ class GatePolicy(_Strict):
         return check.bound or self.bound
 
 
+def _is_check(annotation) -> bool:
+    """A check section: a model with a `required` flag (or a mapping of them, like `categories`)."""
+    return any(isinstance(t, type) and issubclass(t, BaseModel) and "required" in t.model_fields
+               for t in (annotation, *get_args(annotation)))
+
+
+CHECK_SECTIONS = tuple(n for n, f in GatePolicy.model_fields.items() if _is_check(f.annotation))
+
+
+def enabled_checks(policy: GatePolicy) -> list[str]:
+    """The check sections the policy turns on (present and not null/empty)."""
+    return [n for n in CHECK_SECTIONS if getattr(policy, n)]
+
+
 def load_policy(path: Path | str = DEFAULT_POLICY) -> GatePolicy:
-    """Read and validate a policy file; errors name the file, line and field."""
-    return load_model(Path(path), GatePolicy)
+    """Read and validate a policy file; errors name the file, line and field. A policy that enables no check
+    is refused: it could never reject a candidate."""
+    path = Path(path)
+    policy = load_model(path, GatePolicy)
+    if not enabled_checks(policy):
+        _, lines = read_yaml(path)
+        raise ConfigError(f"the policy enables no check: none of the check fields {', '.join(CHECK_SECTIONS)} is "
+                          "set, so it could never reject a candidate", where=f"{path}:{lines.get((), 1)}",
+                          fix="add a check section, e.g. `error_rate: {max: 0.02}` (see releases/policies/default.yaml)")
+    return policy

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from quantgate.base.errors import QuantgateError
+from quantgate.base.yamlconfig import read_text
 from quantgate.judge.core import wilson
 from quantgate.judge.report import render_markdown
 from quantgate.judge.run import write_json
@@ -89,9 +90,10 @@ def to_html(rows: Sequence[dict], title: str = "quantgate human review") -> str:
     return template.replace("__TITLE__", title).replace("__ROWS__", data).replace("__COLUMNS__", json.dumps(COLUMNS))
 
 
-def parse_filled(text: str, key: dict, source: str) -> tuple[dict[str, str], int, int]:
+def parse_filled(text: str, key: dict | None, source: str) -> tuple[dict[str, str], int, int]:
     """review_id -> choice ('A'/'B'/'TIE') from a filled CSV; (choices, blank rows, rows). Every bad row is reported
-    with its CSV line (the line where the row starts)."""
+    with its CSV line (the line where the row starts). Without a key (`quantgate check`) review ids are not matched
+    against one."""
     problems: list[str] = []
     rdr = csv.reader(io.StringIO(text.lstrip("\ufeff"), newline=""))
     try:
@@ -122,7 +124,7 @@ def parse_filled(text: str, key: dict, source: str) -> tuple[dict[str, str], int
             problems.append(f"{source}:{start}: {len(row)} fields, the header has {len(header)}")
             continue
         rid, choice = row[idx_id].strip(), row[idx_choice].strip().upper()
-        if rid not in key["items"]:
+        if key is not None and rid not in key["items"]:
             problems.append(f"{source}:{start}: unknown review_id {rid!r} (not in the key)")
             continue
         if rid in first_line:
@@ -146,6 +148,17 @@ def parse_filled(text: str, key: dict, source: str) -> tuple[dict[str, str], int
     if not choices:
         raise QuantgateError("no row has a choice", where=source, fix="fill the 'choice' column with A, B or TIE")
     return choices, blank, rows
+
+
+def read_csv(path: Path | str) -> str:
+    """A review CSV's text: UTF-8 (a byte-order mark and CRLF accepted); a byte that is not UTF-8 names its line."""
+    return read_text(path)
+
+
+def check_csv(path: Path | str) -> int:
+    """Validate a filled review CSV as `import_review` would, except for matching review ids against the key (which
+    lives elsewhere); the number of rows."""
+    return parse_filled(read_csv(path), None, str(path))[2]
 
 
 def unblind(choices: dict[str, str], key: dict) -> dict[str, str]:
@@ -209,7 +222,7 @@ def import_review(judge_dir: Path | str, csv_path: Path | str, key_path: Path | 
             raise QuantgateError("file not found", where=str(p), fix=fix)
     key = json.loads(key_path.read_text(encoding="utf-8"))
     report = json.loads((judge_dir / "report.json").read_text(encoding="utf-8"))
-    choices, blank, _ = parse_filled(csv_path.read_text(encoding="utf-8"), key, str(csv_path))
+    choices, blank, _ = parse_filled(read_csv(csv_path), key, str(csv_path))
     human = human_summary(unblind(choices, key), report["comparison"].get("winners", {}),
                           n_exported=len(key["items"]), n_blank=blank)
     write_json(judge_dir / "human.json", human)

@@ -1,7 +1,8 @@
 """The scheme ladder (pure, no I/O): which schemes a release tries next, and what became of each.
 
 With `ladder: true` a spec's `schemes` is a preference order: the first scheme is quantized, evaluated, judged and
-gated; only when it is REJECTED is the next one tried, and the release stops at the first PROMOTE. Without a
+gated; only when it is not promoted (REJECT or INCONCLUSIVE) is the next one tried, and the release stops at the
+first PROMOTE. Without a
 ladder every scheme is one rung, tried at once (the release's default).
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-PROMOTE, REJECT = "PROMOTE", "REJECT"
+PROMOTE, REJECT, INCONCLUSIVE = "PROMOTE", "REJECT", "INCONCLUSIVE"
 
 
 def next_rung(schemes: Sequence[str], decided: Mapping[str, str], ladder: bool) -> list[str]:
@@ -39,7 +40,8 @@ def rungs(schemes: Sequence[str], decided: Mapping[str, str], reasons: Mapping[s
 
 def describe(rows: Sequence[Mapping]) -> str:
     """One line for the summary's notes: `scheme ladder: a REJECT (first reason), b PROMOTE; not tried: c`."""
-    tried = [f"{r['scheme']} {r['status']}" + (f" ({r['reasons'][0]})" if r["status"] == REJECT and r["reasons"] else "")
-             for r in rows if r["status"] in (PROMOTE, REJECT)]
-    rest = [r["scheme"] for r in rows if r["status"] not in (PROMOTE, REJECT)]
+    done = (PROMOTE, REJECT, INCONCLUSIVE)
+    tried = [f"{r['scheme']} {r['status']}" + (f" ({r['reasons'][0]})" if r["status"] != PROMOTE and r["reasons"] else "")
+             for r in rows if r["status"] in done]
+    rest = [r["scheme"] for r in rows if r["status"] not in done]
     return "scheme ladder: " + (", ".join(tried) or "nothing tried") + (f"; not tried: {', '.join(rest)}" if rest else "")

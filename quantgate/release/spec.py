@@ -25,9 +25,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from quantgate.base.errors import QuantgateError
+from quantgate.base.errors import QuantgateError, did_you_mean
 from quantgate.base.paths import JUDGES
-from quantgate.base.yamlconfig import load_model
+from quantgate.base.yamlconfig import item_error, load_model
 from quantgate.judge.run import load_judge
 from quantgate.quantize.calibration import CalibrationSpec
 from quantgate.quantize.recipes import RecipeOverrides
@@ -95,6 +95,24 @@ class PerfSpec(BaseModel):
     repeats: int = Field(2, ge=1, description="medians over this many runs per level")
 
 
+class FidelitySpec(BaseModel):
+    """Teacher-forced fidelity (quantgate.fidelity): the baseline's answers scored by every variant through prompt
+    logprobs; the baseline scores them twice for the noise floor. Token-level evidence, thousands of tokens."""
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int | None = Field(120, ge=1, description="baseline answers to score (stratified); None: all")
+    top_k: int = Field(10, ge=1, le=20, description="prompt logprobs per position (vLLM's --max-logprobs bounds it, "
+                                                    "default 20)")
+    concurrency: int = Field(8, ge=1, description="requests in flight on the main path (the floor's path sends one "
+                                                  "at a time)")
+    corpus: Path | None = Field(None, description="optional text file of passages scored as well")
+
+    @field_validator("corpus")
+    @classmethod
+    def _corpus_exists(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve(v, info)
+
+
 def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
     """Resolve a path relative to the spec file and check that it exists."""
     if value is None:
@@ -113,7 +131,7 @@ class JudgeSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    template: Path = Field(JUDGES / "pairwise.md", validate_default=True,
+    template: Path = Field(str(JUDGES / "pairwise.md"), validate_default=True,  # text: files validate as JSON
                            description="judges/*.md prompt template, its .yaml sidecar beside it")
     endpoint: str | None = Field(None, pattern=r"^https?://", description="remote judge server, e.g. https://host/v1")
     model: str | None = Field(None, description="the model name the endpoint serves (required with endpoint)")
@@ -180,11 +198,19 @@ class ReleaseSpec(BaseModel):
     eval: EvalSpec = Field(default_factory=EvalSpec)
     recall: RecallSpec | None = Field(default_factory=RecallSpec, description="null: no recall run (a policy requiring it rejects)")
     perf: PerfSpec | None = Field(default_factory=PerfSpec, description="null: no performance probe")
+    fidelity: FidelitySpec | None = Field(default_factory=FidelitySpec, description="null: no fidelity scoring (a "
+                                          "policy requiring fidelity is then inconclusive)")
 
     @field_validator("eval_sets")
     @classmethod
     def _eval_sets_exist(cls, v: list[Path], info: ValidationInfo) -> list[Path]:
-        return [_resolve(p, info) for p in v]
+        out = []
+        for i, p in enumerate(v):
+            try:
+                out.append(_resolve(p, info))
+            except ValueError as exc:
+                raise item_error(i, str(exc)) from None  # at the item's own line
+        return out
 
     @field_validator("policy")
     @classmethod
@@ -224,10 +250,12 @@ class ReleaseSpec(BaseModel):
         profile = get_profile(hardware)
         unsupported = [s for s in v if s not in profile.schemes]
         if unsupported:
-            raise ValueError(f"{unsupported} do not run on {profile.id} ({profile.name}); it runs: {', '.join(profile.schemes)}")
+            hints = "".join(f"; {s!r}{hint}" for s in unsupported if (hint := did_you_mean(s, profile.schemes)))
+            raise item_error(v.index(unsupported[0]), f"{unsupported} do not run on {profile.id} ({profile.name}); "
+                             f"it runs: {', '.join(profile.schemes)}{hints}")
         twice = sorted({s for s in v if v.count(s) > 1})
         if twice:
-            raise ValueError(f"{twice} listed more than once")
+            raise item_error(v.index(twice[0], v.index(twice[0]) + 1), f"{twice} listed more than once")
         return v
 
 

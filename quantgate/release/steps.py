@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,14 +31,14 @@ from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.paths import results_dir
 from quantgate.evals.run import compare_dirs, run_eval
-from quantgate.gate.evidence import gate_run
+from quantgate.gate.evidence import gate_run, overall
 from quantgate.gate.policy import load_policy
 from quantgate.parity.engine import run_parity
 from quantgate.perf.compare import compare as perf_compare
 from quantgate.perf.probe import load_result, probe
 from quantgate.recall import run as recall
 from quantgate.recall.run import build_checked_grid, run_recall
-from quantgate.release import registry
+from quantgate.release import fidelity_step, registry
 from quantgate.release.judge_step import api_key, failure, judge_candidates
 from quantgate.release.ladder import describe, next_rung, rungs
 from quantgate.release.runrecord import git_state, new_run_id, package_versions, run_dir
@@ -116,8 +117,10 @@ def _complete(eval_dir: Path) -> bool:
 
 
 def _measure(spec: ReleaseSpec, variant: Variant, srv, cache: Path, evals: dict[str, Path], todo: list[str],
-             recall: Path | None, perf: Path | None, *, parity_dtype: str | None, tokenizer: Path, log: Log) -> None:
-    """Everything measured on one running server: engine parity, the eval sets, the recall grid, the perf probe."""
+             recall: Path | None, perf: Path | None, fidelity: Mapping[str, Path], *, parity_dtype: str | None,
+             tokenizer: Path, reference: Mapping[str, Path], log: Log) -> None:
+    """Everything measured on one running server: engine parity, the eval sets, teacher-forced fidelity (of the
+    baseline's answers: `reference` holds its eval folders), the recall grid, the perf probe."""
     if parity_dtype:
         report = run_parity(variant.path, srv.base_url, srv.api_key, variant.name, cache, dtype=parity_dtype)
         log(f"{variant.name}: engine parity {report.verdict}: {report.reason}")
@@ -126,6 +129,8 @@ def _measure(spec: ReleaseSpec, variant: Variant, srv, cache: Path, evals: dict[
         run_eval(next(p for p in spec.eval_sets if p.stem == name), srv.base_url, variant.name, evals[name],
                  concurrency=spec.eval.concurrency, limit=spec.eval.limit, api_key=srv.api_key,
                  model_hash=variant.content_hash, max_error_rate=spec.eval.max_error_rate, progress=False)
+    if fidelity:
+        fidelity_step.measure(spec, variant.name, srv, fidelity, fidelity_step.sequences(spec, reference, tokenizer), log)
     if recall is not None:
         r = spec.recall
         log(f"{variant.name}: long-context recall, lengths {r.lengths} x depths {r.depths} x {r.kinds}")
@@ -136,9 +141,10 @@ def _measure(spec: ReleaseSpec, variant: Variant, srv, cache: Path, evals: dict[
 
 
 def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity: bool, tokenizer: Path | None = None,
-                       log: Log = print) -> Evidence:
+                       reference: Mapping[str, Path] | None = None, log: Log = print) -> Evidence:
     """Serve one variant under its plan and measure it. `tokenizer` (default: the variant's) makes the perf probe
-    send the same prompts to every variant: pass the baseline's.
+    and the fidelity sequences the same for every variant: pass the baseline's. `reference`: the baseline's eval
+    folders, whose answers every candidate scores for fidelity (default: this variant's own: the baseline).
 
     The activation dtype is the plan's (or serving.dtype): on CPU the unquantized baseline runs FP32 (BF16 fails
     engine parity there) while quantized kernels need BF16 ("cpu_gemm_wna16 not implemented for 'Float'"), so the
@@ -156,8 +162,10 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity
     need_recall = recall is not None and not (recall / "cells.json").is_file()
     perf = _perf_dir(cache, spec)
     need_perf = perf is not None and not _perf_ok(perf)
+    fid = fidelity_step.dump_dirs(cache, spec, reference or evals, baseline=reference is None) if spec.fidelity else {}
+    need_fid = bool(fid) and not fidelity_step.done(fid)
     server = make_server(config, folder)
-    served = bool(todo or need_parity or need_recall or need_perf)
+    served = bool(todo or need_parity or need_recall or need_perf or need_fid)
     if served:
         nodes = getattr(config, "nodes", None)
         if nodes:
@@ -168,8 +176,8 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity
         with server as srv:
             try:
                 _measure(spec, variant, srv, cache, evals, todo, recall if need_recall else None, perf if need_perf else None,
-                         parity_dtype=_arg(config.args, "--dtype", "float32") if need_parity else None,
-                         tokenizer=tokenizer or variant.path, log=log)
+                         fid if need_fid else {}, parity_dtype=_arg(config.args, "--dtype", "float32") if need_parity
+                         else None, tokenizer=tokenizer or variant.path, reference=reference or evals, log=log)
             except Exception:
                 srv.raise_if_dead()  # a dead server explains the failure better than a refused connection
                 raise
@@ -182,7 +190,7 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity
     ev = Evidence(variant=variant, folder=folder, cache=cache, serve_command=server.command, parity=parity_report,
                   node_commands=getattr(server, "commands", []),
                   dtype=_arg(config.args, "--dtype", None),
-                  evals=evals, recall=recall, perf=perf, served=served)
+                  evals=evals, recall=recall, perf=perf, fidelity=fid, served=served)
     write_json(folder / "evidence.json", ev.model_dump(mode="json"))
     return ev
 
@@ -196,6 +204,8 @@ def compare_variants(baseline: Evidence, candidate: Evidence, run: Path) -> dict
     write_json(run / "compare" / f"{candidate.variant.name}.json", out)
     if baseline.recall is not None and candidate.recall is not None:
         recall.compare_dirs(baseline.recall, candidate.recall, run / candidate.variant.name / "recall", candidate.variant.name)
+    if baseline.fidelity and candidate.fidelity:
+        fidelity_step.compare(run, baseline.fidelity, candidate.variant.name, candidate.fidelity)
     if baseline.perf is not None and candidate.perf is not None:
         ratios = perf_compare(load_result(baseline.perf), load_result(candidate.perf))
         write_json(run / candidate.variant.name / "pay_off.json", {**ratios, "file": str(candidate.perf / "perf.json")})
@@ -268,7 +278,7 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidenc
                                         "decision": by_name[c.variant.name].decision,
                                         "reasons": by_name[c.variant.name].reasons,
                                         "registry": promotions.get(c.variant.name, {}).get("path")} for c in cands},
-        "decision": "PROMOTE" if promoted else "REJECT",
+        "decision": overall([d.decision for d in decisions]),
         "promoted": promoted,
         "notes": [f"{c.variant.name} was served with {c.dtype or 'auto'} activations, the baseline with {base.dtype or 'auto'}: "
                   "its deltas include the engine's numerics at that dtype, not only the quantized weights"

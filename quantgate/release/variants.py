@@ -42,6 +42,7 @@ class Evidence(BaseModel):
     evals: dict[str, Path] = {}    # eval set name -> run directory of quantgate.evals.run
     recall: Path | None = None     # run directory of quantgate.recall.run (None: no recall in the spec)
     perf: Path | None = None       # output directory of quantgate.perf.probe (None: no probe in the spec)
+    fidelity: dict[str, Path] = {}  # "main" (and for the baseline "alt") -> logprob dump folder (quantgate.fidelity)
     served: bool                   # False when every result came from the cache
 
 

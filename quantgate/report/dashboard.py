@@ -15,6 +15,9 @@ from quantgate.report.page import TEMPLATES, _env, write_report
 from quantgate.report.runview import run_folders
 from quantgate.report.store import Store, default_path
 
+# PROMOTE, REJECT (harm detected), INCONCLUSIVE (too little evidence to decide: not promoted), then anything else
+DECISION_ORDER = {"PROMOTE": 0, "REJECT": 1, "INCONCLUSIVE": 2, "UNKNOWN": 3}
+
 
 def build(results: Path | str, db: Path | str | None = None, *, log=print) -> Path:
     """Ingest every run, (re)write the reports of new or changed runs, write the index; returns its path."""
@@ -65,15 +68,15 @@ def render(store: Store, results: Path, out_dir: Path) -> str:
         report = Path(r["folder"]) / "report.html"
         href = os.path.relpath(report, out_dir) if report.is_file() else None
         mine = [c for c in cands if c["run_id"] == r["run_id"]] if r["run_id"] in with_cands else [
-            {"candidate": None, "scheme": None, "decision": r["decision"], "size_ratio": None, "throughput_ratio": None,
-             "recall_delta": None, "judge_net": None}]
+            {"candidate": None, "scheme": None, "decision": r["decision"], "needs": None, "size_ratio": None,
+             "throughput_ratio": None, "recall_delta": None, "judge_net": None}]
         for c in mine:
-            rows.append({**r, **{k: c[k] for k in ("candidate", "scheme", "size_ratio", "throughput_ratio",
+            rows.append({**r, **{k: c[k] for k in ("candidate", "scheme", "needs", "size_ratio", "throughput_ratio",
                                                    "recall_delta", "judge_net")},
                          "cand_decision": c["decision"] or "UNKNOWN", "href": href})
     rows.reverse()  # newest first
     options = {k: sorted({str(r[k]) for r in rows if r[k]}) for k in ("model", "scheme", "hardware")}
-    options["decision"] = sorted({r["cand_decision"] for r in rows})
+    options["decision"] = sorted({r["cand_decision"] for r in rows}, key=lambda v: (DECISION_ORDER.get(v, 9), v))
     return _env(True).get_template("dashboard.html").render(
         css=(TEMPLATES / "style.css").read_text(encoding="utf-8"), rows=rows, options=options, blocks=trends(store),
         results=str(results), n_runs=len(store.runs()))

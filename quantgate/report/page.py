@@ -9,25 +9,19 @@ disk and when the results folder is served.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from quantgate.report import charts
+from quantgate.report import charts, sections
 from quantgate.report.runview import BASELINE, Candidate, Gap, RunView, load_run, size_ratio
+from quantgate.report.sections import d as _d, need as _need, num as _num
 
 TEMPLATES = Path(__file__).with_name("templates")
-MAX_REGRESSIONS = 40
-
-
-def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) else None
-
-
-def _d(x: Any) -> dict:
-    return x if isinstance(x, dict) else {}
+MD_FLIPS = 10            # flips listed in the Markdown summary (the HTML report lists up to sections.MAX_REGRESSIONS)
+MD_OUTPUT_CHARS = 160    # model outputs are cut to this in the Markdown summary
+BADGES = {"pass": "pass", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "skip"}
 
 
 class Links:
@@ -51,13 +45,6 @@ def _section(view: RunView, name: str, fn: Callable[[], Any]) -> Any:
         return None
 
 
-def _need(x: Any, kind: type, what: str) -> Any:
-    """x when it has the expected JSON type; else a TypeError that the section turns into a gap."""
-    if not isinstance(x, kind):
-        raise TypeError(f"{what} should be a JSON {'object' if kind is dict else 'array'}, found {type(x).__name__}")
-    return x
-
-
 def _stat_row(set_name: str, metric: str, category: str, s: dict) -> dict:
     return {"set": set_name, "metric": metric, "category": category, "n": s.get("n"),
             **{k: _num(s.get(k)) for k in ("base_mean", "cand_mean", "delta", "ci_low", "ci_high", "mcnemar_p")}}
@@ -71,24 +58,6 @@ def _deltas(c: Candidate) -> list[dict]:
                                                                  f"{set_name}/{metric}: overall")))
             rows += [_stat_row(set_name, metric, cat, _d(s)) for cat, s in sorted(_d(m.get("by_category")).items())]
     return rows
-
-
-def _regressions(c: Candidate) -> dict:
-    regs = [r for k, rep in _d(c.compare).items() for r in _need(_d(rep).get("regressions") or [], list, f"{k}: regressions")]
-    return {"n": len(regs), "shown": [{"id": r.get("id"), "category": r.get("category"), "metric": r.get("metric"),
-                                       "references": r.get("references") or [], "base": r.get("base_output"),
-                                       "cand": r.get("cand_output")} for r in regs[:MAX_REGRESSIONS]]}
-
-
-def _checks(c: Candidate, link: Links) -> dict | None:
-    if c.decision is None:
-        return None
-    return {"decision": c.decision.get("decision"), "family": c.decision.get("family"),
-            "reasons": c.decision.get("reasons") or [],
-            "checks": [{"name": ch.get("name"), "measured": ch.get("measured"), "limit": ch.get("limit"),
-                        "bound": ch.get("bound"), "required": ch.get("required"), "passed": ch.get("passed"),
-                        "evidence": link(ch.get("evidence_file")), "reason": ch.get("reason")}
-                       for ch in c.decision.get("checks") or []]}
 
 
 def _judge(c: Candidate) -> dict | None:
@@ -149,20 +118,21 @@ def _perf(view: RunView, c: Candidate) -> dict:
                                              "weights_bytes": q.get("weights_bytes"), "compression": _num(q.get("compression_ratio"))}}
 
 
-def _candidate(view: RunView, c: Candidate, link: Links) -> dict:
-    out: dict[str, Any] = {"name": c.name, "scheme": _d(c.summary).get("scheme") or c.name,
-                           "gaps": [g for g in view.gaps if g.what.startswith(f"{c.name}:")]}
-    out["checks"] = _section(view, f"{c.name}: checks", lambda: _checks(c, link))
+def _candidate(view: RunView, c: Candidate, link: Links, floor: dict | None) -> dict:
+    out: dict[str, Any] = {"name": c.name, "scheme": _d(c.summary).get("scheme") or c.name}
+    out["checks"] = _section(view, f"{c.name}: checks", lambda: sections.checks(c.decision, link))
     out["deltas"] = _section(view, f"{c.name}: comparison", lambda: _deltas(c)) or []
     out["forest"] = _section(view, f"{c.name}: chart", lambda: charts.forest(
         [{**r, "label": f"{r['set']}/{r['metric']}/{r['category']}"} for r in out["deltas"]], f"{c.name} vs baseline"))
-    out["regressions"] = _section(view, f"{c.name}: regressions", lambda: _regressions(c))
+    out["flips"] = _section(view, f"{c.name}: flips", lambda: sections.flips(c.compare))
+    out["fidelity"] = _section(view, f"{c.name}: fidelity", lambda: sections.fidelity(c.fidelity, floor))
     out["judge"] = _section(view, f"{c.name}: judge", lambda: _judge(c))
     out["human"] = _section(view, f"{c.name}: human review", lambda: _human(c))
     out["recall"] = _section(view, f"{c.name}: recall", lambda: _recall(c))
     out["perf"] = _section(view, f"{c.name}: performance", lambda: _perf(view, c)) or \
         {"size_ratio": None, "ratios": {}, "concurrency": None, "quant": None}
     out["decision"] = (out["checks"] or {}).get("decision") or _d(c.summary).get("decision")
+    out["gaps"] = [g for g in view.gaps if g.what.startswith(f"{c.name}:")]  # the sections' own gaps included
     return out
 
 
@@ -174,7 +144,8 @@ def context(view: RunView, out_dir: Path, link_root: Path) -> dict:
     """Everything the templates show, as plain values."""
     link = Links(out_dir, link_root)
     run, dec = view.run or {}, view.decision or {}
-    cands = [_candidate(view, c, link) for c in view.candidates.values()]
+    floor = _section(view, "fidelity noise floor", lambda: sections.fidelity_summary(view.floor))
+    cands = [_candidate(view, c, link, floor) for c in view.candidates.values()]
     points = [{"name": c["name"], "size_ratio": c["perf"].get("size_ratio"),
                "throughput_ratio": c["perf"].get("ratios", {}).get("throughput_ratio"),
                "deltas": [(f"{r['set']}/{r['metric']}", r["delta"], r["ci_low"], r["ci_high"])
@@ -200,7 +171,8 @@ def _env(autoescape: bool):
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=autoescape,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(num=_fmt_num, pct=_pct, signed=_fmt_signed, mdcell=_mdcell, mark=_mark)
+    env.filters.update(num=_fmt_num, pct=_pct, signed=_fmt_signed, sig=_fmt_sig, interval=_fmt_interval,
+                       mdcell=_mdcell, mdcode=_mdcode, cut=_cut, mark=_mark)
     return env
 
 
@@ -214,12 +186,45 @@ def _fmt_signed(x: Any, digits: int = 3) -> str:
     return "—" if _num(x) is None else f"{x:+.{digits}f}"
 
 
-def _mark(passed: Any) -> str:
-    return {True: "pass", False: "FAIL"}.get(passed, "skip")
+def _fmt_sig(x: Any, digits: int = 3) -> str:
+    return "—" if _num(x) is None else f"{x:.{digits}g}"
+
+
+def _fmt_interval(iv: Any, fmt: str = "sig") -> str:
+    """"mean [low, high]" of a sections.interval (either end may be missing); "—" without one."""
+    if not isinstance(iv, dict) or _num(iv.get("mean")) is None:
+        return "—"
+    f = _pct if fmt == "pct" else _fmt_sig
+    ends = f" [{f(iv.get('low'))}, {f(iv.get('high'))}]" if iv.get("low") is not None or iv.get("high") is not None else ""
+    return f"{f(iv['mean'])}{ends}"
+
+
+def _mark(outcome: Any) -> str:
+    """A check's badge (also its CSS class): pass / FAIL / INCONCLUSIVE / skip. Schema 1's `passed` still maps."""
+    if isinstance(outcome, bool) or outcome is None:
+        outcome = {True: "pass", False: "fail"}.get(outcome, "skipped")
+    return BADGES.get(str(outcome), str(outcome))
+
+
+_MD_ESCAPES = str.maketrans({"\\": "\\\\", "&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|", "[": "\\[", "]": "\\]",
+                             "`": "\\`"})
 
 
 def _mdcell(x: Any) -> str:
-    return " ".join(str("" if x is None else x).split()).replace("|", "\\|")
+    """Untrusted text for one line or table cell of the Markdown summary: whitespace folded; HTML (<, >, &) turned
+    into entities so no tag or entity from a model output passes into the artifact; | [ ] ` backslash-escaped so it
+    cannot split a cell, open a link or image, or start a code span."""
+    return " ".join(str("" if x is None else x).split()).translate(_MD_ESCAPES)
+
+
+def _mdcode(x: Any) -> str:
+    """Text for inside a Markdown code span (`...`): one line, no backtick to close the span early."""
+    return " ".join(str("" if x is None else x).split()).replace("`", "'")
+
+
+def _cut(x: Any, n: int = MD_OUTPUT_CHARS) -> str:
+    text = "" if x is None else str(x)
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def render_html(ctx: dict) -> str:
@@ -227,7 +232,7 @@ def render_html(ctx: dict) -> str:
 
 
 def render_markdown(ctx: dict, html_name: str | None = None) -> str:
-    return _env(False).get_template("report.md.j2").render(html_name=html_name, **ctx)
+    return _env(False).get_template("report.md.j2").render(html_name=html_name, md_flips=MD_FLIPS, **ctx)
 
 
 def default_root(run: Path) -> Path:

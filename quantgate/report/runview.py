@@ -4,7 +4,7 @@ A file that is missing, unreadable or of the wrong shape leaves its slot None an
 and why; evidence a spec did not ask for (no judge, no recall) is `absent` rather than a gap. Files read (see
 quantgate/release/steps.py and quantgate/gate/evidence.py for who writes them):
 
-    run.json, summary.json, decision.json, compare/<cand>.json
+    run.json, summary.json, decision.json, compare/<cand>.json, fidelity/<cand>.json, fidelity/floor.json
     <variant>/evidence.json, <variant>/quantization.json, <perf folder>/perf.json
     <cand>/recall/{cells.json, delta.json, heatmap.png, delta_heatmap.png}, <cand>/pay_off.json
     <cand>/judge/{report.json, human.json, review_key.json}
@@ -53,6 +53,7 @@ class Candidate:
     judge_dir: Path | None = None
     human: dict | None = None
     review_key: dict | None = None
+    fidelity: dict | None = None  # fidelity/<name>.json: teacher-forced fidelity against the baseline
 
 
 @dataclass
@@ -63,6 +64,7 @@ class RunView:
     run: dict | None = None
     summary: dict | None = None
     decision: dict | None = None
+    floor: dict | None = None     # fidelity/floor.json: the baseline against itself (the noise floor)
     variants: dict[str, Variant] = field(default_factory=dict)
     candidates: dict[str, Candidate] = field(default_factory=dict)
     gaps: list[Gap] = field(default_factory=list)
@@ -139,12 +141,27 @@ def _started(folder: Path, run_id: str, decision: dict | None) -> str:
     return dt.datetime.fromtimestamp(folder.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def _rows(doc: dict | None) -> dict:
+    """summary.json's or decision.json's "candidates" object; {} when it is missing or not an object."""
+    rows = (doc or {}).get("candidates")
+    return rows if isinstance(rows, dict) else {}
+
+
+def _row(view: RunView, doc: dict | None, name: str, what: str, none: str) -> dict | None:
+    """The candidate's object in summary.json or decision.json; a gap when the file was read but has none."""
+    row = _rows(doc).get(name)
+    if doc is not None and not isinstance(row, dict):
+        why = none if row is None else f"expected a JSON object for this candidate, found {type(row).__name__}"
+        view.gaps.append(Gap(f"{name}: {what}", str(view.folder / f"{what}.json"), why))
+    return row if isinstance(row, dict) else None
+
+
 def _candidate_names(view: RunView) -> list[str]:
     order = [str(s) for s in view.spec.get("schemes") or []]
     found = {p.stem for p in (view.folder / "compare").glob("*.json")}
     found |= {s for s in order if (view.folder / s).is_dir()}
-    found |= set(((view.summary or {}).get("candidates") or {}))
-    found |= set(((view.decision or {}).get("candidates") or {}))
+    found |= set(_rows(view.summary))
+    found |= set(_rows(view.decision))
     return sorted(found, key=lambda c: (order.index(c) if c in order else len(order), c))
 
 
@@ -165,16 +182,17 @@ def _optional(view: RunView, spec_key: str) -> bool:
     return view.spec.get(spec_key) is not None
 
 
+def _want_fidelity(view: RunView) -> bool:
+    return _optional(view, "fidelity") or (view.folder / "fidelity").is_dir()
+
+
 def _candidate(view: RunView, name: str) -> Candidate:
     c = Candidate(name)
     folder = view.folder / name
-    c.summary = ((view.summary or {}).get("candidates") or {}).get(name)
-    if view.summary is not None and c.summary is None:
-        view.gaps.append(Gap(f"{name}: summary", str(view.folder / "summary.json"), "no row for this candidate"))
-    c.decision = ((view.decision or {}).get("candidates") or {}).get(name)
-    if view.decision is not None and c.decision is None:
-        view.gaps.append(Gap(f"{name}: decision", str(view.folder / "decision.json"), "no decision for this candidate"))
+    c.summary = _row(view, view.summary, name, "summary", "no row for this candidate")
+    c.decision = _row(view, view.decision, name, "decision", "no decision for this candidate")
     c.compare = _read(view, view.folder / "compare" / f"{name}.json", f"{name}: comparison")
+    c.fidelity = _read(view, view.folder / "fidelity" / f"{name}.json", f"{name}: fidelity", required=_want_fidelity(view))
     recall = folder / "recall"
     want_recall = _optional(view, "recall") or recall.is_dir()
     c.recall_cells = _read(view, recall / "cells.json", f"{name}: recall cells", required=want_recall)
@@ -201,6 +219,7 @@ def load_run(folder: Path | str) -> RunView:
     view.summary = _read(view, folder / "summary.json", "summary")
     view.decision = _read(view, folder / "decision.json", "decision")
     view.started = _started(folder, view.run_id, view.decision)
+    view.floor = _read(view, folder / "fidelity" / "floor.json", "fidelity noise floor", required=_want_fidelity(view))
     view.variants[BASELINE] = _variant(view, BASELINE)
     for name in _candidate_names(view):
         view.variants[name] = _variant(view, name)

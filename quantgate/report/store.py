@@ -22,6 +22,7 @@ from typing import Any
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import results_dir
 from quantgate.report.runview import BASELINE, Gap, RunView, load_run, run_folders, size_ratio
+from quantgate.report.sections import d as _dict, num as _num, outcome
 
 HEADER = b"SQLite format 3\x00"
 _V1 = """
@@ -63,6 +64,15 @@ CREATE TABLE versions (run_id TEXT, package TEXT, version TEXT, PRIMARY KEY (run
 CREATE TABLE hashes (run_id TEXT, subject TEXT, kind TEXT, sha256 TEXT, PRIMARY KEY (run_id, subject, kind));
 CREATE INDEX metrics_by_metric ON metrics (metric, eval_set);
 """
+_V3 = """
+ALTER TABLE checks ADD COLUMN outcome TEXT;
+ALTER TABLE checks ADD COLUMN mdd REAL;
+ALTER TABLE checks ADD COLUMN power_n INTEGER;
+ALTER TABLE checks ADD COLUMN limit_below_mdd INTEGER;
+ALTER TABLE variants ADD COLUMN needs TEXT;
+UPDATE checks SET outcome = CASE passed WHEN 1 THEN 'pass' WHEN 0 THEN 'fail' ELSE 'skipped' END;
+CREATE INDEX checks_by_outcome ON checks (outcome)
+"""
 RUN_TABLES = ("runs", "variants", "metrics", "checks", "recall_cells", "judge", "perf", "versions", "hashes")
 
 
@@ -92,7 +102,17 @@ def _m2(db: sqlite3.Connection) -> None:
     db.execute("UPDATE runs SET fingerprint = NULL")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1, _m2]
+def _m3(db: sqlite3.Connection) -> None:
+    """v2 -> v3, for the three-outcome gate (quantgate/gate/models.py, decision schema 2): each check's outcome
+    (pass / fail / inconclusive / skipped), its minimum detectable drop, the n it was stated at and whether the limit
+    lies below it; a candidate's `needs` (what evidence would decide an INCONCLUSIVE one). Decisions may now read
+    INCONCLUSIVE. Old check rows get the outcome their `passed` meant (schema 1 had no inconclusive); fingerprints are
+    cleared so the next ingest of a folder that still exists fills the new columns."""
+    _script(db, _V3)
+    db.execute("UPDATE runs SET fingerprint = NULL")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_m1, _m2, _m3]
 LATEST = len(MIGRATIONS)
 
 
@@ -102,14 +122,6 @@ def _text(x: Any) -> str | None:
 
 def _bool(x: Any) -> int | None:
     return None if x is None else int(bool(x))
-
-
-def _dict(x: Any) -> dict:
-    return x if isinstance(x, dict) else {}
-
-
-def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x else None
 
 
 def _corrupt(path: Path, why: str) -> QuantgateError:
@@ -224,7 +236,7 @@ class Store:
             args.append(filters["scheme"])
         return self.query(
             "SELECT r.run_id, r.release, r.model, r.hardware, r.started, r.decision AS run_decision, v.name AS candidate, "
-            "v.scheme, v.decision, v.size_ratio, v.throughput_ratio, v.recall_delta, j.net AS judge_net "
+            "v.scheme, v.decision, v.needs, v.size_ratio, v.throughput_ratio, v.recall_delta, j.net AS judge_net "
             f"FROM variants v JOIN runs r USING (run_id) LEFT JOIN judge j ON j.run_id = v.run_id AND j.candidate = v.name "
             f"{where} {'AND' if where else 'WHERE'} v.name != 'baseline' ORDER BY r.started, r.run_id, v.name", *args)
 
@@ -271,72 +283,116 @@ def _safe_rows(view: RunView, fp: str) -> list[tuple[str, list[tuple]]]:
         return rows_of(view, fp)[:1]
 
 
-def rows_of(view: RunView, fp: str) -> list[tuple[str, list[tuple]]]:
-    """(INSERT statement, rows) for every table, from one run's evidence."""
-    spec, git = view.spec, _dict((view.run or {}).get("git"))
-    policy = _dict((view.decision or {}).get("policy") or (view.summary or {}).get("policy"))
+COLUMNS: dict[str, tuple[str, ...]] = {  # what ingest writes, per table (named: ALTER TABLE appends columns)
+    "runs": ("run_id", "folder", "release", "model", "hardware", "started", "decision", "fingerprint", "ingested_at",
+             "promoted", "policy_name", "policy_sha256", "git_commit", "git_dirty", "spec_json", "gaps_json"),
+    "variants": ("run_id", "name", "scheme", "content_hash", "size_bytes", "decision", "size_ratio", "throughput_ratio",
+                 "recall_delta", "needs"),
+    "metrics": ("run_id", "candidate", "eval_set", "metric", "category", "n", "base_mean", "cand_mean", "delta", "ci_low",
+                "ci_high", "mcnemar_p"),
+    "checks": ("run_id", "candidate", "name", "measured", "limit_value", "passed", "required", "evidence_file", "reason",
+               "outcome", "mdd", "power_n", "limit_below_mdd"),
+    "recall_cells": ("run_id", "candidate", "kind", "length", "depth", "n", "base", "cand", "delta", "base_exact",
+                     "cand_exact"),
+    "judge": ("run_id", "candidate", "reliable", "accuracy", "bar", "n", "net", "lower_bound", "non_inferior",
+              "counts_as_evidence", "human_reviewed", "human_agreement"),
+    "perf": ("run_id", "variant", "concurrency", "output_tok_s", "requests_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms",
+             "itl_p95_ms", "error_rate"),
+    "versions": ("run_id", "package", "version"),
+    "hashes": ("run_id", "subject", "kind", "sha256"),
+}
+_PERF = ("output_tok_s", "requests_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "error_rate")
+
+
+def _run_row(view: RunView, fp: str, policy: dict) -> tuple:
+    git = _dict((view.run or {}).get("git"))
     decision = (view.decision or {}).get("decision") or (view.summary or {}).get("decision")
-    promoted = (view.decision or {}).get("promoted")
     gaps = [{"what": g.what, "file": g.file, "reason": g.reason} for g in view.gaps]
-    runs = [(view.run_id, str(view.folder), view.get("release", "name"), view.get("model"), view.get("hardware"),
-             view.started, decision, fp, _now(), promoted, policy.get("name"), policy.get("sha256"), git.get("commit"),
-             _bool(git.get("dirty")), json.dumps(spec, sort_keys=True), json.dumps(gaps))]
-    variants, metrics, checks, cells, judge, perf, hashes = [], [], [], [], [], [], []
+    return (view.run_id, str(view.folder), view.get("release", "name"), view.get("model"), view.get("hardware"),
+            view.started, decision, fp, _now(), (view.decision or {}).get("promoted"), policy.get("name"),
+            policy.get("sha256"), git.get("commit"), _bool(git.get("dirty")), json.dumps(view.spec, sort_keys=True),
+            json.dumps(gaps))
+
+
+def _variant_rows(view: RunView, rows: dict[str, list[tuple]]) -> None:
     for name, v in view.variants.items():
         var = (v.evidence or {}).get("variant") or {}
         c = view.candidates.get(name)
-        size = _num(var.get("size_bytes")) or _num(((c and c.summary) or {}).get("size_bytes"))
-        ratio = size_ratio(view, name)
-        dec = ((c and c.decision) or {}).get("decision") or ((c and c.summary) or {}).get("decision")
+        cdec, csum = (c and c.decision) or {}, (c and c.summary) or {}
+        size = _num(var.get("size_bytes")) or _num(csum.get("size_bytes"))
         tput = _num(((c and c.pay_off) or {}).get("throughput_ratio"))
         rdelta = _num((((c and c.recall_delta) or {}).get("overall") or {}).get("delta"))
-        variants.append((view.run_id, name, var.get("scheme") or (v.quantization or {}).get("scheme"),
-                         var.get("content_hash"), size, dec, 1.0 if name == BASELINE else ratio, tput, rdelta))
+        needs = cdec.get("needs") if isinstance(cdec.get("needs"), str) else None
+        rows["variants"].append((view.run_id, name, var.get("scheme") or (v.quantization or {}).get("scheme"),
+                                 var.get("content_hash"), size, cdec.get("decision") or csum.get("decision"),
+                                 1.0 if name == BASELINE else size_ratio(view, name), tput, rdelta, needs))
         if var.get("content_hash"):
-            hashes.append((view.run_id, name, "checkpoint", var["content_hash"]))
+            rows["hashes"].append((view.run_id, name, "checkpoint", var["content_hash"]))
         src = ((v.quantization or {}).get("source") or {}).get("sha256")
         if src:
-            hashes.append((view.run_id, name, "quantization_source", src))
+            rows["hashes"].append((view.run_id, name, "quantization_source", src))
         for m in (v.perf or {}).get("medians") or []:
-            perf.append((view.run_id, name, m.get("concurrency"), *(_num(m.get(k)) for k in (
-                "output_tok_s", "requests_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "error_rate"))))
+            rows["perf"].append((view.run_id, name, m.get("concurrency"), *(_num(m.get(k)) for k in _PERF)))
+
+
+def _check_row(run_id: str, cand: str, ch: dict) -> tuple:
+    """Schema 2 checks carry `outcome` and `power`; schema 1 ones only `passed` (their outcome is derived)."""
+    p = _dict(ch.get("power"))
+    return (run_id, cand, ch.get("name"), _text(ch.get("measured")), _text(ch.get("limit")), _bool(ch.get("passed")),
+            _bool(ch.get("required")), ch.get("evidence_file"), ch.get("reason"), outcome(ch), _num(p.get("mdd")),
+            _num(p.get("n")), _bool(p.get("limit_below_mdd")) if p else None)
+
+
+def _compare_rows(view: RunView, name: str, compare: dict, rows: dict[str, list[tuple]]) -> None:
+    for set_name, rep in compare.items():
+        if not isinstance(rep, dict):
+            continue
+        es = rep.get("evalset") or {}
+        if es.get("sha256"):
+            rows["hashes"].append((view.run_id, f"evalset:{set_name}", "evalset", es["sha256"]))
+        for metric, m in (rep.get("metrics") or {}).items():
+            for cat, s in {"*": m.get("overall") or {}, **(m.get("by_category") or {})}.items():
+                rows["metrics"].append((view.run_id, name, set_name, metric, cat, s.get("n"), *(_num(s.get(k)) for k in (
+                    "base_mean", "cand_mean", "delta", "ci_low", "ci_high", "mcnemar_p"))))
+
+
+def _candidate_rows(view: RunView, rows: dict[str, list[tuple]]) -> None:
     for name, c in view.candidates.items():
-        for set_name, rep in (c.compare or {}).items():
-            if not isinstance(rep, dict):
-                continue
-            es = rep.get("evalset") or {}
-            if es.get("sha256"):
-                hashes.append((view.run_id, f"evalset:{set_name}", "evalset", es["sha256"]))
-            for metric, m in (rep.get("metrics") or {}).items():
-                groups = {"*": m.get("overall") or {}, **(m.get("by_category") or {})}
-                for cat, s in groups.items():
-                    metrics.append((view.run_id, name, set_name, metric, cat, s.get("n"),
-                                    *(_num(s.get(k)) for k in ("base_mean", "cand_mean", "delta", "ci_low", "ci_high",
-                                                               "mcnemar_p"))))
-        for ch in (c.decision or {}).get("checks") or []:
-            checks.append((view.run_id, name, ch.get("name"), _text(ch.get("measured")), _text(ch.get("limit")),
-                           _bool(ch.get("passed")), _bool(ch.get("required")), ch.get("evidence_file"), ch.get("reason")))
+        _compare_rows(view, name, c.compare or {}, rows)
+        rows["checks"] += [_check_row(view.run_id, name, ch) for ch in (c.decision or {}).get("checks") or []]
         for cell in (c.recall_delta or {}).get("cells") or []:
-            cells.append((view.run_id, name, cell.get("kind"), cell.get("length"), cell.get("depth"), cell.get("n"),
-                          *(_num(cell.get(k)) for k in ("base", "cand", "delta", "base_exact", "cand_exact"))))
+            rows["recall_cells"].append((view.run_id, name, cell.get("kind"), cell.get("length"), cell.get("depth"),
+                                         cell.get("n"), *(_num(cell.get(k)) for k in ("base", "cand", "delta",
+                                                                                       "base_exact", "cand_exact"))))
         if c.judge:
             cal = c.judge.get("calibration") or {}
             ni = ((c.judge.get("comparison") or {}).get("overall") or {}).get("non_inferiority") or {}
             human = c.human or c.judge.get("human") or {}
-            judge.append((view.run_id, name, _bool(cal.get("reliable")), _num(cal.get("accuracy")), _num(cal.get("bar")),
-                          ni.get("n"), _num(ni.get("net")), _num(ni.get("lower_bound")), _bool(ni.get("non_inferior")),
-                          _bool(c.judge.get("counts_as_evidence")), human.get("n_reviewed"),
-                          _num((human.get("agreement") or {}).get("rate"))))
+            rows["judge"].append((view.run_id, name, _bool(cal.get("reliable")), _num(cal.get("accuracy")),
+                                  _num(cal.get("bar")), ni.get("n"), _num(ni.get("net")), _num(ni.get("lower_bound")),
+                                  _bool(ni.get("non_inferior")), _bool(c.judge.get("counts_as_evidence")),
+                                  human.get("n_reviewed"), _num((human.get("agreement") or {}).get("rate"))))
+
+
+def rows_of(view: RunView, fp: str) -> list[tuple[str, list[tuple]]]:
+    """(INSERT statement, rows) for every table, from one run's evidence; the run's row first."""
+    policy = _dict((view.decision or {}).get("policy") or (view.summary or {}).get("policy"))
+    rows: dict[str, list[tuple]] = {t: [] for t in COLUMNS}
+    rows["runs"].append(_run_row(view, fp, policy))
+    _variant_rows(view, rows)
+    _candidate_rows(view, rows)
     if policy.get("sha256"):
-        hashes.append((view.run_id, f"policy:{policy.get('name')}", "policy", policy["sha256"]))
-    versions = [(view.run_id, k, _text(v)) for k, v in ((view.run or {}).get("packages") or {}).items()]
-    q = lambda table, n: f"INSERT OR REPLACE INTO {table} VALUES ({','.join('?' * n)})"  # noqa: E731
-    return [(q("runs", 16).replace("VALUES", "(run_id, folder, release, model, hardware, started, decision, fingerprint, "
-             "ingested_at, promoted, policy_name, policy_sha256, git_commit, git_dirty, spec_json, gaps_json) VALUES"), runs),
-            (q("variants", 9).replace("VALUES", "(run_id, name, scheme, content_hash, size_bytes, decision, size_ratio, "
-             "throughput_ratio, recall_delta) VALUES"), variants),
-            (q("metrics", 12), metrics), (q("checks", 9), checks), (q("recall_cells", 11), cells), (q("judge", 12), judge),
-            (q("perf", 10), perf), (q("versions", 3), versions), (q("hashes", 4), hashes)]
+        rows["hashes"].append((view.run_id, f"policy:{policy.get('name')}", "policy", policy["sha256"]))
+    rows["versions"] = [(view.run_id, k, _text(v)) for k, v in ((view.run or {}).get("packages") or {}).items()]
+    return [(f"INSERT OR REPLACE INTO {t} ({', '.join(cols)}) VALUES ({','.join('?' * len(cols))})",
+             [tuple(_cell(x) for x in r) for r in rows[t]]) for t, cols in COLUMNS.items()]
+
+
+def _cell(x: Any) -> Any:
+    """A value SQLite can bind: an odd one from a file (an object, a list, a huge int) is stored as its JSON text."""
+    if x is None or isinstance(x, (str, float)) or (isinstance(x, int) and -2**63 <= x < 2**63):
+        return x
+    return json.dumps(x, default=str)
 
 
 def ingest_all(results: Path | str, store: Store) -> dict[str, str]:

@@ -1,0 +1,363 @@
+"""Score token sequences through a served endpoint (teacher-forced prompt logprobs) and compare two dumps.
+
+    seqs = build_sequences(baseline_answers, checkpoint_dir, corpus=EVAL_SETS / "fidelity_corpus.txt")
+    score_sequences(base_url, "baseline", key, seqs, run / "fidelity" / "baseline")
+    score_sequences(cand_url, "candidate", key, seqs, run / "fidelity" / "candidate")
+    samples = compare_dumps(run / "fidelity" / "baseline", run / "fidelity" / "candidate")
+
+Every sequence goes to `/v1/completions` as a list of token ids with `max_tokens: 1` and `prompt_logprobs: k`;
+vLLM answers with, for each prompt position after the first, the logprob of the actual token and the top-k.
+
+Layout of a dump folder:
+  logprobs.jsonl  one line per sequence: {"id", "category", "ids", "score_from", "lp", "top"} (see ScoredSample);
+                  append-only, one os.write per line: a re-run keeps the complete lines and scores the rest
+  manifest.json   {"schema", "status": "complete"|"partial", "n", "n_scored", "top_k", "model", "endpoint",
+                  "sequences_hash", "elapsed_s", "error"}; written atomically at the end of every run
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.fileio import write_json
+from quantgate.evals.client import api_base
+from quantgate.fidelity.core import SampleFidelity, ScoredSample, compare_sample
+
+SCHEMA = 1
+DUMP, MANIFEST = "logprobs.jsonl", "manifest.json"
+CORPUS_CATEGORY = "corpus"
+Progress = Callable[[int, int], None]
+
+
+class Sequence(BaseModel):
+    """Token ids to score; positions score_from .. len-1 get a logprob (position 0 never has one)."""
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    category: str
+    token_ids: list[int] = Field(min_length=2)
+    score_from: int = Field(1, ge=1)
+
+
+def _stratified(items: list[dict], limit: int | None) -> list[dict]:
+    """`limit` items round-robin over sorted categories, ids sorted within each (all when limit is None)."""
+    if limit is None or limit >= len(items):
+        return items
+    by_cat: dict[str, list[dict]] = {}
+    for it in sorted(items, key=lambda it: it["id"]):
+        by_cat.setdefault(it["category"], []).append(it)
+    groups = [by_cat[c] for c in sorted(by_cat)]
+    chosen: list[dict] = []
+    depth = 0
+    while len(chosen) < limit:
+        chosen += [g[depth] for g in groups if depth < len(g)][: limit - len(chosen)]
+        depth += 1
+    return chosen
+
+
+def corpus_passages(path: Path) -> list[str]:
+    """Passages of a text file: blocks separated by blank lines, inner whitespace kept."""
+    text = Path(path).read_text(encoding="utf-8")
+    return [p.strip() for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
+
+
+def _items(records: Iterable[Mapping[str, Any]], corpus: Path | None) -> list[dict]:
+    """Records and corpus passages as {id, category, messages | text, output}; answers that failed are skipped."""
+    items: list[dict] = []
+    for rec in records:
+        if rec.get("output") is None:
+            continue
+        if "messages" in rec and rec["messages"] is not None:
+            messages = list(rec["messages"])
+        elif rec.get("prompt") is not None:
+            messages = [{"role": "user", "content": rec["prompt"]}]
+        else:
+            raise ConfigError("a record needs 'messages' or 'prompt'", where=f"record {rec.get('id')!r}")
+        items.append({"id": str(rec["id"]), "category": str(rec.get("category") or "uncategorized"),
+                      "messages": messages, "output": rec["output"]})
+    if corpus is not None:
+        for i, text in enumerate(corpus_passages(corpus)):
+            items.append({"id": f"corpus-{i:03d}", "category": CORPUS_CATEGORY, "text": text})
+    seen: set[str] = set()
+    for it in items:
+        if it["id"] in seen:
+            raise ConfigError(f"duplicate sample id {it['id']!r}", where="fidelity sequences")
+        seen.add(it["id"])
+    return items
+
+
+def build_sequences(records: Iterable[Mapping[str, Any]], tokenizer_dir: Path | str, *, limit: int | None = None,
+                    corpus: Path | str | None = None, max_len: int | None = None) -> list[Sequence]:
+    """Token sequences to score: each answer as chat-template prompt + answer tokens, and each corpus passage.
+
+    `records` are the baseline's answers: {"id", "category", "messages" (chat) or "prompt" (one user turn),
+    "output"}; records whose output is None (failed answers) are skipped. The prompt is the checkpoint's chat
+    template with the generation prompt, as the chat endpoint sends it; the output is tokenized on its own (no
+    special tokens) and appended. Every position from 1 is scored, prompt and answer alike. A corpus passage is
+    tokenized as plain text. `limit` keeps a stratified subset (round-robin over sorted categories, ids sorted);
+    `max_len` cuts longer sequences (keep it under the server's --max-model-len). Ids sorted in the result.
+    """
+    from transformers import AutoTokenizer
+
+    items = _stratified(_items(records, Path(corpus) if corpus else None), limit)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    out = []
+    for it in sorted(items, key=lambda it: it["id"]):
+        if "text" in it:
+            ids = list(tok(it["text"])["input_ids"])
+        else:
+            prompt = tok.apply_chat_template(it["messages"], add_generation_prompt=True, tokenize=False)
+            ids = list(tok(prompt, add_special_tokens=False)["input_ids"])
+            ids += list(tok(it["output"], add_special_tokens=False)["input_ids"])
+        ids = ids[:max_len] if max_len else ids
+        if len(ids) >= 2:
+            out.append(Sequence(id=it["id"], category=it["category"], token_ids=ids))
+    return out
+
+
+def sequences_hash(sequences: Iterable[Sequence]) -> str:
+    """Content hash of a sequence set (order-independent): a dump is reused only for the same set."""
+    h = hashlib.sha256()
+    for s in sorted(sequences, key=lambda s: s.id):
+        h.update(json.dumps([s.id, s.category, s.score_from, s.token_ids], separators=(",", ":")).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def _read_lines(path: Path) -> list[dict]:
+    """Complete JSON lines of a dump; a torn last line (killed mid-write) is cut off the file."""
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with path.open("r+b") as fh:
+            fh.truncate(end)
+    out = []
+    for no, raw in enumerate(data[:end].splitlines(), start=1):
+        try:
+            out.append(json.loads(raw))
+        except json.JSONDecodeError as exc:
+            raise QuantgateError(f"invalid JSON: {exc.msg}", where=f"{path}:{no}",
+                                 fix="delete the folder and score again") from None
+    return out
+
+
+def _kept(path: Path, sequences: list[Sequence], top_k: int) -> set[str]:
+    """Ids already scored in `path` for these sequences; refuses a dump made from other sequences or another k."""
+    wanted = {s.id: s for s in sequences}
+    done: set[str] = set()
+    for rec in _read_lines(path):
+        seq = wanted.get(rec.get("id"))
+        same = seq is not None and rec.get("ids") == seq.token_ids and rec.get("score_from") == seq.score_from
+        if not same or any(len(t[0]) != top_k for t in rec.get("top", [])):
+            raise QuantgateError(
+                f"{path} holds sample {rec.get('id')!r} scored from other tokens or with another top-k than {top_k}",
+                where=str(path), fix="score into a new folder, or delete this one")
+        done.add(seq.id)
+    return done
+
+
+def is_complete(out_dir: Path | str, sequences_hash: str, top_k: int | None = None) -> bool:
+    """True when the folder holds a complete dump of exactly this sequence set (and this k, when given)."""
+    try:
+        m = json.loads((Path(out_dir) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (m.get("status") == "complete" and m.get("sequences_hash") == sequences_hash
+            and (top_k is None or m.get("top_k") == top_k) and (Path(out_dir) / DUMP).is_file())
+
+
+def _parse(body: dict, seq: Sequence, top_k: int) -> dict:
+    """One dump line from a /v1/completions answer (prompt_logprobs: [null, {"id": {"logprob", "rank", ...}}, ...])."""
+    rows = body["choices"][0]["prompt_logprobs"]
+    if len(rows) != len(seq.token_ids):
+        raise ValueError(f"{len(rows)} prompt_logprobs rows for {len(seq.token_ids)} tokens")
+    lp, top = [], []
+    for pos in range(seq.score_from, len(seq.token_ids)):
+        row = {int(t): v for t, v in rows[pos].items()}
+        lp.append(float(row[seq.token_ids[pos]]["logprob"]))
+        ranked = sorted(row.items(), key=lambda kv: (kv[1]["rank"], kv[0]))[:top_k]
+        top.append([[t for t, _ in ranked], [float(v["logprob"]) for _, v in ranked]])
+    return {"id": seq.id, "category": seq.category, "ids": seq.token_ids, "score_from": seq.score_from,
+            "lp": lp, "top": top}
+
+
+def _fatal(status: int, text: str, top_k: int, model: str) -> QuantgateError | None:
+    """An HTTP answer that no retry or other sample can fix (bad k, key or model name), as an error."""
+    if status == 400 and "logprobs" in text.lower():
+        return ConfigError(f"the server refused prompt_logprobs={top_k}: {text[:300]}", where="fidelity scoring",
+                           fix=f"start vLLM with `--max-logprobs {top_k}` (or more), or ask for a smaller top-k")
+    if status in (401, 403):
+        return QuantgateError(f"the server refused the API key (HTTP {status})", where="fidelity scoring")
+    if status == 404:
+        return QuantgateError(f"HTTP 404: {text[:300]}", where="fidelity scoring",
+                              fix=f"check that the server serves the model name {model!r}")
+    return None
+
+
+async def _score_one(client: httpx.AsyncClient, url: str, model: str, seq: Sequence, top_k: int, timeout_s: float,
+                     max_attempts: int) -> tuple[dict | None, str | None]:
+    """(dump line, None) or (None, error) after retries on timeouts, transport errors, 5xx and 429."""
+    payload = {"model": model, "prompt": seq.token_ids, "max_tokens": 1, "temperature": 0.0,
+               "prompt_logprobs": top_k}
+    error = None
+    for attempt in range(1, max_attempts + 1):
+        try:
+            resp = await asyncio.wait_for(client.post(url, json=payload), timeout_s)
+        except asyncio.TimeoutError:
+            error, retry = f"no answer within {timeout_s:g} s", True
+        except httpx.TransportError as exc:
+            error, retry = f"{type(exc).__name__}: {exc}".rstrip(": "), True
+        else:
+            if resp.status_code == 200:
+                try:
+                    return _parse(resp.json(), seq, top_k), None
+                except (ValueError, KeyError, IndexError, TypeError) as exc:
+                    return None, f"malformed response: {type(exc).__name__}: {exc}"
+            fatal = _fatal(resp.status_code, resp.text, top_k, model)
+            if fatal is not None:
+                raise fatal
+            error = f"HTTP {resp.status_code}: {resp.text[:300]}"
+            retry = resp.status_code >= 500 or resp.status_code == 429
+        if not retry:
+            break
+        if attempt < max_attempts:
+            await asyncio.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
+    return None, error
+
+
+def _append(fd: int, rec: dict) -> None:
+    """One line, one os.write loop on an O_APPEND descriptor: a killed run leaves at most a torn last line."""
+    view = memoryview((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
+    while view:
+        view = view[os.write(fd, view):]
+
+
+async def _score_all(url: str, model: str, api_key: str | None, todo: list[Sequence], path: Path, top_k: int,
+                     concurrency: int, timeout_s: float, max_attempts: int,
+                     tick: Callable[[], None]) -> list[tuple[str, str]]:
+    """Score `todo` with at most `concurrency` requests in flight, appending each line as it comes;
+    returns the (id, error) of the sequences that failed. A fatal answer stops every worker and is raised."""
+    queue = list(reversed(todo))
+    failed: list[tuple[str, str]] = []
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while queue:
+            seq = queue.pop()
+            rec, error = await _score_one(client, url, model, seq, top_k, timeout_s, max_attempts)
+            if rec is not None:
+                _append(fd, rec)
+            else:
+                failed.append((seq.id, error or "unknown error"))
+            tick()
+
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=headers) as client:
+            tasks = [asyncio.create_task(worker(client)) for _ in range(min(concurrency, len(todo)))]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        os.fsync(fd)
+        os.close(fd)
+    return failed
+
+
+def score_sequences(endpoint: str, model: str, api_key: str | None, sequences: list[Sequence], out_dir: Path | str,
+                    *, top_k: int = 10, concurrency: int = 4, timeout_s: float = 300.0, max_attempts: int = 4,
+                    progress: Progress | None = None) -> Path:
+    """Score every sequence not yet in out_dir/logprobs.jsonl; return that file's path.
+
+    Resumable: complete lines are kept (a torn last line is dropped) and their ids skipped. manifest.json is
+    written at the end of every run: "complete" when every sequence is in the dump, else "partial" and a
+    QuantgateError names the failures (re-run to fill them in). A refused top-k (the server's --max-logprobs),
+    API key or model name stops the run at once. `progress(done, total)` is called as sequences finish.
+    """
+    if top_k < 1:
+        raise ConfigError(f"top_k must be at least 1, got {top_k}", where="fidelity scoring")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path, digest, t0 = out / DUMP, sequences_hash(sequences), time.monotonic()
+    if is_complete(out, digest, top_k):
+        return path
+    (out / MANIFEST).unlink(missing_ok=True)  # a run in progress never looks complete
+    done = _kept(path, sequences, top_k)
+    todo = [s for s in sequences if s.id not in done]
+    count = [len(done)]
+
+    def tick() -> None:
+        count[0] += 1
+        if progress is not None:
+            progress(count[0], len(sequences))
+
+    failed = asyncio.run(_score_all(api_base(endpoint) + "/completions", model, api_key, todo, path, top_k,
+                                    max(1, concurrency), timeout_s, max_attempts, tick)) if todo else []
+    first = f"{failed[0][0]}: {failed[0][1]}" if failed else None
+    write_json(out / MANIFEST, {
+        "schema": SCHEMA, "status": "partial" if failed else "complete", "n": len(sequences),
+        "n_scored": len(sequences) - len(failed), "top_k": top_k, "model": model, "endpoint": endpoint,
+        "sequences_hash": digest, "elapsed_s": round(time.monotonic() - t0, 3), "error": first})
+    if failed:
+        raise QuantgateError(f"{len(failed)} of {len(sequences)} sequences were not scored; first: {first}",
+                             where=str(path), fix="check the server; re-run to score the rest (scored lines are kept)")
+    return path
+
+
+def load_dump(out_dir: Path | str) -> dict[str, ScoredSample]:
+    """id -> ScoredSample of a complete dump folder."""
+    out = Path(out_dir)
+    try:
+        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise QuantgateError("no readable manifest.json: the dump is missing or was interrupted", where=str(out),
+                             fix="score the sequences into this folder (a re-run resumes)") from None
+    if manifest.get("status") != "complete":
+        raise QuantgateError(f"dump status is {manifest.get('status')!r}, not 'complete'", where=str(out / MANIFEST),
+                             fix="re-run the scoring into this folder to finish it")
+    samples: dict[str, ScoredSample] = {}
+    for no, rec in enumerate(_read_lines(out / DUMP), start=1):
+        try:
+            samples[rec["id"]] = ScoredSample.model_validate(rec)
+        except (ValidationError, KeyError) as exc:
+            raise QuantgateError(f"invalid dump line: {exc}", where=f"{out / DUMP}:{no}") from None
+    return samples
+
+
+def compare_dumps(base_dir: Path | str, cand_dir: Path | str) -> list[SampleFidelity]:
+    """Per-sample fidelity of a candidate dump against a baseline dump; both must hold the same samples."""
+    base, cand = load_dump(base_dir), load_dump(cand_dir)
+    if base.keys() != cand.keys():
+        only_b, only_c = sorted(base.keys() - cand.keys()), sorted(cand.keys() - base.keys())
+        raise QuantgateError(
+            f"the dumps hold different samples: {len(only_b)} only in the baseline ({only_b[:3]}),"
+            f" {len(only_c)} only in the candidate ({only_c[:3]})", where=f"{base_dir} vs {cand_dir}",
+            fix="score both variants from the same sequences")
+    return [compare_sample(base[i], cand[i]) for i in sorted(base)]
+
+
+def floor(base_main_dir: Path | str, base_alt_dir: Path | str) -> list[SampleFidelity]:
+    """The noise floor: the baseline against itself, scored along two execution paths.
+
+    Score the baseline twice (e.g. concurrency 8 and concurrency 1, so that requests share batches differently,
+    or on two server starts) and compare the dumps. What differs is engine numerics, not the model: a candidate's
+    fidelity is read against this floor. Same as compare_dumps, named for what it means.
+    """
+    return compare_dumps(base_main_dir, base_alt_dir)

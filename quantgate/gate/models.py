@@ -1,0 +1,179 @@
+"""What the gate reads and writes (pure, typed): one candidate's evidence, each check's row, and the decision.
+
+A check ends in one of four outcomes:
+- pass: the evidence shows the candidate within the limit;
+- fail: harm was detected (a drop beyond the limit or a significant drop, a failed requirement): REJECT;
+- inconclusive: the evidence cannot tell (too few samples, missing or unreliable evidence, a noise floor that eats
+  the limit, a confidence interval across the limit): not promoted, but not harm either;
+- skipped: an optional check without evidence.
+The decision is REJECT when any check failed, else INCONCLUSIVE when any check is inconclusive, else PROMOTE when
+at least one check passed.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+SCHEMA = 2
+Outcome = Literal["pass", "fail", "inconclusive", "skipped"]
+Verdict = Literal["PROMOTE", "REJECT", "INCONCLUSIVE"]
+Bound = Literal["ci", "point"]
+# Exit codes of `quantgate gate` and `quantgate release` (2: bad input, 1: a step failed).
+EXIT_CODES: dict[str, int] = {"PROMOTE": 0, "REJECT": 3, "INCONCLUSIVE": 4}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Stat(_Model):
+    """A paired comparison of the candidate with the baseline (means, delta = cand - base, CI of the delta), with
+    what the harm test needs: the spread of the paired drops, the discordance of a binary measure and the one-sided
+    p-value of "the candidate is worse"."""
+
+    n: int = Field(ge=0)
+    base: float | None = None
+    cand: float | None = None
+    delta: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    higher_is_better: bool = True
+    binary: bool = False
+    sd_diff: float | None = None
+    discordance: float | None = None
+    p_harm: float | None = None
+    file: str | None = None
+
+
+class Interval(_Model):
+    mean: float
+    low: float
+    high: float
+    level: float = Field(gt=0, lt=1, description="two-sided level: each end is a one-sided (1+level)/2 bound")
+
+
+class FidelityEvidence(_Model):
+    """Teacher-forced fidelity of the candidate against the baseline (or of the baseline against itself: the floor)."""
+
+    n_samples: int = Field(ge=0)
+    n_tokens: int = Field(ge=0)
+    kl: Interval                          # mean per-token KL(baseline || candidate), nats
+    top1: Interval                        # share of positions whose most likely token agrees
+    dnll: Interval | None = None          # mean per-token NLL increase of the baseline's tokens
+    file: str | None = None
+
+
+class JudgeEvidence(_Model):
+    counts_as_evidence: bool
+    reason: str | None = None          # why calibration failed, when it did
+    not_stronger: str | None = None    # why the judge is not known to be stronger, when it is not
+    n: int = Field(0, ge=0)
+    net: float | None = None           # win rate - loss rate
+    lower_bound: float | None = None   # one-sided lower confidence bound of net
+    file: str | None = None
+
+
+class ParityEvidence(_Model):
+    verdict: str
+    reason: str = ""
+    file: str | None = None
+
+
+class RateEvidence(_Model):
+    name: str                          # "<variant>/<eval set>"
+    rate: float | None
+    n: int = Field(0, ge=0)
+    file: str | None = None
+
+
+class Ratio(_Model):
+    value: float | None
+    file: str | None = None
+
+
+class Gap(_Model):
+    """Evidence that could not be used: why, and the file concerned."""
+
+    reason: str
+    file: str | None = None
+
+
+class GateEvidence(_Model):
+    """Everything the gate looks at for one candidate. Slots left empty explain themselves in `gaps`."""
+
+    candidate: str
+    scheme: str | None = None
+    metrics: dict[str, dict[str, Stat]] = Field(default_factory=dict, description="eval set -> metric -> overall")
+    categories: dict[str, dict[str, dict[str, Stat]]] = Field(default_factory=dict,
+                                                              description="eval set -> category -> metric")
+    pooled: dict[str, Stat] = Field(default_factory=dict, description="eval set -> one binary measure per sample")
+    recall: dict[str, Stat] = Field(default_factory=dict, description="'recall' and/or 'exact' -> overall")
+    fidelity: FidelityEvidence | None = None
+    floor: FidelityEvidence | None = None
+    judge: JudgeEvidence | None = None
+    parity: ParityEvidence | None = None
+    error_rates: list[RateEvidence] = Field(default_factory=list)
+    size_ratio: Ratio | None = None
+    throughput_ratio: Ratio | None = None
+    gaps: dict[str, Gap] = Field(default_factory=dict, description="slot (compare, recall, fidelity, judge, parity, "
+                                 "error_rate, size, throughput) -> why it is empty or incomplete")
+
+
+class Power(_Model):
+    """What a statistical check could see at its sample size."""
+
+    n: int
+    alpha: float                       # the one-sided level its harm test was run at (after multiplicity control)
+    mdd: float | None                  # minimum detectable drop at that level and `power`, in the limit's units
+    power: float
+    discordance: float | None = None   # binary measures: share of samples that changed either way
+    p_harm: float | None = None
+    role: Literal["non-inferiority", "harm"]  # non-inferiority when mdd <= limit; else the check only detects harm
+    limit_below_mdd: bool = False
+    needs_samples: int | None = None   # paired samples for mdd to reach the limit
+
+
+class Check(_Model):
+    name: str
+    measured: float | str | None
+    limit: float | str | None
+    bound: Bound | None = None
+    required: bool
+    outcome: Outcome
+    evidence_file: str | None = None
+    reason: str
+    power: Power | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def passed(self) -> bool | None:
+        """True (pass), False (fail or inconclusive: not shown to be within the limit) or None (skipped)."""
+        return {"pass": True, "skipped": None}.get(self.outcome, False)
+
+
+class OperatingCharacteristics(_Model):
+    """The error rates the policy's settings guarantee for this decision, in words a release engineer can check."""
+
+    false_reject_bound: float          # P(REJECT | lossless candidate) at most this (harm tests, Holm + fidelity)
+    false_promote_at_limit: float      # P(PROMOTE | fidelity exactly at its limit) at most this
+    power: float                       # the power at which minimum detectable drops are stated
+    note: str
+
+
+class Decision(_Model):
+    schema_version: int = SCHEMA
+    decision: Verdict
+    candidate: str
+    scheme: str | None
+    family: str | None
+    policy: dict[str, str | int]
+    checks: list[Check]
+    reasons: list[str] = Field(description="why not PROMOTE: the failed checks' reasons, else the inconclusive ones")
+    needs: str | None = Field(None, description="INCONCLUSIVE: what more evidence would decide")
+    operating: OperatingCharacteristics | None = None
+
+    @property
+    def promoted(self) -> bool:
+        return self.decision == "PROMOTE"

@@ -1,0 +1,217 @@
+"""The gate's statistical checks (pure): task-metric drops with harm tests and minimum detectable drops, and
+teacher-forced fidelity against per-family limits and the noise floor.
+
+Task checks (primary metrics, categories, recall, and the pooled binary test) answer two questions:
+- non-inferiority: is the drop at the CI's worst end (or the point estimate, `bound: point`) within the limit?
+  Then the check passes.
+- harm: is the candidate significantly worse at all? One-sided tests, Holm-corrected so that the chance of
+  rejecting a lossless candidate through any of them is at most `statistics.false_reject`. The pooled test gets
+  `pooled_share` of that budget, the other checks share the rest. A significant drop fails the check: REJECT.
+Neither: when the minimum detectable drop (MDD) at this n is above the limit, the check cannot prove the limit and
+serves as a harm detector; it passes when fidelity has proved the candidate close to the baseline, and is
+inconclusive otherwise. When the MDD is within the limit, a CI across the limit is inconclusive and names the
+samples needed.
+
+Fidelity checks judge a one-sided bound at level `fidelity.alpha`: within the limit passes, beyond it (the whole
+interval) fails, across it is inconclusive. A noise floor above `max_floor_share` of the KL limit is inconclusive:
+the gate cannot tell quantization from engine noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from quantgate.base.stats import holm, holm_level, mdd, mdd_binary, samples_for
+from quantgate.gate.models import Bound, Check, FidelityEvidence, GateEvidence, Power, Stat
+from quantgate.gate.policy import GatePolicy
+
+Kind = Literal["relative", "absolute"]
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and not math.isnan(x)
+
+
+def missing(name: str, required: bool, reason: str, file: str | None, limit=None, bound=None) -> Check:
+    """A check without usable evidence: inconclusive when required (fail-closed, not harm), else skipped."""
+    if required:
+        return Check(name=name, measured=None, limit=limit, bound=bound, required=True, outcome="inconclusive",
+                     evidence_file=file, reason=f"missing evidence (required): {reason}")
+    return Check(name=name, measured=None, limit=limit, bound=bound, required=False, outcome="skipped",
+                 evidence_file=file, reason=f"skipped (optional, no usable evidence): {reason}")
+
+
+def drop_of(stat: Stat, kind: Kind, bound: Bound) -> tuple[float | None, str | None]:
+    """(drop, None) or (None, why it cannot be measured). Positive drop = the candidate is worse."""
+    edge = (stat.ci_low if stat.higher_is_better else stat.ci_high) if bound == "ci" else stat.delta
+    if not finite(edge):
+        return None, "no confidence interval in the evidence (bound: ci)" if bound == "ci" else "no delta in the evidence"
+    drop = (-edge if stat.higher_is_better else edge) + 0.0  # type: ignore[operator]  # + 0.0: no -0.0
+    if kind == "absolute":
+        return drop, None
+    if not finite(stat.base):
+        return None, "no baseline mean for a relative limit"
+    if stat.base == 0:
+        return (0.0 if drop <= 0 else math.inf), None
+    return drop / abs(stat.base), None  # type: ignore[arg-type]
+
+
+@dataclass
+class TaskItem:
+    """One task check before its outcome is known."""
+    name: str
+    stat: Stat | None
+    kind: Kind
+    limit: float
+    bound: Bound
+    required: bool
+    pooled: bool = False
+    why_missing: tuple[str, str | None] = ("", None)
+
+
+def _power(item: TaskItem, alpha: float, power: float) -> Power:
+    s = item.stat
+    assert s is not None
+    if s.binary and finite(s.discordance):
+        m = mdd_binary(s.discordance, s.n, alpha, power)  # type: ignore[arg-type]
+    elif finite(s.sd_diff):
+        m = mdd(s.sd_diff, s.n, alpha, power)  # type: ignore[arg-type]
+    else:
+        m = None
+    scale = abs(s.base) if item.kind == "relative" and finite(s.base) and s.base else 1.0  # type: ignore[arg-type]
+    m_units = m / scale if m is not None else None
+    below = m_units is not None and m_units > item.limit
+    needs = None
+    if below and item.limit > 0:
+        drop_abs = item.limit * scale
+        needs = samples_for(drop_abs, s.sd_diff or 0.0, alpha, power, binary=s.binary and finite(s.discordance),
+                            discordance=s.discordance or 0.0)
+    return Power(n=s.n, alpha=round(alpha, 6), mdd=None if m_units is None else round(m_units, 6), power=power,
+                 discordance=s.discordance, p_harm=s.p_harm, role="harm" if below or m is None else "non-inferiority",
+                 limit_below_mdd=below, needs_samples=needs)
+
+
+def _fmt(kind: Kind, x: float, signed: bool = True) -> str:
+    return f"{x:.2%}" if kind == "relative" else f"{x:+.4f}" if signed else f"{x:.4f}"
+
+
+def _task_check(item: TaskItem, drop: float, harmful: bool, pw: Power, proven: bool) -> Check:
+    s = item.stat
+    assert s is not None
+    base = f"baseline {s.base:.4g}, candidate {s.cand:.4g}, " if finite(s.base) and finite(s.cand) else ""
+    what = "drop at the CI's worst end" if item.bound == "ci" else "drop (point estimate)"
+    head = f"{base}n={s.n}: {what} {_fmt(item.kind, drop)}"
+    mdd_txt = f"detects drops >= {_fmt(item.kind, pw.mdd)} at {pw.power:.0%} power" if pw.mdd is not None else \
+        "no spread in the evidence to size its power"
+    if drop <= item.limit:
+        outcome, why = "pass", f"{head} <= limit {_fmt(item.kind, item.limit, False)}"
+    elif harmful:
+        outcome, why = "fail", (f"{head} > limit {_fmt(item.kind, item.limit, False)}; harm detected: one-sided "
+                                f"p={pw.p_harm:.3g} <= {pw.alpha:.3g} (family-wise false-reject control)")
+    elif pw.role == "harm" and proven:
+        outcome, why = "pass", (f"{head} > limit {_fmt(item.kind, item.limit, False)}, but no harm detected (p={pw.p_harm:.3g}); "
+                                f"at this n the check {mdd_txt}, above its limit, so fidelity carries the proof")
+    elif pw.role == "harm":
+        outcome, why = "inconclusive", (f"{head} > limit {_fmt(item.kind, item.limit, False)}, no harm detected; the check "
+                                        f"{mdd_txt} and no fidelity proof passed: needs about {pw.needs_samples} "
+                                        "paired samples")
+    else:
+        need = samples_for(item.limit * (abs(s.base) if item.kind == "relative" and s.base else 1.0),
+                           s.sd_diff or 0.0, pw.alpha, pw.power, binary=s.binary, discordance=s.discordance or 0.0)
+        outcome, why = "inconclusive", (f"{head} > limit {_fmt(item.kind, item.limit, False)}, no harm detected: the "
+                                        f"interval crosses the limit; needs about {max(need, s.n + 1)} paired samples")
+    return Check(name=item.name, measured=round(drop, 6) if math.isfinite(drop) else "inf", limit=item.limit,
+                 bound=item.bound, required=item.required, outcome=outcome, evidence_file=s.file, reason=why, power=pw)
+
+
+def _budgets(items: list[TaskItem], policy: GatePolicy) -> dict[str, float]:
+    """The false-reject budget of each group: pooled tests and the other task checks."""
+    st = policy.statistics
+    has_pooled = any(i.pooled for i in items)
+    has_other = any(not i.pooled for i in items)
+    if has_pooled and has_other:
+        return {"pooled": st.false_reject * st.pooled_share, "other": st.false_reject * (1 - st.pooled_share)}
+    return {"pooled": st.false_reject, "other": st.false_reject}
+
+
+def task_checks(items: list[TaskItem], policy: GatePolicy, proven: bool) -> list[Check]:
+    """Outcomes of every task check, with their harm tests Holm-corrected within their group."""
+    budgets = _budgets(items, policy)
+    usable = {i.name: i for i in items if i.stat is not None and i.stat.n >= policy.min_samples}
+    out: list[Check] = []
+    rejected: dict[str, bool] = {}
+    levels: dict[str, float] = {}
+    for group, alpha in budgets.items():
+        members = {n: i for n, i in usable.items() if i.pooled == (group == "pooled")}
+        ps = {n: (i.stat.p_harm if finite(i.stat.p_harm) else 1.0) for n, i in members.items()}  # type: ignore[union-attr]
+        rejected.update(holm(ps, alpha) if alpha > 0 else {n: False for n in ps})
+        for rank, n in enumerate(sorted(ps, key=lambda k: ps[k])):
+            levels[n] = holm_level(rank, len(ps), alpha) if alpha > 0 else 0.0
+    for item in items:
+        if item.stat is None:
+            out.append(missing(item.name, item.required, *item.why_missing, limit=item.limit, bound=item.bound))
+            continue
+        if item.name not in usable:
+            out.append(missing(item.name, item.required, f"{item.stat.n} paired samples, fewer than min_samples="
+                               f"{policy.min_samples}", item.stat.file, item.limit, item.bound))
+            continue
+        drop, why = drop_of(item.stat, item.kind, item.bound)
+        if drop is None:
+            out.append(missing(item.name, item.required, why or "unmeasurable", item.stat.file, item.limit, item.bound))
+            continue
+        pw = _power(item, levels[item.name] or 1e-12, policy.statistics.power)
+        out.append(_task_check(item, drop, rejected[item.name], pw, proven))
+    return out
+
+
+def _bounded(name: str, value: FidelityEvidence, which: Literal["kl", "top1"], limit: float, required: bool) -> Check:
+    iv = value.kl if which == "kl" else value.top1
+    one_sided = (1 + iv.level) / 2
+    n = f"{value.n_tokens} tokens in {value.n_samples} samples"
+    if which == "kl":
+        ok, bad = iv.high <= limit, iv.low > limit
+        txt = (f"mean KL {iv.mean:.4g} nats ({one_sided:.0%} upper bound {iv.high:.4g}) over {n}; limit {limit:.4g}")
+    else:
+        ok, bad = iv.low >= limit, iv.high < limit
+        txt = (f"top-1 agreement {iv.mean:.2%} ({one_sided:.0%} lower bound {iv.low:.2%}) over {n}; limit {limit:.2%}")
+    outcome = "pass" if ok else "fail" if bad else "inconclusive"
+    if outcome == "inconclusive":
+        gap = abs(limit - iv.mean)
+        half = (iv.high - iv.low) / 2
+        need = math.ceil(value.n_samples * (half / gap) ** 2) if gap > 0 else None
+        txt += f": the interval crosses the limit; needs about {need} samples" if need else ": at the limit"
+    elif outcome == "fail":
+        txt += ": beyond the limit (the whole interval)"
+    return Check(name=name, measured=round(iv.mean, 6), limit=limit, bound="ci", required=required, outcome=outcome,
+                 evidence_file=value.file, reason=txt)
+
+
+def fidelity_checks(policy: GatePolicy, ev: GateEvidence, family: str | None) -> list[Check]:
+    f = policy.fidelity
+    assert f is not None
+    if family is None or family not in f.families:
+        why = f"no fidelity limit for family {family!r}" if family else f"scheme {ev.scheme!r} is in no family"
+        return [missing("fidelity", f.required, f"{why}: add it to fidelity.families in the policy", None)]
+    lim = f.families[family]
+    if ev.fidelity is None:
+        g = ev.gaps.get("fidelity")
+        return [missing("fidelity", f.required, g.reason if g else "no fidelity comparison", g.file if g else None,
+                        lim.max_kl)]
+    if ev.floor is None:
+        return [missing("fidelity:floor", f.required, "no noise floor measured: the gate cannot tell quantization "
+                        "from engine noise", ev.fidelity.file, lim.max_kl)]
+    floor_cap = f.max_floor_share * lim.max_kl
+    floor = Check(name="fidelity:floor", measured=round(ev.floor.kl.mean, 6), limit=floor_cap, required=f.required,
+                  outcome="pass" if ev.floor.kl.mean <= floor_cap else "inconclusive", evidence_file=ev.floor.file,
+                  reason=f"noise floor (baseline vs itself on another execution path) KL {ev.floor.kl.mean:.4g}, top-1 "
+                         f"{ev.floor.top1.mean:.2%}; at most {f.max_floor_share:.0%} of the KL limit {lim.max_kl:.4g}"
+                  + ("" if ev.floor.kl.mean <= floor_cap else ": above it, so the gate cannot judge fidelity"))
+    out = [floor, _bounded("fidelity:kl", ev.fidelity, "kl", lim.max_kl, f.required)]
+    if lim.min_top1 is not None:
+        out.append(_bounded("fidelity:top1", ev.fidelity, "top1", lim.min_top1, f.required))
+    if floor.outcome != "pass":
+        out = [floor] + [c.model_copy(update={"outcome": "inconclusive", "reason": c.reason + " (not judged: the "
+                                              "noise floor is too high)"}) for c in out[1:]]
+    return out

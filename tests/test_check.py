@@ -1,0 +1,237 @@
+"""Strict input checks and `quantgate check`: one test per class of malformed input, each naming file, line and field.
+
+Fixtures are in tests/data/malformed/; byte-level cases (BOM, CRLF, bytes that are not UTF-8) are written here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.paths import EVAL_SETS, RELEASES, REPO
+from quantgate.base.yamlconfig import read_yaml
+from quantgate.evals.dataset import load_evalset
+from quantgate.gate.policy import load_policy
+from quantgate.judge.review import check_csv
+from quantgate.release.spec import load_spec
+
+BAD = Path(__file__).parent / "data" / "malformed"
+META = "name: t\nversion: 1\nmetrics:\n  exact_match: {higher_is_better: true, aggregation: mean}\n"
+SAMPLE = {"id": "a", "category": "factual_qa", "prompt": "Capital of France?", "references": ["Paris"],
+          "metrics": ["exact_match"]}
+POLICY = "version: 1\nname: p\nsource: test\nerror_rate: {max: 0.02}\n"
+
+
+def refused(load, path: Path) -> str:
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    return err.value.render()
+
+
+def jsonl(*rows: dict) -> str:
+    return "".join(json.dumps({**SAMPLE, **r}) + "\n" for r in rows)
+
+
+def write_set(tmp_path: Path, data: bytes, meta: bytes = META.encode()) -> Path:
+    (tmp_path / "t.meta.yaml").write_bytes(meta)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data)
+    return path
+
+
+# --- duplicate keys --------------------------------------------------------------------------------------
+
+def test_duplicate_key_in_a_spec_names_the_second_line_and_the_key_path():
+    path = BAD / "spec_duplicate_key.yaml"
+    msg = refused(load_spec, path)
+    assert f"{path}:9 field 'serving.dtype'" in msg and "duplicate key 'dtype' (first at line 8)" in msg, msg
+
+
+def test_duplicate_key_in_a_policy_names_the_second_line_and_the_key_path():
+    path = BAD / "policy_duplicate_key.yaml"
+    msg = refused(load_policy, path)
+    assert f"{path}:9 field 'primary.families.int8'" in msg and "first at line 7" in msg, msg
+
+
+def test_same_key_in_different_mappings_is_no_duplicate(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(POLICY + "judge: {required: false}\nrecall: {max_absolute_drop: 0.05, required: false}\n")
+    assert load_policy(path).judge.required is False
+
+
+# --- list items ------------------------------------------------------------------------------------------
+
+def test_error_inside_a_list_points_at_the_item_line():
+    path = BAD / "spec_list_item.yaml"
+    msg = refused(load_spec, path)
+    # a validator of the whole list (eval_sets) and pydantic's own item check (recall.kinds): both at the item
+    assert f"{path}:8 field 'eval_sets' (list item 2): file not found" in msg, msg
+    assert f"{path}:13 field 'recall.kinds.1'" in msg, msg
+
+
+# --- encodings and line ends -----------------------------------------------------------------------------
+
+def test_bom_and_crlf_are_accepted_in_jsonl_and_yaml(tmp_path):
+    data = ("\ufeff" + jsonl({}, {"id": "b"})).replace("\n", "\r\n").encode("utf-8")
+    path = write_set(tmp_path, data, ("\ufeff" + META).replace("\n", "\r\n").encode("utf-8"))
+    es = load_evalset(path)  # through `datasets` too
+    assert [s.id for s in es.samples] == ["a", "b"] and es.lines == {"a": 1, "b": 2} and len(es.dataset) == 2
+    policy = tmp_path / "p.yaml"
+    policy.write_bytes(("\ufeff" + POLICY).replace("\n", "\r\n").encode("utf-8"))
+    assert load_policy(policy).error_rate.max == 0.02
+
+
+def test_crlf_keeps_line_numbers_right(tmp_path):
+    policy = tmp_path / "p.yaml"
+    policy.write_bytes(("\ufeff" + POLICY.replace("max: 0.02", "max: 2")).replace("\n", "\r\n").encode("utf-8"))
+    assert f"{policy}:4 field 'error_rate.max'" in refused(load_policy, policy)
+
+
+def test_non_utf8_byte_in_an_eval_set_names_file_and_line(tmp_path):
+    data = jsonl({}, {"id": "b"}).encode() + b'{"id": "c", "prompt": "caf\xe9"}\n'
+    path = write_set(tmp_path, data)
+    msg = refused(load_evalset, path)
+    assert f"{path}:3" in msg and "not UTF-8: byte 0xe9" in msg and "Traceback" not in msg, msg
+
+
+def test_non_utf8_byte_in_yaml_names_file_and_line(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_bytes(POLICY.replace("source: test", "source: caf\xe9").encode("latin-1"))
+    msg = refused(load_policy, path)
+    assert f"{path}:3" in msg and "not UTF-8: byte 0xe9 at column 12" in msg, msg
+
+
+def test_non_utf8_byte_in_a_review_csv_names_file_and_line(tmp_path):
+    path = tmp_path / "review.csv"
+    path.write_bytes(b"review_id,choice\r\nR001,A\r\nR002,\xff\r\n")
+    with pytest.raises(QuantgateError) as err:
+        check_csv(path)
+    assert f"{path}:3" in err.value.render() and "not UTF-8" in err.value.render()
+
+
+# --- strict types ----------------------------------------------------------------------------------------
+
+def test_string_where_a_number_belongs_in_an_eval_set():
+    path = BAD / "evalset_string_number.jsonl"
+    msg = refused(load_evalset, path)
+    assert f"{path}:2" in msg and "field 'max_tokens'" in msg and "got the string '16'" in msg, msg
+
+
+def test_string_where_a_number_belongs_in_a_policy():
+    path = BAD / "policy_string_number.yaml"
+    msg = refused(load_policy, path)
+    assert f"{path}:5 field 'error_rate.max'" in msg and "got the string '0.05'" in msg, msg
+
+
+def test_exponent_notation_is_a_number_and_quoted_text_is_not(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("a: 1e-3\nb: 8.0e9\nc: '0.5'\nd: 1.5\n")
+    assert read_yaml(path)[0] == {"a": 0.001, "b": 8.0e9, "c": "0.5", "d": 1.5}
+
+
+# --- policies --------------------------------------------------------------------------------------------
+
+def test_policy_that_enables_no_check_is_refused():
+    path = BAD / "policy_no_check.yaml"
+    msg = refused(load_policy, path)
+    assert f"{path}:2" in msg and "enables no check" in msg and "primary" in msg and "error_rate" in msg, msg
+
+
+def test_unknown_scheme_in_a_policy_family_is_refused_with_a_suggestion():
+    path = BAD / "policy_unknown_scheme.yaml"
+    msg = refused(load_policy, path)
+    assert f"{path}:11 field 'primary.families.w4a16.schemes' (list item 2)" in msg, msg
+    assert "unknown scheme 'w4a16-gtpq' (did you mean 'w4a16-gptq'?)" in msg, msg
+
+
+# --- suggestions -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, load, line, field, suggestion", [
+    ("spec_unknown_key.yaml", load_spec, 5, "worklaod", "workload"),
+    ("policy_unknown_key.yaml", load_policy, 4, "eror_rate", "error_rate"),
+])
+def test_unknown_key_gets_the_closest_known_name(name, load, line, field, suggestion):
+    path = BAD / name
+    msg = refused(load, path)
+    assert f"{path}:{line} field '{field}'" in msg and f"did you mean '{suggestion}'?" in msg, msg
+
+
+def test_unknown_nested_key_and_unknown_metric_get_suggestions(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(POLICY + "primary:\n  metrics: [exact_match, numeric_matc]\n  familes: {}\n")
+    msg = refused(load_policy, path)
+    assert f"{path}:6 field 'primary.metrics' (list item 2): unknown metric 'numeric_matc' (did you mean " \
+           "'numeric_match'?)" in msg, msg
+    assert f"{path}:7 field 'primary.familes'" in msg and "did you mean 'families'?" in msg, msg
+    es = BAD / "evalset_unknown_metric.jsonl"
+    msg = refused(load_evalset, es)
+    assert f"{es}:2" in msg and "field 'metrics.0'" in msg and "did you mean 'exact_match'?" in msg, msg
+
+
+# --- shipped files still load ----------------------------------------------------------------------------
+
+def test_shipped_specs_policies_and_eval_sets_still_load():
+    assert load_spec(RELEASES / "demo.yaml").eval_sets
+    for name in ("default", "strict"):
+        load_policy(RELEASES / "policies" / f"{name}.yaml")
+    assert load_evalset(EVAL_SETS / "default.jsonl", with_dataset=False).samples
+
+
+# --- the command -----------------------------------------------------------------------------------------
+
+def run_check(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quantgate.cli", "check", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_check_good_files_exits_0_with_one_ok_line_each():
+    r = run_check("releases/demo.yaml", "releases/policies/strict.yaml")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert r.stdout.splitlines() == ["ok spec releases/demo.yaml", "ok evalset eval_sets/default.jsonl",
+                                     "ok policy releases/policies/default.yaml", "ok policy releases/policies/strict.yaml"]
+    assert "Traceback" not in out
+
+
+def test_check_bad_files_exits_2_naming_each_and_never_a_traceback(tmp_path):
+    bad_bytes = write_set(tmp_path, jsonl({}).encode() + b'{"id": "\xff"}\n')
+    csv = tmp_path / "review.csv"
+    csv.write_text("review_id,choice\nR001,maybe\n")
+    files = sorted(BAD.glob("*.yaml")) + sorted(BAD.glob("*.jsonl")) + [bad_bytes, csv]
+    r = run_check(*map(str, files))
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert "Traceback" not in out
+    for f in files:
+        if not f.name.endswith(".meta.yaml"):
+            assert f.name in out, (f, out)
+    assert f"{bad_bytes}:2" in out and "not UTF-8" in out
+    assert f"{csv}:2" in out and "invalid choice 'maybe'" in out
+    assert "ok " not in r.stdout, r.stdout
+
+
+def test_check_one_bad_among_good_files_exits_2(tmp_path):
+    r = run_check("releases/policies/default.yaml", str(BAD / "policy_no_check.yaml"))
+    assert r.returncode == 2 and "ok policy releases/policies/default.yaml" in r.stdout
+    assert "error policy" in r.stderr and "policy_no_check.yaml:2" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_check_kind_option_and_unknown_kind(tmp_path):
+    plain = tmp_path / "p.yaml"
+    plain.write_text("version: 1\ncolour: red\n")
+    r = run_check(str(plain))
+    assert r.returncode == 2 and "cannot tell what kind" in r.stderr and "--kind" in r.stderr, r.stderr
+    r = run_check("--kind", "policy", str(plain))
+    assert r.returncode == 2 and f"{plain}:2 field 'colour'" in r.stderr, r.stderr
+    typo = tmp_path / "t.yaml"  # no exact key of either kind: the closest keys decide
+    typo.write_text(POLICY.replace("error_rate", "eror_rate"))
+    r = run_check(str(typo))
+    assert r.returncode == 2 and "error policy" in r.stderr and "did you mean 'error_rate'?" in r.stderr, r.stderr
+    r = run_check(str(tmp_path / "missing.yaml"), str(tmp_path))
+    assert r.returncode == 2 and "file not found" in r.stderr and "is a folder" in r.stderr
+    assert "Traceback" not in r.stdout + r.stderr

@@ -1,0 +1,353 @@
+"""Token-level fidelity: KL from top-k lists, per-sample sums, cluster-bootstrap summary (pure, table-driven), and
+scoring through a real vLLM server of the demo model (slow): response shape, noise floor, resume, --max-logprobs."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from conftest import CPU_TEST_ARGS
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.paths import EVAL_SETS
+from quantgate.fidelity import run
+from quantgate.fidelity.core import (FidelityStats, Interval, SampleFidelity, ScoredSample, compare_sample, kl_topk,
+                                     needed_samples, score_position, summarize)
+
+L = math.log
+CORPUS = EVAL_SETS / "fidelity_corpus.txt"
+
+
+# --- kl_topk -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("base,cand,expected", [
+    # identical lists: exactly 0
+    ({0: L(.6), 1: L(.3)}, {0: L(.6), 1: L(.3)}, 0.0),
+    ({5: L(.999)}, {5: L(.999)}, 0.0),
+    # same tokens, rest 0.1 on both sides: 0.6 ln(0.6/0.5) + 0.3 ln(0.3/0.4)
+    ({0: L(.6), 1: L(.3)}, {0: L(.5), 1: L(.4)}, .6 * L(.6 / .5) + .3 * L(.3 / .4)),
+    # token 1 missing on cand's side: min(cand's smallest 0.2, unlisted 0.1 / 1 missing) = 0.1; cand rest 0.2
+    ({0: L(.6), 1: L(.3)}, {0: L(.7), 2: L(.2)}, .6 * L(.6 / .7) + .3 * L(.3 / .1) + .1 * L(.1 / .2)),
+    # token 1 missing, cand's smallest listed (0.1) is below the unlisted mass (0.4): 0.1; cand rest 0.4
+    ({0: L(.6), 1: L(.3)}, {0: L(.5), 2: L(.1)}, .6 * L(.6 / .5) + .3 * L(.3 / .1) + .1 * L(.1 / .4)),
+    # two tokens missing share the unlisted mass 0.2 (0.1 each, below cand's smallest 0.3); cand rest 0.8 - 0.5 - 0.3
+    ({0: L(.5), 1: L(.2), 2: L(.2)}, {0: L(.5), 3: L(.3)}, .5 * 0 + .2 * L(2) + .2 * L(2) + .1 * L(.1 / .3)),
+])
+def test_kl_topk_against_hand_computation(base, cand, expected):
+    assert kl_topk(base, cand) == pytest.approx(expected, abs=1e-9)
+
+
+def test_kl_is_exactly_zero_for_identical_inputs_and_nonnegative_otherwise():
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        p = rng.dirichlet(np.ones(30))
+        q = rng.dirichlet(np.ones(30))
+        base = {int(t): float(np.log(p[t])) for t in np.argsort(-p)[:5]}
+        cand = {int(t): float(np.log(q[t])) for t in np.argsort(-q)[:5]}
+        assert kl_topk(base, dict(base)) == 0.0
+        assert kl_topk(base, cand) >= 0.0
+
+
+def test_kl_with_all_of_cands_mass_listed_is_large_but_finite():
+    # cand puts all its mass on tokens base does not list: base's token gets ~0 probability, not a crash
+    kl = kl_topk({0: L(.9)}, {1: L(.5), 2: L(.5)})
+    assert math.isfinite(kl) and kl > 5
+
+
+def test_kl_topk_refuses_empty_lists():
+    with pytest.raises(QuantgateError):
+        kl_topk({}, {0: 0.0})
+
+
+def test_score_position_adds_the_actual_token_and_compares_argmax():
+    base, cand = {0: L(.6), 1: L(.3)}, {1: L(.6), 0: L(.3)}
+    s = score_position(base, cand, token=7, base_lp=L(.05), cand_lp=L(.01))
+    assert not s.top1_agree
+    assert s.dnll == pytest.approx(-L(.01) + L(.05))  # candidate finds the token less likely: > 0
+    assert s.kl == pytest.approx(kl_topk({**base, 7: L(.05)}, {**cand, 7: L(.01)}))
+    same = score_position(base, base, token=1, base_lp=L(.3), cand_lp=L(.3))
+    assert same == (0.0, True, 0.0)
+
+
+# --- compare_sample ----------------------------------------------------------------------------------------------
+
+def _scored(id_: str, ids: list[int], tops: list[dict[int, float]], category: str = "c") -> ScoredSample:
+    """A sample whose actual-token logprob is read from its own top list (or -5 when outside it)."""
+    lp = [top.get(t, -5.0) for t, top in zip(ids[1:], tops)]
+    return ScoredSample(id=id_, category=category, ids=ids, lp=lp, top=[(list(t), list(t.values())) for t in tops])
+
+
+def test_compare_sample_sums_per_position():
+    tops_a = [{3: L(.6), 4: L(.3)}, {5: L(.9)}]
+    tops_b = [{4: L(.6), 3: L(.3)}, {5: L(.9)}]
+    r = compare_sample(_scored("s1", [1, 3, 5], tops_a), _scored("s1", [1, 3, 5], tops_b))
+    assert (r.n_tokens, r.top1_agree) == (2, 1)
+    assert r.kl_sum == pytest.approx(kl_topk(tops_a[0], tops_b[0])) and r.kl_max == pytest.approx(r.kl_sum)
+    assert r.dnll_sum == pytest.approx(-L(.3) + L(.6))
+
+
+def test_compare_sample_of_identical_dumps_is_zero():
+    tops = [{3: L(.6), 4: L(.3)}, {5: L(.9), 6: L(.05)}]
+    r = compare_sample(_scored("s", [1, 3, 5], tops), _scored("s", [1, 3, 5], tops))
+    assert (r.kl_sum, r.top1_agree, r.dnll_sum, r.kl_max) == (0.0, 2, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("cand_ids", [[1, 3, 6], [2, 3, 5], [1, 3, 5, 6]])
+def test_compare_sample_refuses_misaligned_ids(cand_ids):
+    tops = [{3: L(.6)}] * (len(cand_ids) - 1)
+    with pytest.raises(QuantgateError, match="sample 'q-7'"):
+        compare_sample(_scored("q-7", [1, 3, 5], tops[:2]), _scored("q-7", cand_ids, tops))
+
+
+def test_scored_sample_checks_its_lengths():
+    with pytest.raises(ValueError):
+        ScoredSample(id="x", category="c", ids=[1, 2, 3], lp=[0.0], top=[([2], [0.0])])
+
+
+# --- summarize -----------------------------------------------------------------------------------------------------
+
+def _sf(i: int, n: int, kl_mean: float, top1: float = 1.0, dnll_mean: float = 0.0, cat: str = "a") -> SampleFidelity:
+    return SampleFidelity(id=f"s{i:03d}", category=cat, n_tokens=n, kl_sum=kl_mean * n, top1_agree=round(top1 * n),
+                          dnll_sum=dnll_mean * n, kl_max=kl_mean)
+
+
+def test_summary_pools_tokens_as_a_ratio_of_sums():
+    s = summarize([_sf(0, 1, 1.0, top1=0.0, dnll_mean=2.0), _sf(1, 9, 0.0)], n_boot=200)
+    assert s.kl.mean == pytest.approx(0.1)  # (1 + 0) / 10 tokens, not the mean of 1.0 and 0.0
+    assert s.top1.mean == pytest.approx(0.9) and s.dnll.mean == pytest.approx(0.2)
+    assert (s.n_samples, s.n_tokens) == (2, 10)
+
+
+def test_summary_of_identical_samples_has_zero_width():
+    s = summarize([_sf(i, 20, 0.0) for i in range(5)], n_boot=100)
+    assert s.kl == Interval(mean=0.0, low=0.0, high=0.0, level=0.9)
+    assert s.top1.mean == s.top1.low == s.top1.high == 1.0
+
+
+def test_interval_contains_the_mean_and_narrows_with_more_samples():
+    rng = np.random.default_rng(7)
+
+    def width(n: int) -> float:
+        samples = [_sf(i, int(rng.integers(20, 200)), float(rng.gamma(2.0, 0.01))) for i in range(n)]
+        s = summarize(samples, n_boot=1000, seed=3)
+        assert s.kl.low <= s.kl.mean <= s.kl.high and s.kl.level == 0.9
+        return s.kl.high - s.kl.low
+
+    assert width(400) < width(25) / 2
+
+
+def test_summary_is_seeded_and_level_sets_the_width():
+    samples = [_sf(i, 50, 0.01 * (i % 7)) for i in range(40)]
+    a, b = summarize(samples, seed=1, n_boot=500), summarize(samples, seed=1, n_boot=500)
+    assert a == b
+    wide = summarize(samples, seed=1, n_boot=500, level=0.99)
+    assert wide.kl.high - wide.kl.low > a.kl.high - a.kl.low and wide.kl.level == 0.99
+
+
+def test_summary_per_category_and_worst_samples():
+    samples = [_sf(i, 10, 0.001 * i, cat="qa" if i % 2 else "math") for i in range(30)]
+    s = summarize(samples, n_boot=100)
+    assert set(s.by_category) == {"math", "qa"}
+    assert s.by_category["qa"].n_samples == 15 and isinstance(s.by_category["qa"], FidelityStats)
+    assert [w.id for w in s.worst] == [f"s{i:03d}" for i in range(29, 19, -1)]
+    assert s.worst[0].kl_mean == pytest.approx(0.029)
+
+
+def test_summary_refuses_nothing_to_summarize():
+    with pytest.raises(QuantgateError):
+        summarize([])
+    with pytest.raises(QuantgateError):
+        summarize([_sf(0, 0, 0.0)])
+
+
+def test_needed_samples():
+    s = FidelityStats(n_samples=100, n_tokens=5000, kl=Interval(mean=0.01, low=0.006, high=0.014, level=0.9),
+                      top1=Interval(mean=1, low=1, high=1, level=0.9), dnll=Interval(mean=0, low=0, high=0, level=0.9))
+    assert needed_samples(s, 0.012) == 400   # upper half-width 0.004 vs gap 0.002: (2)^2 x 100
+    assert needed_samples(s, 0.018) == 25    # already under the limit: fewer than we have
+    assert needed_samples(s, 0.01) is None and needed_samples(s, 0.005) is None
+
+
+# --- adapter pieces without a server -------------------------------------------------------------------------------
+
+# One element of `choices[0].prompt_logprobs` as vLLM 0.32 (CPU) returned it for prompt_logprobs=3: the actual token
+# (" France", rank 2617) is listed first, outside the top 3.
+ROW = {"4649": {"logprob": -10.316598892211914, "rank": 2617, "decoded_token": " France"},
+       "260": {"logprob": -1.5831178426742554, "rank": 1, "decoded_token": " the"},
+       "216": {"logprob": -4.26771879196167, "rank": 2, "decoded_token": " "},
+       "253": {"logprob": -4.402818202972412, "rank": 3, "decoded_token": " a"}}
+
+
+def test_parse_reads_the_actual_token_and_the_ranked_top_k():
+    seq = run.Sequence(id="x", category="c", token_ids=[1, 4649, 260])
+    row2 = {"260": {"logprob": -0.5, "rank": 1, "decoded_token": " the"},
+            "11": {"logprob": -2.0, "rank": 2, "decoded_token": "b"}, "12": {"logprob": -3.0, "rank": 3, "decoded_token": "c"}}
+    rec = run._parse({"choices": [{"prompt_logprobs": [None, ROW, row2]}]}, seq, top_k=3)
+    assert rec["lp"] == [ROW["4649"]["logprob"], -0.5]
+    assert rec["top"][0] == [[260, 216, 253], [ROW["260"]["logprob"], ROW["216"]["logprob"], ROW["253"]["logprob"]]]
+    assert rec["top"][1][0] == [260, 11, 12]
+    ScoredSample.model_validate(rec)
+    with pytest.raises(ValueError):  # a row count that does not match the tokens
+        run._parse({"choices": [{"prompt_logprobs": [None, ROW]}]}, seq, top_k=3)
+
+
+def test_a_refused_top_k_names_the_server_flag():
+    text = ('{"error":{"message":"Requested prompt logprobs of 10, which is greater than max allowed: 2 '
+            '(parameter=prompt_logprobs, value=10)","type":"BadRequestError","param":"prompt_logprobs","code":400}}')
+    err = run._fatal(400, text, 10, "demo")
+    assert isinstance(err, ConfigError) and "--max-logprobs 10" in str(err)
+    assert run._fatal(400, '{"error":{"message":"maximum context length is 2048"}}', 10, "demo") is None
+    assert run._fatal(503, "busy", 10, "demo") is None
+
+
+def test_stratified_limit_is_deterministic_and_covers_categories():
+    items = [{"id": f"{c}-{i}", "category": c} for c in ("b", "a", "c") for i in range(5, 0, -1)]
+    items += [{"id": "z-1", "category": "z"}]
+    picked = run._stratified(items, 6)
+    assert [it["id"] for it in picked] == ["a-1", "b-1", "c-1", "z-1", "a-2", "b-2"]
+    assert run._stratified(items, None) == items
+
+
+def test_sequences_hash_ignores_order_and_sees_tokens():
+    a = run.Sequence(id="a", category="c", token_ids=[1, 2, 3])
+    b = run.Sequence(id="b", category="c", token_ids=[4, 5])
+    b2 = run.Sequence(id="b", category="c", token_ids=[4, 6])
+    assert run.sequences_hash([a, b]) == run.sequences_hash([b, a]) != run.sequences_hash([a, b2])
+
+
+def test_corpus_passages():
+    passages = run.corpus_passages(CORPUS)
+    assert 6 <= len(passages) <= 20 and any(any(ord(ch) > 0x3000 for ch in p) for p in passages)
+
+
+def test_a_torn_last_line_is_dropped_and_a_foreign_dump_refused(tmp_path):
+    seq = run.Sequence(id="a", category="c", token_ids=[1, 2])
+    line = {"id": "a", "category": "c", "ids": [1, 2], "score_from": 1, "lp": [-1.0], "top": [[[2], [-1.0]]]}
+    path = tmp_path / run.DUMP
+    path.write_text(json.dumps(line) + "\n" + '{"id": "b", "categ')
+    assert run._kept(path, [seq], top_k=1) == {"a"}
+    assert path.read_text().endswith("\n") and path.read_text().count("\n") == 1
+    with pytest.raises(QuantgateError, match="other tokens or with another top-k"):
+        run._kept(path, [seq], top_k=5)
+    with pytest.raises(QuantgateError, match="other tokens"):
+        run._kept(path, [run.Sequence(id="a", category="c", token_ids=[1, 3])], top_k=1)
+
+
+def test_load_dump_refuses_a_partial_dump(tmp_path):
+    with pytest.raises(QuantgateError, match="manifest"):
+        run.load_dump(tmp_path)
+    (tmp_path / run.MANIFEST).write_text(json.dumps({"status": "partial"}))
+    with pytest.raises(QuantgateError, match="partial"):
+        run.load_dump(tmp_path)
+
+
+# --- against the real demo server (slow) ---------------------------------------------------------------------------
+
+RECORDS = [
+    {"id": "qa-1", "category": "qa", "prompt": "What is the capital of France?", "output": "The capital of France is Paris."},
+    {"id": "qa-2", "category": "qa", "messages": [{"role": "system", "content": "Answer briefly."},
+                                                   {"role": "user", "content": "Who wrote Hamlet?"}],
+     "output": "William Shakespeare wrote Hamlet around 1600."},
+    {"id": "math-1", "category": "math", "prompt": "What is 12 times 7?", "output": "12 times 7 is 84."},
+    {"id": "fr-1", "category": "translate", "prompt": "Translate to French: good morning",
+     "output": "Bonjour ! En français, on dit « bonjour »."},
+    {"id": "failed-1", "category": "qa", "prompt": "never answered", "output": None},
+]
+
+
+def _greedy(srv, prompt: str) -> str:
+    r = httpx.post(f"{srv.base_url}/chat/completions", headers={"Authorization": f"Bearer {srv.api_key}"}, timeout=120,
+                   json={"model": "demo", "messages": [{"role": "user", "content": prompt}], "max_tokens": 16,
+                         "temperature": 0})
+    r.raise_for_status()
+    return r.json()["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def greedy_records(demo_server) -> list[dict]:
+    """Two answers the demo model wrote itself (greedy, 16 tokens at most)."""
+    return [{"id": f"greedy-{i}", "category": "greedy", "prompt": p, "output": _greedy(demo_server, p)}
+            for i, p in enumerate(["Name three colors.", "What is the largest ocean?"])]
+
+
+@pytest.fixture(scope="module")
+def sequences(demo_model, greedy_records):
+    """12 sequences: the handwritten records, two greedy answers of the demo model, and corpus passages."""
+    seqs = run.build_sequences(RECORDS + greedy_records, demo_model, corpus=CORPUS, limit=12)
+    assert len(seqs) == 12 and "failed-1" not in {s.id for s in seqs}
+    assert {s.category for s in seqs} == {"qa", "math", "translate", "greedy", "corpus"}
+    return seqs
+
+
+@pytest.mark.slow
+def test_real_scoring_shape_floor_and_cache(demo_model, demo_server, greedy_records, sequences, tmp_path):
+    srv, calls = demo_server, []
+    t0 = time.monotonic()
+    path = run.score_sequences(srv.base_url, "demo", srv.api_key, sequences, tmp_path / "a", concurrency=8,
+                               progress=lambda done, total: calls.append((done, total)))
+    elapsed = time.monotonic() - t0
+    assert calls[-1] == (12, 12) and len(calls) == 12
+    manifest = json.loads((tmp_path / "a" / run.MANIFEST).read_text())
+    assert manifest["status"] == "complete" and manifest["n"] == 12 and manifest["top_k"] == 10
+    assert run.is_complete(tmp_path / "a", run.sequences_hash(sequences), top_k=10)
+    dump = run.load_dump(tmp_path / "a")
+    for s in sequences:
+        d = dump[s.id]
+        assert d.ids == s.token_ids and len(d.lp) == len(s.token_ids) - 1
+        for lp, (ids, lps), tok in zip(d.lp, d.top, s.token_ids[1:]):
+            assert len(ids) == 10 and lps == sorted(lps, reverse=True) and lp <= lps[0] + 1e-6
+            assert tok not in ids or lps[ids.index(tok)] == lp
+    # teacher forcing lines up: the model's own greedy answer is its top-1 almost everywhere
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(demo_model))
+    hits = []
+    for rec in greedy_records:
+        s, n_out = dump[rec["id"]], len(tok(rec["output"], add_special_tokens=False)["input_ids"])
+        hits += [t == ids[0] for t, (ids, _) in zip(s.ids[-n_out:], s.top[-n_out:])]
+    assert len(hits) >= 8 and sum(hits) >= 0.8 * len(hits), hits
+    # cached: a second call sends nothing
+    run.score_sequences(srv.base_url, "demo", srv.api_key, sequences, tmp_path / "a",
+                        progress=lambda *a: pytest.fail("a complete dump was scored again"))
+    # noise floor: the same model scored one request at a time (other batches) agrees with itself
+    run.score_sequences(srv.base_url, "demo", srv.api_key, sequences, tmp_path / "b", concurrency=1)
+    floor = summarize(run.floor(tmp_path / "a", tmp_path / "b"), n_boot=200)
+    print(f"\nscored {len(sequences)} sequences ({floor.n_tokens} tokens) in {elapsed:.1f} s;"
+          f" floor KL {floor.kl.mean:.3g} (high {floor.kl.high:.3g}), top1 {floor.top1.mean:.4f}")
+    assert floor.n_tokens == sum(len(s.token_ids) - 1 for s in sequences)
+    assert floor.kl.mean < 1e-4 and floor.top1.mean >= 0.99 and abs(floor.dnll.mean) < 1e-3
+    assert path == tmp_path / "a" / run.DUMP
+
+
+@pytest.mark.slow
+def test_real_scoring_resumes_after_losing_lines(demo_server, sequences, tmp_path):
+    srv, out = demo_server, tmp_path / "dump"
+    run.score_sequences(srv.base_url, "demo", srv.api_key, sequences, out)
+    lines = (out / run.DUMP).read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = lines[: len(lines) // 2]
+    (out / run.DUMP).write_text("".join(kept) + lines[-1][:40], encoding="utf-8")  # half the lines + a torn one
+    (out / run.MANIFEST).unlink()
+    calls = []
+    run.score_sequences(srv.base_url, "demo", srv.api_key, sequences, out, progress=lambda d, t: calls.append(d))
+    after = (out / run.DUMP).read_text(encoding="utf-8").splitlines(keepends=True)
+    assert after[: len(kept)] == kept and len(after) == len(sequences)
+    assert calls == list(range(len(kept) + 1, len(sequences) + 1))
+    first = {r["id"]: r for r in map(json.loads, lines)}
+    for rec in map(json.loads, after):  # the refilled lines hold the same numbers as the first pass
+        assert rec["ids"] == first[rec["id"]]["ids"] and rec["lp"] == pytest.approx(first[rec["id"]]["lp"], abs=1e-4)
+    assert json.loads((out / run.MANIFEST).read_text())["status"] == "complete"
+
+
+@pytest.mark.slow
+def test_a_server_with_small_max_logprobs_is_named(demo_model, vllm_server, sequences, tmp_path):
+    with vllm_server(demo_model, name="demo", args=CPU_TEST_ARGS + ["--max-logprobs", "2"]) as srv:
+        with pytest.raises(ConfigError, match=r"--max-logprobs 10") as err:
+            run.score_sequences(srv.base_url, "demo", srv.api_key, sequences[:3], tmp_path / "k10", top_k=10)
+        assert "max allowed: 2" in str(err.value)
+        assert not (tmp_path / "k10" / run.MANIFEST).exists()
+        run.score_sequences(srv.base_url, "demo", srv.api_key, sequences[:3], tmp_path / "k2", top_k=2)
+        assert run.is_complete(tmp_path / "k2", run.sequences_hash(sequences[:3]), top_k=2)
