@@ -91,6 +91,8 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
     """Run a release spec to a decision; the summary is results/runs/<run-id>/summary.json."""
     s = load_spec(spec)
     run = rel.start_run(s, spec, run_id)
+    for warning in rel.sizing_warnings(s):
+        get_run_logger().warning(f"sample size: {warning}")
     model_dir = prepare_model(s, run)
     base_ev = serve_and_evaluate(s, rel.baseline_variant(model_dir), run, parity=True)
     variants, cand_ev, comparisons, decisions = {}, [], {}, []
@@ -106,6 +108,20 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
         variants |= {c.name: c for c in candidates}
         cand_ev += evidence
         decisions = gate(s, run, list(variants))
+        for _ in range(s.adaptive.rounds if s.adaptive else 0):  # INCONCLUSIVE: more samples, then decide again
+            wider = rel.widen(s, decisions)
+            if wider is None:
+                break
+            s = wider
+            get_run_logger().info(f"INCONCLUSIVE: widening to eval.limit={s.eval.limit}, fidelity.limit="
+                                  f"{s.fidelity.limit if s.fidelity else None}")
+            base_ev = serve_and_evaluate(s, rel.baseline_variant(model_dir), run, parity=True)
+            undecided = {d.candidate for d in decisions if d.decision == "INCONCLUSIVE"}
+            redo = [serve_and_evaluate(s, variants[n], run, parity=False, tokenizer=model_dir, reference=base_ev.evals)
+                    for n in undecided]
+            comparisons |= {c.variant.name: compare(base_ev, c, run) for c in redo}
+            cand_ev = [c for c in cand_ev if c.variant.name not in undecided] + redo
+            decisions = gate(s, run, list(variants))
     promotions = {d.candidate: promote(s, run, d, variants[d.candidate]) for d in decisions if d.promoted}
     summary = rel.finish_run(s, run, base_ev, cand_ev, comparisons, decisions, promotions)
     create_markdown_artifact(key=f"release-{s.name}", markdown=report(run),

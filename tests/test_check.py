@@ -235,3 +235,18 @@ def test_check_kind_option_and_unknown_kind(tmp_path):
     r = run_check(str(tmp_path / "missing.yaml"), str(tmp_path))
     assert r.returncode == 2 and "file not found" in r.stderr and "is a folder" in r.stderr
     assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_release_check_validates_without_starting_anything(tmp_path):
+    """`quantgate release SPEC --check`: the spec, its eval sets and policy, plus the sample-size warnings; exit 0/2."""
+    good = subprocess.run([sys.executable, "-m", "quantgate.cli", "release", str(REPO / "releases" / "demo.yaml"),
+                           "--check"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "ok policy" in good.stdout and "sample size: w4a16:" in good.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nname: x\nmodel: demo\nhardware: x86-cpu\nschemes: [w4a16-gptq]\nworkload: latency\n"
+                   "workload: fit\n")
+    p = subprocess.run([sys.executable, "-m", "quantgate.cli", "release", str(bad), "--check"], capture_output=True,
+                       text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 2 and f"{bad}:7 field 'workload'" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "results").exists()

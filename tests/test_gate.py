@@ -338,3 +338,19 @@ def test_bad_policy_names_file_line_and_field(tmp_path, old, new, field, words, 
 def test_missing_policy_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="file not found"):
         load_policy(tmp_path / "nope.yaml")
+
+
+# --- sizing --------------------------------------------------------------------------------------------------
+
+def test_sizing_flags_limits_below_the_detectable_drop_and_names_the_n_they_need():
+    from quantgate.gate.sizing import sizing, warnings
+
+    pol = load_policy(RELEASES / "policies" / "default.yaml")
+    small = sizing(pol, "w4a16", {"pooled": 300, "primary": 300, "category:proper_nouns": 50})
+    assert all(r.below for r in small) and all(r.needs > r.n for r in small)
+    pooled = next(r for r in small if r.check == "pooled")
+    assert pooled.mdd < next(r for r in small if r.check == "primary").mdd  # the pooled test gets most of the budget
+    (line,) = warnings(small)
+    assert "pooled limit 3.0%" in line and f"needs ~{pooled.needs}" in line and "n=300" in line
+    big = sizing(pol, "w4a16", {"pooled": pooled.needs})
+    assert not big[0].below and warnings(big) == []

@@ -98,3 +98,27 @@ def test_untried_rung_is_listed_but_is_no_failure(tmp_path):
     assert list(view.candidates) == ["w4a16-gptq"] and not [g for g in view.gaps if "int8" in g.what]
     html, md = write_report(run)
     assert "not tried: int8-w8a8" in md.read_text() and 'id="cand-int8-w8a8"' not in html.read_text()
+
+
+# --- adaptive sample size -----------------------------------------------------------------------------------
+
+def test_widen_grows_samples_only_for_inconclusive_candidates_within_the_budget(tmp_path):
+    from types import SimpleNamespace
+
+    from quantgate.base.paths import REPO
+    from quantgate.release.spec import load_spec
+    from quantgate.release.steps import widen
+
+    path = tmp_path / "s.yaml"
+    path.write_text(f"version: 1\nname: w\nmodel: demo\nhardware: x86-cpu\nschemes: [int8-w8a8]\n"
+                    f"eval_sets: [{REPO / 'eval_sets' / 'default.jsonl'}]\neval: {{limit: 60}}\n"
+                    "fidelity: {limit: 40}\nadaptive: {max_eval_samples: 200, max_fidelity_samples: 150}\n")
+    spec = load_spec(path)
+    undecided, rejected = [SimpleNamespace(decision="INCONCLUSIVE")], [SimpleNamespace(decision="REJECT")]
+    assert widen(spec, rejected) is None
+    w1 = widen(spec, undecided)
+    assert (w1.eval.limit, w1.fidelity.limit) == (120, 80)
+    w2 = widen(w1, undecided)
+    assert (w2.eval.limit, w2.fidelity.limit) == (200, 150)
+    assert widen(w2, undecided) is None  # the budget is spent: the decision stands
+    assert widen(spec.model_copy(update={"adaptive": None}), undecided) is None

@@ -56,6 +56,8 @@ def lenient_policy(path: Path) -> Path:
         category.pop("by_family", None)
     policy["recall"]["max_absolute_drop"] = 1.0
     policy["error_rate"]["max"] = 0.5
+    for family in policy["fidelity"]["families"].values():  # the 135M model's 4-bit KL is far above 4-bit practice
+        family.update(max_kl=10.0, min_top1=None)
     policy["judge"]["required"] = False  # the 135M demo judge is unreliable: its check is skipped, not failed
     path.write_text(yaml.safe_dump(policy))
     return path
@@ -112,6 +114,12 @@ def test_release_flow_produces_evidence_for_every_variant(workspace):
     assert pay_off["throughput_ratio"] > 0 and 0.3 < pay_off["size_ratio"] < 0.6
     assert summary["baseline"]["parity"]["verdict"] == "pass"
     assert 0.3 < cand["size_ratio"] < 0.6  # 4-bit weights, 16-bit embeddings kept
+    # fidelity: the baseline's answers scored by both, the floor by the baseline twice; the decision carries both
+    assert checks["fidelity:floor"]["passed"] is True and checks["fidelity:kl"]["measured"] > 0
+    assert checks["primary:default/exact_match"]["power"]["mdd"] is not None
+    fid = json.loads((run / "fidelity" / "w4a16-gptq.json").read_text())
+    assert fid["summary"]["n_samples"] == 30 and fid["summary"]["n_tokens"] > 500
+    assert decision["candidates"]["w4a16-gptq"]["operating"]["false_reject_bound"] > 0
     assert {"default/contains", "default/numeric_match", "default/chrf"} <= set(cand["metrics"])
     assert all(m["n"] > 0 and m["ci_low"] <= m["delta"] <= m["ci_high"] for m in cand["metrics"].values())
     for f in ("run.json", "baseline/plan.json", "baseline/evidence.json", "baseline/server.log", "w4a16-gptq/quantization.json",
@@ -175,10 +183,13 @@ def test_prefect_deployment_run_of_the_release(workspace):
                                           stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         run = cli("deployment", "run", "release/demo", "--param", f"spec={root / 'strict.yaml'}", "--param", "run_id=deployed",
                   "--watch", timeout=1200)
-        # REJECT ends the flow run Failed, and `--watch` exits non-zero: a release pipeline can branch on it
-        assert run.returncode != 0 and "Failed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:] + worker_log.read_text()[-3000:]
+        # REJECT or INCONCLUSIVE ends the flow run Failed (named after the decision), and `--watch` exits non-zero:
+        # a release pipeline can branch on it
+        assert run.returncode != 0, run.stdout[-3000:] + run.stderr[-3000:] + worker_log.read_text()[-3000:]
         summary = json.loads((root / "results" / "runs" / "deployed" / "summary.json").read_text())
-        assert summary["decision"] == "REJECT" and summary["candidates"]["w4a16-gptq"]["reasons"]
+        assert summary["decision"] in ("REJECT", "INCONCLUSIVE") and summary["candidates"]["w4a16-gptq"]["reasons"]
+        state = "Rejected" if summary["decision"] == "REJECT" else "Inconclusive"
+        assert f"finished in state {state!r}" in run.stdout, run.stdout[-3000:]
         # everything was cached by the first test's run: no server was started for either variant
         for variant in ("baseline", "w4a16-gptq"):
             ev = json.loads((root / "results" / "runs" / "deployed" / variant / "evidence.json").read_text())
@@ -186,7 +197,7 @@ def test_prefect_deployment_run_of_the_release(workspace):
         artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["release-e2e"]}}}, timeout=30).json()
         # the newest one is the deployment's (the first test's embedded run shares PREFECT_HOME and its database)
         newest = max(artifacts, key=lambda a: a["created"])
-        assert "REJECT" in newest["data"] and "deployed" in newest["data"] and "w4a16-gptq" in newest["data"]
+        assert summary["decision"] in newest["data"] and "deployed" in newest["data"] and "w4a16-gptq" in newest["data"]
     finally:
         for p in reversed(procs):
             kill_tree(p.pid)

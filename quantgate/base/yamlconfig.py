@@ -92,8 +92,9 @@ def _line_index(node: yaml.Node, source: Path | str = "", path: tuple = (), out:
     a list item's own line. Refuses a key given twice in one mapping (ConfigError at the second one)."""
     out = {} if out is None else out
     out.setdefault(path, node.start_mark.line + 1)
-    if id(node) in _active:  # a recursive alias: its lines are already known
-        return out
+    if id(node) in _active:
+        raise ConfigError("a recursive alias: the value contains itself", where=f"{source}:{node.start_mark.line + 1} "
+                          f"field '{_dotted(path)}'", fix="write the value out instead of referring to itself")
     inner = _active | {id(node)}
     if isinstance(node, yaml.MappingNode):
         seen: dict[tuple, int] = {}
@@ -129,7 +130,8 @@ def _yaml_error(path: Path, text: str, exc: yaml.YAMLError) -> ConfigError:
         line = None
     problem = getattr(exc, "problem", None) or str(exc)
     if isinstance(exc, yaml.reader.ReaderError):
-        problem = f"character {exc.character!r} is not allowed in YAML"
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "\0")
+        problem = f"character U+{char:04X} is not allowed in YAML (a control or non-printable character)"
     return ConfigError(f"invalid YAML: {problem}", where=f"{path}:{line}" if line else str(path),
                        fix="correct the YAML syntax at that line")
 
@@ -139,8 +141,9 @@ def read_yaml(path: Path | str) -> tuple[Any, dict[tuple, int]]:
     name the line."""
     path = Path(path)
     text = read_text(path)
-    loader = _Loader(text)
+    loader = None
     try:
+        loader = _Loader(text)  # refuses characters YAML does not allow (ReaderError)
         node = loader.get_single_node()
         lines = _line_index(node, path) if node is not None else {}
         data = loader.construct_document(node) if node is not None else None
@@ -149,7 +152,8 @@ def read_yaml(path: Path | str) -> tuple[Any, dict[tuple, int]]:
     except RecursionError:
         raise ConfigError("YAML nested too deeply", where=str(path), fix="flatten the structure") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, lines
 
 

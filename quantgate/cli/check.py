@@ -184,7 +184,7 @@ def check(
                 if detected is None:
                     result, detected = _attempt(kind, path, detect_kind, path)
             except Skip as why:
-                print(f"skip {_show(path)}: {why}, not a kind `quantgate check` validates")
+                print(f"skip {_show(path)}: {why}, not a kind `quantgate check` validates", flush=True)
                 continue
             results = _check_one(path, detected, done) if detected else [result]
         for k, p, err in results:

@@ -15,6 +15,8 @@ import typer
 from quantgate.base.errors import QuantgateError
 from quantgate.gate.evidence import gate_run, overall
 from quantgate.gate.models import EXIT_CODES
+from quantgate.gate.policy import DEFAULT_POLICY, load_policy
+from quantgate.gate.sizing import sizing
 
 
 def gate(
@@ -41,3 +43,29 @@ def gate(
     promoted = next((d.candidate for d in decisions if d.promoted), None)
     print(f"decision: {verdict}{' ' + promoted if promoted else ''} -> {path}")
     raise typer.Exit(EXIT_CODES[verdict])
+
+
+def sizing_cmd(
+    policy: Annotated[Path, typer.Option(help="gate policy YAML")] = DEFAULT_POLICY,
+    family: Annotated[str, typer.Option(help="scheme family whose limits to size (fp8, int8, w4a16, ...)")] = "w4a16",
+    n: Annotated[Optional[list[int]], typer.Option(help="paired samples per check; repeatable")] = None,
+    base: Annotated[float, typer.Option(help="baseline accuracy of the binary measure")] = 0.4,
+    discordance: Annotated[float, typer.Option(help="share of samples that change either way")] = 0.10,
+) -> None:
+    """How large an eval set must be: each task check's minimum detectable drop at n, against its limit."""
+    try:
+        pol = load_policy(policy)
+    except QuantgateError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    checks = ["pooled", "primary", *[f"category:{c}" for c in pol.categories]]
+    print(f"policy {pol.name}, family {family}: relative minimum detectable drop at {pol.statistics.power:.0%} power "
+          f"(baseline accuracy {base:.0%}, {discordance:.0%} of samples discordant)")
+    print("| n | " + " | ".join(checks) + " |\n|---|" + "---|" * len(checks))
+    for size in n or [100, 300, 500, 1000, 3000, 10000]:
+        rows = {r.check: r for r in sizing(pol, family, {c: size for c in checks}, base=base, discordance=discordance)}
+        print(f"| {size} | " + " | ".join(f"{rows[c].mdd:.1%}" + (" *" if rows[c].below else "") if c in rows else "-"
+                                          for c in checks) + " |")
+    limits = {r.check: r for r in sizing(pol, family, {c: 1 for c in checks}, base=base, discordance=discordance)}
+    print("limits: " + ", ".join(f"{c} {r.limit:.1%} (provable from about {r.needs} samples)" for c, r in limits.items()))
+    print("* limit below the minimum detectable drop: the check detects harm there, fidelity carries the proof")

@@ -21,6 +21,7 @@ app = typer.Typer(
 app.command("report")(report.report)
 app.command("dashboard")(report.dashboard)
 app.command("gate")(gate.gate)
+app.command("sizing")(gate.sizing_cmd)
 app.command("perf")(perf.perf)
 app.command("perf-compare")(perf.perf_compare)
 app.command("release")(release.release)

@@ -11,16 +11,16 @@ from typing import Optional
 import typer
 
 from quantgate.base.paths import REPO, results_dir
+from quantgate.cli.check import Kind, check
 from quantgate.gate.models import EXIT_CODES
 from quantgate.release.runrecord import timings
 from quantgate.release.spec import load_spec
-
+from quantgate.release.steps import sizing_warnings
 
 
 def load_flow(name: str):
     """Import flows/<name>.py by path (flows/ is the deployments' source folder, not an installed package)."""
     import importlib.util
-
 
     path = REPO / "flows" / f"{name}.py"
     module_spec = importlib.util.spec_from_file_location(f"quantgate_flows_{name}", path)
@@ -29,15 +29,28 @@ def load_flow(name: str):
     return getattr(module, name)
 
 
+def _check_only(spec: Path) -> None:
+    """`--check`: the spec, every eval set it names and its policy, validated without serving or quantizing
+    anything; then the sample-size warnings. Exit 0 when all are good, 2 otherwise."""
+    check([spec], kind=Kind.spec)  # raises typer.Exit(2) on a bad file
+    for warning in sizing_warnings(load_spec(spec)):
+        print(f"sample size: {warning}")
+    raise typer.Exit(0)
+
+
 def release(
     spec: Path = typer.Argument(..., help="release spec YAML (e.g. releases/demo.yaml)"),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="name of the run folder (default: <name>-<UTC time>)"),
+    check_only: bool = typer.Option(False, "--check", help="validate the spec, its eval sets and its policy, then "
+                                                            "stop: nothing is served or quantized"),
 ) -> None:
     """Run a release to a decision: quantize, serve and evaluate every variant, compare, gate, promote.
 
     Exit code 0: a candidate was promoted; 3: REJECT (harm detected in every candidate); 4: INCONCLUSIVE (no candidate
     promoted, at least one for lack of evidence); 2: bad input; 1: a step failed."""
 
+    if check_only:
+        _check_only(spec)
     load_spec(spec)  # refuse a bad spec before Prefect starts anything
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network here: no telemetry
     # the embedded server migrates its SQLite on first use; on a busy 2-core machine that takes longer than 20 s

@@ -56,6 +56,16 @@ class QuantizationSpec(BaseModel):
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
 
 
+class AdaptiveSpec(BaseModel):
+    """More samples for an INCONCLUSIVE candidate: up to these budgets, then the gate decides again. The eval
+    sets must hold more samples than `eval.limit` (or `fidelity.limit`) took for this to add anything."""
+    model_config = ConfigDict(extra="forbid")
+
+    max_eval_samples: int | None = Field(None, ge=1, description="eval.limit may grow to this; None: keep it")
+    max_fidelity_samples: int | None = Field(None, ge=1, description="fidelity.limit may grow to this; None: keep it")
+    rounds: int = Field(1, ge=1, le=5, description="times to widen and decide again")
+
+
 class EvalSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -200,6 +210,7 @@ class ReleaseSpec(BaseModel):
     perf: PerfSpec | None = Field(default_factory=PerfSpec, description="null: no performance probe")
     fidelity: FidelitySpec | None = Field(default_factory=FidelitySpec, description="null: no fidelity scoring (a "
                                           "policy requiring fidelity is then inconclusive)")
+    adaptive: AdaptiveSpec | None = Field(None, description="more samples for INCONCLUSIVE candidates; null: none")
 
     @field_validator("eval_sets")
     @classmethod

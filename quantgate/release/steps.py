@@ -30,9 +30,12 @@ from pydantic import BaseModel
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.paths import results_dir
+from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.evals.run import compare_dirs, run_eval
 from quantgate.gate.evidence import gate_run, overall
 from quantgate.gate.policy import load_policy
+from quantgate.gate.sizing import sizing
+from quantgate.gate.sizing import warnings as size_warnings
 from quantgate.parity.engine import run_parity
 from quantgate.perf.compare import compare as perf_compare
 from quantgate.perf.probe import load_result, probe
@@ -61,6 +64,51 @@ def start_run(spec: ReleaseSpec, spec_path: str | Path, run_id: str | None) -> P
     write_json(run / "run.json", {"spec_file": str(spec_path), "spec": spec.model_dump(mode="json"), "git": git_state(),
                                   "packages": package_versions()})
     return run
+
+
+def sizing_warnings(spec: ReleaseSpec) -> list[str]:
+    """The task checks whose limits this spec's sample sizes cannot prove (they then only detect harm), per family
+    of the spec's schemes: said at the start of a release, so that nobody reads a pass as a proven limit."""
+    policy = load_policy(policy_path(spec))
+    if policy.primary is None:
+        return []
+    counts: dict[str, int] = {}
+    for path in spec.eval_sets:
+        samples = stratified_subset(load_evalset(path, with_dataset=False).samples, spec.eval.limit)
+        counts["primary"] = counts.get("primary", 0) + len(samples)
+        for cat in policy.categories:
+            n = sum(1 for s in samples if s.category == cat)
+            if n:
+                counts[f"category:{cat}"] = counts.get(f"category:{cat}", 0) + n
+    if policy.pooled is not None and "primary" in counts:
+        counts["pooled"] = counts["primary"]
+    families = {f for s in spec.schemes if (f := policy.primary.family_of(s))}
+    return [f"{f}: {w}" for f in sorted(families) for w in size_warnings(sizing(policy, f, counts))]
+
+
+def _grow(current: int | None, budget: int | None, available: int) -> int | None:
+    """The next sample count: twice the current one (or all available), within the budget; None: cannot grow."""
+    now = current or available
+    if budget is None or now >= min(budget, available):
+        return None
+    return min(budget, available, max(2 * now, now + 1))
+
+
+def widen(spec: ReleaseSpec, decisions: list) -> ReleaseSpec | None:
+    """The spec with more eval and fidelity samples when a candidate is INCONCLUSIVE and the `adaptive` budget and
+    the eval sets allow more; None when there is nothing to add (the decision stands)."""
+    a = spec.adaptive
+    if a is None or not any(d.decision == "INCONCLUSIVE" for d in decisions):
+        return None
+    available = min((len(load_evalset(p, with_dataset=False).samples) for p in spec.eval_sets), default=0)
+    update: dict[str, Any] = {}
+    if (n := _grow(spec.eval.limit, a.max_eval_samples, available)) is not None:
+        update["eval"] = spec.eval.model_copy(update={"limit": n})
+    if spec.fidelity is not None:
+        reach = (update["eval"].limit if "eval" in update else spec.eval.limit) or available
+        if (k := _grow(spec.fidelity.limit, a.max_fidelity_samples, reach * max(len(spec.eval_sets), 1))) is not None:
+            update["fidelity"] = spec.fidelity.model_copy(update={"limit": k})
+    return spec.model_copy(update=update) if update else None
 
 
 def _cache_key(variant: Variant, config, engine: str) -> str:

@@ -1,0 +1,70 @@
+"""Sizing an eval set for a policy (pure): the minimum detectable drop of each task check at a sample size, and the
+sample size each limit needs before the check can prove it rather than only detect harm.
+
+The figures assume a binary measure (accuracy) with baseline accuracy `base` and a share `discordance` of samples
+that change either way between baseline and candidate (5-10% is typical of a good 8-bit candidate on a small
+model); each check's level is its share of the policy's false-reject budget, as the gate spends it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quantgate.base.stats import mdd_binary, samples_for
+from quantgate.gate.policy import GatePolicy
+
+
+@dataclass(frozen=True)
+class Sizing:
+    check: str
+    n: int
+    limit: float                 # relative drop
+    mdd: float                   # relative drop detectable at 80% power (the policy's power)
+    needs: int                   # paired samples for mdd <= limit
+
+    @property
+    def below(self) -> bool:
+        return self.limit < self.mdd
+
+
+def _levels(policy: GatePolicy, n_other: int) -> tuple[float, float]:
+    st = policy.statistics
+    if policy.pooled is None:
+        return st.false_reject, st.false_reject / max(n_other, 1)
+    return st.false_reject * st.pooled_share, st.false_reject * (1 - st.pooled_share) / max(n_other, 1)
+
+
+def sizing(policy: GatePolicy, family: str, counts: dict[str, int], *, base: float = 0.4,
+           discordance: float = 0.10) -> list[Sizing]:
+    """One row per task check named in `counts` ({"pooled": n, "primary": n, "category:<name>": n, ...})."""
+    p_alpha, o_alpha = _levels(policy, len([k for k in counts if k != "pooled"]))
+    out = []
+    for check, n in counts.items():
+        limit = _limit(policy, family, check)
+        if limit is None:
+            continue
+        alpha = p_alpha if check == "pooled" else o_alpha
+        rel = mdd_binary(discordance, n, alpha, policy.statistics.power) / base
+        need = samples_for(limit * base, 0.0, alpha, policy.statistics.power, binary=True, discordance=discordance)
+        out.append(Sizing(check=check, n=n, limit=limit, mdd=rel, needs=need))
+    return out
+
+
+def _limit(policy: GatePolicy, family: str, check: str) -> float | None:
+    if check in ("pooled", "primary") and policy.primary and family in policy.primary.families:
+        lim = policy.primary.families[family]
+        return lim.value if lim.kind == "relative" else None
+    if check.startswith("category:"):
+        c = policy.categories.get(check.split(":", 1)[1])
+        return c.limit_for(family) if c and c.kind == "relative" else None
+    return None
+
+
+def warnings(rows: list[Sizing]) -> list[str]:
+    """One line for the checks whose limits are below what their n can detect (empty when every limit is provable)."""
+    below = [r for r in rows if r.below]
+    if not below:
+        return []
+    parts = "; ".join(f"{r.check} limit {r.limit:.1%} < MDD {r.mdd:.1%} at n={r.n} (needs ~{r.needs})" for r in below)
+    return [f"{len(below)} task checks cannot prove their limits at this size and only detect harm, so fidelity "
+            f"carries the proof: {parts}"]
