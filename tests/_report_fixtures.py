@@ -23,6 +23,7 @@ from _gate_fixtures import make_run, records
 from quantgate.base.paths import RELEASES
 from quantgate.evals.compare import compare_runs
 from quantgate.evals.metrics import load_table
+from quantgate.fidelity.core import SampleFidelity, summarize
 from quantgate.gate.models import Check, Decision, OperatingCharacteristics, Power
 from quantgate.recall import score as recall_score
 from quantgate.recall.run import heatmap
@@ -121,11 +122,12 @@ def _fixed_checks(run: Path, fidelity: bool) -> list[Check]:
            Check(name="judge:non_inferiority", measured=-0.04, limit=-0.05, bound="ci", required=False, outcome="pass",
                  evidence_file=str(run / CAND / "judge" / "report.json"), reason="the judge finds it non-inferior")]
     if fidelity:
-        f = str(run / "fidelity" / f"{CAND}.json")
-        out += [Check(name="fidelity:kl", measured=0.015, limit=0.02, required=True, outcome="pass", evidence_file=f,
-                      reason="KL upper bound 0.015 is within 0.02 (floor 0.00055)"),
-                Check(name="fidelity:top1", measured=0.955, limit=0.95, required=True, outcome="pass", evidence_file=f,
-                      reason="top-1 agreement lower bound 95.5% is within 95%")]
+        f = run / "fidelity" / f"{CAND}.json"
+        kl, top1 = (json.loads(f.read_text())["summary"][k] for k in ("kl", "top1"))
+        out += [Check(name="fidelity:kl", measured=kl["high"], limit=0.02, required=True, outcome="pass",
+                      evidence_file=str(f), reason=f"KL upper bound {kl['high']:.4f} is within 0.02"),
+                Check(name="fidelity:top1", measured=top1["low"], limit=0.95, required=True, outcome="pass",
+                      evidence_file=str(f), reason=f"top-1 agreement lower bound {top1['low']:.1%} is within 95%")]
     return out
 
 
@@ -174,22 +176,22 @@ def as_schema1(run: Path) -> None:
 
 # --- fidelity -----------------------------------------------------------------------------------------------------
 
-def _iv(mean: float, low: float, high: float) -> dict:
-    return {"mean": mean, "low": low, "high": high, "level": 0.9}
+FIDELITY_CATEGORIES = ("arithmetic_numbers", "factual_qa", "multilingual", "proper_nouns")
 
 
-def fidelity_doc(scale: float, top1: float) -> dict:
-    """A fidelity file (quantgate.fidelity): per-category summaries, the worst samples and per-sample rows."""
-    cats = {cat: {"n_samples": 10, "n_tokens": 400, "kl": _iv(scale * k / 4, scale * k / 5, scale * k / 3),
-                  "top1": _iv(top1, top1 - 0.01, min(top1 + 0.01, 1.0)), "dnll": _iv(scale / 3, 0.0, scale / 2)}
-            for k, cat in enumerate(["arithmetic_numbers", "factual_qa", "multilingual", "proper_nouns"], 1)}
-    cats["arithmetic_numbers"]["kl"] = _iv(scale * 2.1, scale * 1.6, scale * 2.7)
-    worst = [{"id": f"arithmetic_numbers-{i:03d}", "category": "arithmetic_numbers", "kl_mean": scale * (8 - i),
-              "top1": top1 - 0.1, "dnll_mean": scale * 2, "n_tokens": 40} for i in range(3)]
-    return {"summary": {"n_samples": 40, "n_tokens": 1600, "kl": _iv(scale, scale * 0.82, scale * 1.22),
-                        "top1": _iv(top1, top1 - 0.007, min(top1 + 0.007, 1.0)), "dnll": _iv(scale / 3, scale / 10, scale / 2),
-                        "by_category": cats, "worst": worst},
-            "samples": [{"id": w["id"], "category": w["category"], "n_tokens": 40, "kl_mean": w["kl_mean"]} for w in worst]}
+def fidelity_doc(scale: float, top1: float, *, n: int = 10, tokens: int = 40) -> dict:
+    """A fidelity file as the release's fidelity step writes it ({"summary", "samples"}, quantgate.fidelity.core):
+    `n` samples per category with a per-token KL about `scale` (arithmetic_numbers about three times that) and
+    top-1 agreement about `top1`."""
+    samples = []
+    for k, cat in enumerate(FIDELITY_CATEGORIES):
+        for i in range(n):
+            kl = scale * (3.0 if cat == "arithmetic_numbers" else 0.6 + 0.1 * k) * (0.5 + i / n)
+            agree = min(tokens, round(tokens * top1) + (i % 3) - 1)
+            samples.append(SampleFidelity(id=f"{cat}-{i:03d}", category=cat, n_tokens=tokens, kl_sum=kl * tokens,
+                                          top1_agree=agree, dnll_sum=kl / 3 * tokens, kl_max=kl * 4))
+    return {"summary": summarize(samples, n_boot=200).model_dump(mode="json"),
+            "samples": [s.model_dump(mode="json") for s in samples]}
 
 
 # --- the run -------------------------------------------------------------------------------------------------------
@@ -246,7 +248,7 @@ def release_run(results: Path, run_id: str, *, lose: dict[str, int] | None = Non
             "rates": {"win": {"count": 14, "rate": 14 / 48, "ci_low": 0.18, "ci_high": 0.43}},
             "agreement": {"n": 48, "agree": 40, "rate": 40 / 48, "ci_low": 0.7, "ci_high": 0.91}})
     if fidelity:
-        _dump(run / "fidelity" / f"{CAND}.json", fidelity_doc(0.0123, 0.962))
+        _dump(run / "fidelity" / f"{CAND}.json", fidelity_doc(0.0123, 0.985))
         _dump(run / "fidelity" / "floor.json", fidelity_doc(0.00045, 0.998))
     d = decide(run, fidelity=fidelity)
     write_decision(run, d)

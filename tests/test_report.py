@@ -9,11 +9,12 @@ from html import unescape
 from pathlib import Path
 
 import pytest
-from _report_fixtures import CAND, HOSTILE, as_schema1, inconclusive_run, release_run
+from _report_fixtures import CAND, HOSTILE, POLICY, as_schema1, inconclusive_run, release_run
 from typer.testing import CliRunner
 
 from quantgate.cli.main import app
-from quantgate.report.page import TEMPLATES, markdown_summary, write_report
+from quantgate.gate.evidence import gate_run
+from quantgate.report.page import BADGES, TEMPLATES, markdown_summary, write_report
 
 RUN_ID = "demo-20261101T100000Z"
 RUN2_ID = "demo-20261105T100000Z"
@@ -257,13 +258,13 @@ def test_fidelity_section_with_floor_categories_and_worst(run2):
     iv = lambda x: f"{x['mean']:.3g} [{x['low']:.3g}, {x['high']:.3g}]"  # noqa: E731
     assert f'<td class="n">{iv(kl)}</td><td class="n">{iv(fkl)}</td>' in html
     assert f"{top1['mean']:.1%} [{top1['low']:.1%}, {top1['high']:.1%}]" in html
-    assert "40 samples, 1600 tokens; intervals at 90.0%" in html
+    assert f"{cand['n_samples']} samples, {cand['n_tokens']} tokens; intervals at {kl['level']:.1%}" in html
     for cat, v in cand["by_category"].items():
         assert f"<tr><td>{cat}</td>" in html and iv(v["kl"]) in html and iv(floor["by_category"][cat]["kl"]) in html
     for w in cand["worst"]:
         assert f"<tr><td>{w['id']}</td><td>{w['category']}</td><td class=\"n\">{w['kl_mean']:.3g}</td>" in html
     md = md_path.read_text()
-    assert f"Fidelity (40 samples): KL {iv(kl)} (noise floor {iv(fkl)}); top-1" in md
+    assert f"Fidelity ({cand['n_samples']} samples): KL {iv(kl)} (noise floor {iv(fkl)}); top-1" in md
 
 
 def test_fidelity_with_shifted_field_names_still_reads(run2):
@@ -305,7 +306,9 @@ def test_damaged_schema2_evidence_renders_with_the_gap(run2, rel, content, what,
     assert what in html and reason in html
     assert "</html>" in html and md_path.read_text().startswith("# Release")
     if "floor" in rel:
-        assert "no noise floor (fidelity/floor.json)" in html and "0.0123 [0.0101, 0.015]" in html
+        kl = json.loads((run2 / "fidelity" / f"{CAND}.json").read_text())["summary"]["kl"]
+        assert "no noise floor (fidelity/floor.json)" in html
+        assert f"<td class=\"n\">{kl['mean']:.3g} [{kl['low']:.3g}, {kl['high']:.3g}]</td><td class=\"n\">—</td>" in html
 
 
 def test_schema1_decision_still_renders(run2):
@@ -334,3 +337,22 @@ def test_untrusted_text_cannot_inject_html_into_the_markdown(run2):
     assert markdown_summary(run2).count("&lt;img") == md.count("&lt;img")
     html = html_path.read_text()  # the HTML page escapes it too (autoescape)
     assert "<img src=x" not in html and "<script>alert" not in html and "&lt;img src=x onerror=" in html
+
+
+def test_report_of_the_real_gate_decision(run2):
+    """The gate itself (default policy) over the schema-2 run: whatever it decides, every check's outcome, reason
+    and minimum detectable drop is on the page, and its outcome in the summary."""
+    (d,), _ = gate_run(run2, POLICY)
+    html_path, md_path = write_report(run2)
+    html, md = html_path.read_text(), md_path.read_text()
+    text = unescape(html)
+    assert f'id="decision">{d.decision}<' in html and f"**{d.decision}**" in md
+    for c in d.checks:
+        row = text[text.index(f"<tr><td>{c.name}</td>"):].split("</tr>")[0]
+        assert c.reason in row and f">{BADGES[c.outcome]}</span>" in row, c.name
+        if c.power and c.power.mdd is not None:
+            assert f"{c.power.mdd:.4f}" in row, c.name
+        assert f"| {c.name} | {BADGES[c.outcome]} |" in md, c.name
+    if d.needs:
+        assert d.needs in text and d.needs in md
+    assert 'id="gaps"' not in html

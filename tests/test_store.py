@@ -9,9 +9,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from _report_fixtures import CAND, as_schema1, inconclusive_run, release_run
+from _report_fixtures import CAND, POLICY, as_schema1, inconclusive_run, release_run
 
 from quantgate.base.errors import QuantgateError
+from quantgate.gate.evidence import gate_run
 from quantgate.report.store import LATEST, Store, ingest_all
 
 R1, R2, R3 = "demo-20261101T100000Z", "demo-20261102T100000Z", "demo-20261105T100000Z"
@@ -252,3 +253,19 @@ def test_dashboard_shows_inconclusive(results3, tmp_path):
     row = index[index.index('data-decision="INCONCLUSIVE"'):].split("</tr>")[0]
     assert '<span class="badge INCONCLUSIVE" title="to decide: about' in row and "needs about" in row
     assert re.search(r"\.INCONCLUSIVE\b[^{]*\{[^}]*background", index)
+
+
+def test_real_gate_outcomes_are_stored(results3, tmp_path):
+    import shutil
+
+    run = tmp_path / "runs" / R3
+    shutil.copytree(results3 / "runs" / R3, run)
+    (d,), _ = gate_run(run, POLICY)
+    with Store(tmp_path / "q.db") as store:
+        store.ingest(run)
+        rows = {r["name"]: r for r in store.query("SELECT * FROM checks")}
+        assert set(rows) == {c.name for c in d.checks}
+        for c in d.checks:
+            assert rows[c.name]["outcome"] == c.outcome
+            assert rows[c.name]["mdd"] == pytest.approx(c.power.mdd if c.power else None)
+        assert store.runs()[0]["decision"] == d.decision

@@ -73,7 +73,7 @@ def render(store: Store, results: Path, out_dir: Path) -> str:
         for c in mine:
             rows.append({**r, **{k: c[k] for k in ("candidate", "scheme", "needs", "size_ratio", "throughput_ratio",
                                                    "recall_delta", "judge_net")},
-                         "cand_decision": c["decision"] or "UNKNOWN", "href": href})
+                         "cand_decision": str(c["decision"] or "UNKNOWN"), "href": href})
     rows.reverse()  # newest first
     options = {k: sorted({str(r[k]) for r in rows if r[k]}) for k in ("model", "scheme", "hardware")}
     options["decision"] = sorted({r["cand_decision"] for r in rows}, key=lambda v: (DECISION_ORDER.get(v, 9), v))

@@ -1,10 +1,12 @@
 """The release report of one run: a self-contained HTML page and a Markdown summary (the Prefect artifact).
 
-`context(view)` turns a run's evidence (quantgate.report.runview) into plain values; templates/report.html and
-templates/report.md.j2 lay them out. A section whose evidence is missing or malformed shows the gap instead of
+`context(view)` turns a run's evidence (quantgate.report.runview) into plain values (the gate checks, flips ledger
+and fidelity sections come from quantgate.report.sections); templates/report.html and templates/report.md.j2 lay
+them out. A section whose evidence is missing or malformed shows the gap instead of
 failing: every section is built on its own, and an unexpected shape becomes a gap naming the file.
 Links point only at files that exist and lie under `link_root` (the results folder), so they resolve both from
-disk and when the results folder is served.
+disk and when the results folder is served. The Markdown goes into a Prefect artifact, where inline HTML would
+render: every value read from a file passes through `mdcell` (HTML and link syntax escaped) or `mdcode`.
 """
 
 from __future__ import annotations
@@ -136,6 +138,10 @@ def _candidate(view: RunView, c: Candidate, link: Links, floor: dict | None) -> 
     return out
 
 
+def _list(x: Any) -> list:
+    return x if isinstance(x, list) else []
+
+
 def _evidence_files(view: RunView, link: Links) -> list[dict]:
     return [link(p) for p in sorted(set(view.files))]
 
@@ -158,7 +164,7 @@ def context(view: RunView, out_dir: Path, link_root: Path) -> dict:
         "run_id": view.run_id, "started": view.started, "release": view.get("release", "name") or "?",
         "model": view.get("model") or "?", "hardware": view.get("hardware") or "?",
         "decision": dec.get("decision") or _d(view.summary).get("decision") or "UNKNOWN",
-        "promoted": dec.get("promoted") or (_d(view.summary).get("promoted") or [None])[0],
+        "promoted": dec.get("promoted") or next(iter(_list(_d(view.summary).get("promoted"))), None),
         "policy": policy, "git": _d(run.get("git")), "packages": _d(run.get("packages")),
         "parity": {"verdict": parity.get("verdict"), "reason": parity.get("reason")} if parity else None,
         "notes": [str(n) for n in notes] if isinstance(notes, list) else [],

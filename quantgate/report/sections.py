@@ -16,7 +16,7 @@ MAX_REGRESSIONS = 40   # flips shown per kind (the counts cover them all)
 MAX_GAINS = 40
 MAX_WORST = 10         # worst fidelity samples shown
 OUTCOMES = ("pass", "fail", "inconclusive", "skipped")
-FIDELITY_MEASURES = (("kl", "KL", "KL(baseline ‖ candidate), nats/token", "sig"),  # key, short, label, format
+FIDELITY_MEASURES = (("kl", "KL", "KL(baseline || candidate), nats/token", "sig"),  # key, short, label, format
                      ("top1", "top-1", "top-1 agreement", "pct"),
                      ("dnll", "NLL increase", "NLL increase of the baseline's tokens, nats/token", "sig"))
 

@@ -103,11 +103,10 @@ def _m2(db: sqlite3.Connection) -> None:
 
 
 def _m3(db: sqlite3.Connection) -> None:
-    """v2 -> v3, for the three-outcome gate (quantgate/gate/models.py, decision schema 2): each check's outcome
-    (pass / fail / inconclusive / skipped), its minimum detectable drop, the n it was stated at and whether the limit
-    lies below it; a candidate's `needs` (what evidence would decide an INCONCLUSIVE one). Decisions may now read
-    INCONCLUSIVE. Old check rows get the outcome their `passed` meant (schema 1 had no inconclusive); fingerprints are
-    cleared so the next ingest of a folder that still exists fills the new columns."""
+    """v2 -> v3, for the three-outcome gate (decision schema 2, quantgate/gate/models.py): each check's outcome
+    (pass / fail / inconclusive / skipped), minimum detectable drop, its n and whether the limit lies below it; a
+    candidate's `needs` (what would decide an INCONCLUSIVE one). Old check rows get the outcome their `passed` meant;
+    fingerprints are cleared so the next ingest of a folder that still exists fills the new columns."""
     _script(db, _V3)
     db.execute("UPDATE runs SET fingerprint = NULL")
 
