@@ -25,7 +25,8 @@ LAYERS = ["base", "target", "plan", "quantize", "serving", "evals", "recall", "p
 # Pure modules: computation only, no I/O; table-driven unit tests cover them.
 PURE = {"base.errors", "base.stats", "plan.planner", "plan.commands", "plan.models", "evals.compare", "recall.needle",
         "recall.score", "parity.core", "perf.compare", "perf.models", "judge.core", "judge.corrupt", "judge.report",
-        "gate.checks", "gate.models", "gate.statistical", "release.ladder", "fidelity.core"}
+        "gate.checks", "gate.models", "gate.statistical", "gate.sizing", "release.ladder", "fidelity.core",
+        "report.sections"}
 IO_LIBS = {"subprocess", "socket", "shutil", "sqlite3", "asyncio", "urllib", "http", "httpx", "openai", "prefect",
            "transformers", "torch", "datasets", "evaluate", "matplotlib", "requests", "aiohttp", "psutil"}
 # Adapter modules (they touch files, processes or the network): a pure module must not import them.
