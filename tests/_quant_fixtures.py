@@ -36,3 +36,22 @@ def llama(folder: Path, hidden: int, inter: int, layers: int = 2, vocab: int = 1
     cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden, "vocab_size": vocab,
            "tie_word_embeddings": tied}
     return write_checkpoint(folder, t, cfg)
+
+
+def fake_quantizer(monkeypatch) -> list[str]:
+    """Replace the llmcompressor child with one that writes a tiny compressed-tensors-shaped folder whose weights
+    depend on the quantization key (different inputs, different bytes). Returns the keys it was run for."""
+    from quantgate.quantize import run as qrun
+
+    calls: list[str] = []
+
+    def child(p, tmp: Path, work: Path, log, timeout_s) -> dict:
+        calls.append(p.key)
+        (work / "quantize.log").write_text("fake quantizer\n")
+        (tmp / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {"scheme": p.scheme.id}}))
+        (tmp / "model.safetensors").write_bytes(b"quantized weights " + p.key.encode())
+        (tmp / "recipe.yaml").write_text(p.recipe_text)
+        return {}
+
+    monkeypatch.setattr(qrun, "_run_child", child)
+    return calls

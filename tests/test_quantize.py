@@ -17,11 +17,11 @@ import pytest
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.quantize.calibration import CalibrationSpec
 from quantgate.quantize.recipes import dump_recipe, load_recipe, quant_settings
-from quantgate.quantize.run import MANIFEST, QuantizeRequest, _clean_stale, plan, quantize, reusable
+from quantgate.quantize.run import MANIFEST, QuantizeRequest, _clean_stale, keyed_folder, plan, quantize, reusable
 from quantgate.quantize.runner import needs_pin_memory_workaround
 from quantgate.target.hardware import get_profile
 
-from _quant_fixtures import llama
+from _quant_fixtures import fake_quantizer, llama
 from _shared import CHECKPOINTS
 
 
@@ -163,6 +163,35 @@ def test_an_interrupted_parent_takes_the_child_down(tiny, tmp_path, monkeypatch)
     assert list(tmp_path.iterdir()) == [tiny]
 
 
+def keyed_req(model, prefix, **kw) -> QuantizeRequest:
+    return QuantizeRequest(model=model, out=prefix, name_by_key=True, **({"scheme": "w4a16-gptq"} | kw))
+
+
+def test_two_quantization_keys_give_two_folders_and_the_same_key_reuses(tiny, tmp_path, monkeypatch):
+    calls = fake_quantizer(monkeypatch)
+    prefix = tmp_path / "checkpoints" / "abcdef012345-w4a16-gptq"
+    first = quantize(keyed_req(tiny, prefix))
+    before = {f.name: f.read_bytes() for f in first.out.iterdir()}
+    assert first.out == keyed_folder(prefix, first.manifest["key"])
+    assert first.out.name == f"abcdef012345-w4a16-gptq-{first.manifest['key'][:12]}"
+    other = quantize(keyed_req(tiny, prefix, calibration=CalibrationSpec(samples=8)))  # another calibration: another key
+    assert other.manifest["key"] != first.manifest["key"] and other.out != first.out
+    assert {f.name: f.read_bytes() for f in first.out.iterdir()} == before  # the first folder is untouched
+    again = quantize(keyed_req(tiny, prefix))
+    assert again.reused and again.out == first.out and len(calls) == 2  # same key: reused, not recomputed
+    assert sorted(d.name for d in prefix.parent.iterdir()) == sorted([first.out.name, other.out.name])
+
+
+def test_a_broken_keyed_folder_is_refused_not_replaced(no_child, tiny, tmp_path):
+    prefix = tmp_path / "checkpoints" / "abc-w4a16-gptq"
+    folder = keyed_folder(prefix, plan(keyed_req(tiny, prefix)).key)
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"not what the key says")
+    with pytest.raises(QuantgateError, match="named by this quantization key"):
+        quantize(keyed_req(tiny, prefix))
+    assert (folder / "model.safetensors").read_bytes() == b"not what the key says"
+
+
 @pytest.mark.slow
 def test_a_crashing_child_reports_its_log_and_leaves_no_output(tiny, tmp_path):
     # the synthetic checkpoint has no tokenizer and no weights: the child fails after starting up
@@ -246,7 +275,8 @@ def checkpoints(demo_model, tmp_path_factory):
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_demo_model_quantized(demo_model, vllm_server, checkpoints, scheme):
     root, model_hash = checkpoints
-    res = quantize(demo_request(demo_model, root / f"{model_hash}-{scheme}", scheme))
+    # named by the key, as the release flow names its own: results/checkpoints/<model hash12>-<scheme>-<key12>
+    res = quantize(demo_request(demo_model, root / f"{model_hash}-{scheme}", scheme).model_copy(update={"name_by_key": True}))
     assert not res.reused
     CHECKPOINTS[scheme] = res.out
     bits, kind, group, acts = SCHEMES[scheme]

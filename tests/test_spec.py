@@ -131,3 +131,32 @@ def test_ladder_flag_and_repeated_schemes(tmp_path):
     assert load_spec(write(tmp_path, GOOD)).ladder is False
     with pytest.raises(ConfigError, match=r"field 'schemes'.*more than once"):
         load_spec(write(tmp_path, GOOD.replace("[w4a16-gptq]", "[w4a16-gptq, w4a16-gptq]")))
+
+
+# --- serving.extra_args and the spec name -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arg", ["--host", "--host=0.0.0.0", "--port", "--port=80", "--api-key", "--api-key=abc",
+                                 "--api_key", "--api-k", "--trust-remote-code", "--trust_remote_code",
+                                 "--trust-remote-code=true", "--allowed-origins", "--allowed-origins=[\"*\"]", "--uds",
+                                 "--config", "--config=x.yaml", "--HOST"])
+def test_extra_args_may_not_change_bind_port_key_or_code_trust(tmp_path, arg):
+    path = write(tmp_path, GOOD + f"serving:\n  extra_args:\n    - --seed\n    - '1'\n    - '{arg}'\n    - x\n")
+    with pytest.raises(ConfigError) as err:
+        load_spec(path)
+    text = err.value.render()
+    shown = arg.split("=", 1)[0] + ("=..." if "=" in arg else "")
+    assert f"{path}:11" in text and "field 'serving.extra_args'" in text and repr(shown) in text, text
+    assert "not allowed" in text and ("=" not in arg or arg.split("=", 1)[1] not in text), text  # no value echoed
+
+
+def test_harmless_extra_args_pass(tmp_path):
+    args = ["--seed", "1", "--max-num-seqs", "4", "--enforce-eager", "--no-trust-remote-code", "--served-model-name=x"]
+    spec = load_spec(write(tmp_path, GOOD + f"serving: {{extra_args: {args}}}\n".replace("'", '"')))
+    assert spec.serving.extra_args == args
+
+
+def test_spec_name_leaves_room_for_the_run_id_suffix(tmp_path):
+    assert load_spec(write(tmp_path, GOOD.replace("name: mine", "name: " + "n" * 100))).name == "n" * 100
+    with pytest.raises(ConfigError, match="field 'name'"):
+        load_spec(write(tmp_path, GOOD.replace("name: mine", "name: " + "n" * 101)))

@@ -1,22 +1,140 @@
-"""Small shared helpers for files, processes and secrets (no quantgate imports beyond errors)."""
+"""Small shared helpers for files, processes and secrets (no quantgate imports beyond errors).
+
+- `write_json`: atomic and durable (temp file + fsync + rename + fsync of the folder).
+- `lock(path)`: an exclusive `flock` on `<path>.lock`, which names its holder (pid, host, thread) while held.
+- `child_env`: the environment a child process gets: the variables it needs, not every secret of the parent.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from quantgate.base.errors import ConfigError
+from quantgate.base.errors import ConfigError, QuantgateError
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename or a new entry in `folder` survive a crash (no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on a folder
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file + rename): readers never see half a file."""
+    """Write JSON atomically and durably: readers see the old file or the new one, never half of one, and after
+    a crash the new one is there once this returned.
+
+    The temp file is private to this call (pid, thread id and a random suffix in its name), so threads and processes
+    writing the same file never write into each other's temp file; the last rename wins. A temp file is removed when
+    the write fails; only a killed process leaves one (`.<name>.<pid>.<thread>.<random>.tmp`, never read)."""
     path = Path(path)
+    text = json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"  # fails before any file exists
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def lock_path(path: Path | str) -> Path:
+    """The lock file of `path`: `<path>.lock` beside it."""
+    return Path(f"{path}.lock")
+
+
+def lock_holder(path: Path | str) -> dict[str, Any] | None:
+    """Who holds (or last took) the lock of `path`, as written into its lock file; None when nothing is written."""
+    try:
+        text = lock_path(path).read_text(encoding="utf-8")
+        holder = json.loads(text) if text.strip() else None
+    except (OSError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def _describe(holder: dict[str, Any] | None) -> str:
+    if not holder:
+        return "another process (it has not written its name yet)"
+    return (f"pid {holder.get('pid')} on host {holder.get('host')}"
+            + (f" ({holder['what']})" if holder.get("what") else "") + f" since {holder.get('since')}")
+
+
+def is_locked(path: Path | str) -> bool:
+    """Whether someone holds the lock of `path` now (asked of the lock itself, not of a pid: right across hosts
+    that share the folder and after pid reuse). Stale temp files are stale when this is False."""
+    lp = lock_path(path)
+    try:
+        fd = os.open(lp, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the shared lock taken on success
+    return False
+
+
+@contextmanager
+def lock(path: Path | str, *, timeout: float | None = 600.0, what: str = "", poll_s: float = 0.05) -> Iterator[Path]:
+    """Hold an exclusive lock on `path` (an `flock` on `<path>.lock`) for the block; yields the lock file.
+
+    Blocks until the lock is free, at most `timeout` seconds (None: no limit), then raises a QuantgateError naming
+    the holder. While held, the lock file names the holder: {"pid", "host", "thread", "what", "since"}. The lock
+    follows the open file, not the process: threads of one process exclude each other too, and a holder that dies
+    releases it at once (the kernel drops the lock with its files). Not reentrant: taking it again in the same
+    thread waits for the timeout. The lock file is kept (removing it would let two holders lock two files)."""
+    lp = lock_path(path)
+    lp.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lp, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise QuantgateError(f"still locked after {timeout:g} s by {_describe(lock_holder(path))}",
+                                         where=str(lp),
+                                         fix="wait for that process to finish, or stop it; if it runs on no host any "
+                                             "more, the lock is already free (the kernel releases it with the process)"
+                                         ) from None
+                time.sleep(poll_s)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "thread": threading.get_ident(), "what": what,
+                  "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        try:
+            yield lp
+        finally:
+            os.ftruncate(fd, 0)  # released: the file names nobody
+    finally:
+        os.close(fd)  # drops the flock
 
 
 def log_tail(path: Path, lines: int = 25) -> str:
@@ -57,3 +175,35 @@ def resolve_api_key(api_key_env: str | None = None, prefect_secret: str | None =
             raise ConfigError(f"cannot read Prefect Secret block {prefect_secret!r}: {exc}", where="--prefect-secret",
                                  fix="create it (prefect block create secret) and check PREFECT_API_URL") from None
     return None
+
+
+# Environment of child processes (vLLM servers, the quantization child, benchmark clients): what they need to run
+# (paths, locale, Python, the ML libraries' settings and device selection), not the parent's other credentials.
+CHILD_ENV_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "TMP",
+                             "TEMP", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "SSL_CERT_FILE", "SSL_CERT_DIR",
+                             "VIRTUAL_ENV"})
+CHILD_ENV_PREFIXES = ("LC_", "PYTHON", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "VLLM_", "OMP_", "KMP_",
+                      "MKL_", "CUDA_", "NCCL_", "GLOO_", "HIP_", "ROCR_", "TORCH_", "TORCHINDUCTOR_", "TRITON_",
+                      "QUANTGATE_")
+# Credentials are passed only by name (`keep`) or value (`extra`), even under a prefix above (HF_TOKEN, ...).
+SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$|^(AWS|AZURE|GOOGLE|GCP)_", re.I)
+
+
+def child_env(extra: Mapping[str, str] | None = None, keep: tuple[str, ...] = (),
+              environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process: from `environ` (default: os.environ) PATH, HOME, locale (LANG, LC_*),
+    temp folders, PYTHON*, and the HF_/TRANSFORMERS_/VLLM_/OMP_/CUDA_/TORCH_ ... variables (CHILD_ENV_NAMES,
+    CHILD_ENV_PREFIXES), except credential-like names (SECRET_NAME: *_API_KEY, *_TOKEN, AWS_* ...); plus the
+    variables named in `keep` (exact names, or prefixes ending in '*'), credentials included; then `extra` on top."""
+    src = os.environ if environ is None else environ
+    names = {k for k in keep if not k.endswith("*")}
+    prefixes = tuple(k[:-1] for k in keep if k.endswith("*"))
+
+    def wanted(name: str) -> bool:
+        if name in names or (prefixes and name.startswith(prefixes)):
+            return True
+        return (name in CHILD_ENV_NAMES or name.startswith(CHILD_ENV_PREFIXES)) and not SECRET_NAME.search(name)
+
+    out = {k: v for k, v in src.items() if wanted(k)}
+    out.update({k: str(v) for k, v in (extra or {}).items()})
+    return out

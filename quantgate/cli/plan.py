@@ -15,21 +15,38 @@ from rich.table import Table
 from quantgate.plan.build import PLANNER_FILE, build_plan
 from quantgate.plan.models import Plan
 
+# Placeholders a printed command keeps for the user's launcher to fill (quant_recipes/planner.yaml's master_addr is
+# "$HEAD_IP"): these stay expandable; every other character of a printed command is quoted for the shell.
+PLACEHOLDERS = ("HEAD_IP", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
+_PLACEHOLDER = re.compile(r"\$(?:\{(%s)\}|(%s)(?![A-Za-z0-9_]))" % ("|".join(PLACEHOLDERS), "|".join(PLACEHOLDERS)))
+
+
+def _word(t: str) -> str:
+    """One shell word: the known placeholders ($HEAD_IP, ${HEAD_IP}, ...) as "$NAME", everything else in single
+    quotes where needed (shlex.quote), so `$(...)`, backticks and other variables in a path are never expanded."""
+    parts, pos = [], 0
+    for m in _PLACEHOLDER.finditer(t):
+        if m.start() > pos:
+            parts.append(shlex.quote(t[pos:m.start()]))
+        parts.append(f'"${m.group(1) or m.group(2)}"')
+        pos = m.end()
+    if pos < len(t) or not parts:
+        parts.append(shlex.quote(t[pos:]))
+    return "".join(parts)
+
+
 def _sh(tokens: list[str]) -> str:
-    """Shell words; "$VAR" placeholders stay expandable (double quotes), everything else is quoted safely."""
-    out = []
-    for t in tokens:
-        if re.fullmatch(r"[\w@%+=:,./-]+", t):
-            out.append(t)
-        elif "$" in t and not re.search(r'["`\\]', t):
-            out.append(f'"{t}"')
-        else:
-            out.append(shlex.quote(t))
-    return " ".join(out)
+    """Shell words to paste: placeholders stay expandable, everything else is quoted safely."""
+    return " ".join(_word(t) for t in tokens)
 
 
 def _env(env: dict[str, str]) -> str:
-    return _sh([f"{k}={v}" for k, v in env.items()])
+    """NAME=value assignments before a command; the name stays bare (a quoted name is no assignment), the value is
+    quoted like any word."""
+    bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+    if bad:
+        raise ValueError(f"not environment variable names: {bad}")
+    return " ".join(f"{k}={_word(v)}" for k, v in env.items())
 
 
 def _show(p: Plan, console: Console) -> None:

@@ -13,7 +13,7 @@ import typer
 from quantgate.base.paths import REPO, results_dir
 from quantgate.cli.check import Kind, check
 from quantgate.gate.models import EXIT_CODES
-from quantgate.release.runrecord import timings
+from quantgate.release.runrecord import check_new_run_id, timings
 from quantgate.release.spec import load_spec
 from quantgate.release.steps import sizing_warnings
 
@@ -40,7 +40,8 @@ def _check_only(spec: Path) -> None:
 
 def release(
     spec: Path = typer.Argument(..., help="release spec YAML (e.g. releases/demo.yaml)"),
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="name of the run folder (default: <name>-<UTC time>)"),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="name of a new run folder under results/runs "
+                                          "(letters, digits, _ . -; default: <name>-<UTC time>-<random>)"),
     check_only: bool = typer.Option(False, "--check", help="validate the spec, its eval sets and its policy, then "
                                                             "stop: nothing is served or quantized"),
 ) -> None:
@@ -52,6 +53,7 @@ def release(
     if check_only:
         _check_only(spec)
     load_spec(spec)  # refuse a bad spec before Prefect starts anything
+    check_new_run_id(run_id)  # and a run id that is no folder name or whose folder exists
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network here: no telemetry
     # the embedded server migrates its SQLite on first use; on a busy 2-core machine that takes longer than 20 s
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")

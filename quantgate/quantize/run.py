@@ -5,7 +5,9 @@ pre-flight against the model's config and safetensors headers, calibration data)
 `quantize()` then runs `python -m quantgate.quantize.runner` in a child of the same environment, so a crash or an
 out-of-memory kill there cannot take the orchestrator down. The child writes into a hidden temporary folder that
 is renamed into place only after the output is checked and its manifest written: a folder at `out` is always
-finished. Same inputs (source hash, recipe as applied, calibration hash, library versions) -> reused.
+finished. Same inputs (source hash, recipe as applied, calibration hash, library versions) -> reused. With
+`name_by_key` (the release flow) the folder's name carries that key, so a checkpoint is never overwritten by one
+made from other inputs.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class QuantizeRequest(BaseModel):
     overrides: RecipeOverrides = Field(default_factory=RecipeOverrides)
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     overwrite: bool = False
+    name_by_key: bool = Field(False, description="`out` is a prefix: the folder is <out>-<key12> (keyed_folder), so "
+                                                 "other inputs never land in, or replace, the same folder")
 
 
 class Plan(BaseModel):
@@ -119,11 +123,15 @@ def quantize(req: QuantizeRequest, *, log: Callable[[str], None] = lambda s: Non
     p = plan(req)
     for note in p.preflight.notes:
         log(f"pre-flight: {note}")
-    out = Path(req.out).resolve()
+    out = keyed_folder(req.out, p.key) if req.name_by_key else Path(req.out).resolve()
     existing = reusable(out, p.key)
     if existing is not None:
         log(f"reusing {out} (same inputs, key {p.key[:12]})")
         return QuantizeResult(out=out, reused=True, manifest=existing)
+    if out.exists() and req.name_by_key and not req.overwrite:
+        raise QuantgateError("the checkpoint folder named by this quantization key exists but is not a finished output "
+                             "of these inputs (files missing or changed since, or another key with the same prefix)",
+                             where=str(out), fix="inspect it and delete it; the next run quantizes again")
     if out.exists() and not req.overwrite:
         raise QuantgateError("output folder exists and was made from other inputs (or not by quantgate)", where=str(out),
                              fix="choose another --out, or pass --overwrite to replace it")
@@ -142,6 +150,14 @@ def quantize(req: QuantizeRequest, *, log: Callable[[str], None] = lambda s: Non
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def keyed_folder(prefix: Path | str, key: str) -> Path:
+    """The output folder named by the full quantization key: <prefix>-<key12> (e.g. <base hash12>-<scheme>-<key12>).
+    The key covers source hash, scheme, recipe as applied (overrides included), calibration, seed, library versions
+    and FORMAT, so a different key is a different folder and the same key finds the finished one to reuse."""
+    prefix = Path(prefix).resolve()
+    return prefix.parent / f"{prefix.name}-{key[:12]}"
 
 
 def reusable(out: Path, key: str) -> dict[str, Any] | None:

@@ -1,12 +1,20 @@
 """Local registry of promoted variants (adapter): results/registry/<model>/<version>/, written atomically.
 
 An entry holds:
-    manifest.json    model, version, candidate, scheme, checkpoint (path, sha256, copied or not), run, report,
-                     decision summary, created; written last, so a folder with a manifest is complete
+    manifest.json    model, version, candidate, scheme, checkpoint (source, sha256 of the entry's files, the
+                     evaluated sha256, how the files came in), run, report, decision summary, created; written
+                     last, so a folder with a manifest is complete
     decision.json    the gate's decision for this candidate (quantgate.gate.checks.Decision)
     report.<ext>     a copy of the release report file, when one is given (its original path is in the manifest)
-    checkpoint/      a copy of the checkpoint, only with copy_checkpoint=True (otherwise the manifest's path)
+    checkpoint/      the evaluated checkpoint's files: hard links where the registry shares the checkpoint's
+                     filesystem (no second copy of the weights), else copies; copies always with copy_checkpoint=True
     publish.json     where the entry was published, only when a publish target was given
+
+What an entry serves is what was evaluated: the evaluated hash (`expected_sha256`, else the Variant's content_hash in
+<run>/<candidate>/evidence.json) must equal the checkpoint's hash before anything is written, and the hash of the
+entry's own files, read byte for byte, must equal it before the entry is renamed into place; otherwise the
+promotion is refused and the temporary folder removed. Entries made before this (schema_version 1) may point at
+the checkpoint folder instead (`copied: false`).
 
 Atomicity: the entry is built in a hidden sibling folder `.<version>.tmp-<pid>-<random>` and renamed into place in
 one step, so a crash at any point leaves no `<version>` folder (the hidden leftover is removed by the next
@@ -88,10 +96,62 @@ def _same(existing: dict[str, Any], sha: str, candidate: str | None) -> bool:
     return existing.get("checkpoint", {}).get("sha256") == sha and existing.get("candidate") == candidate
 
 
+def evaluated_hash(run: Path | str | None, candidate: str | None) -> str | None:
+    """The content hash of the weights the release evaluated for `candidate`: <run>/<candidate>/evidence.json's
+    variant.content_hash. None when `run` is not a run folder; a run folder without it is refused."""
+    if run is None or not candidate or not Path(run).is_dir():
+        return None
+    path = Path(run) / candidate / "evidence.json"
+    try:
+        sha = json.loads(path.read_text(encoding="utf-8"))["variant"]["content_hash"]
+    except (OSError, ValueError, KeyError, TypeError):
+        sha = None
+    if not isinstance(sha, str) or not sha:
+        raise QuantgateError(f"the run has no evaluated content hash for {candidate!r}", where=str(path),
+                             fix="promote from a run whose evidence.json records the variant (re-run the release)")
+    return sha
+
+
+def _skip_hidden_folders(folder: str, names: list[str]) -> set[str]:
+    return {n for n in names if n.startswith(".") and os.path.isdir(os.path.join(folder, n))}
+
+
+def _materialize(checkpoint: Path, dest: Path, copy: bool) -> str:
+    """Put the checkpoint's files into dest (hidden folders aside, as checkpoint_hash does): hard links (no second
+    copy of the weights), or copies where linking fails (another filesystem) or with copy=True. Returns how."""
+    used: set[str] = set()
+
+    def link_or_copy(src: str, dst: str) -> str:
+        if not copy:
+            try:
+                os.link(src, dst)
+                used.add("hardlink")
+                return dst
+            except OSError:
+                pass
+        shutil.copy2(src, dst)
+        used.add("copy")
+        return dst
+
+    shutil.copytree(checkpoint, dest, ignore=_skip_hidden_folders, copy_function=link_or_copy)
+    return "+".join(sorted(used)) or "empty"
+
+
+def _mismatch(what: str, got: str, want: str, where: Path) -> QuantgateError:
+    return QuantgateError(f"{what} has content hash {got[:12]}..., but the weights that were evaluated have "
+                          f"{want[:12]}...: refusing to promote weights that were not evaluated", where=str(where),
+                          fix="restore the evaluated checkpoint, or re-run the release so the gate evaluates these weights")
+
+
 def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, report: Path | str | None = None,
             run: Path | str | None = None, copy_checkpoint: bool = False, root: Path | str | None = None,
-            publish: str | None = None) -> dict[str, Any]:
-    """Register a promoted candidate; returns its manifest plus `path` and `reused` (True when it was there)."""
+            publish: str | None = None, expected_sha256: str | None = None) -> dict[str, Any]:
+    """Register a promoted candidate; returns its manifest plus `path` and `reused` (True when it was there).
+
+    The checkpoint's files go into the entry (<entry>/checkpoint): hard-linked, or copied where linking fails;
+    copy_checkpoint=True always copies. The evaluated hash is `expected_sha256`, else the run's evidence
+    (evaluated_hash); the checkpoint must match it before anything is written, and the entry's files, re-hashed
+    from their bytes, must match it before the entry is renamed into place."""
     d = _decision_dict(decision)
     for field, value in (("model", model), ("version", version)):
         if not NAME.match(value):
@@ -100,12 +160,19 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
         raise QuantgateError("checkpoint folder not found", where=str(checkpoint), fix="give the promoted variant's folder")
+    from_run = evaluated_hash(run, d.get("candidate"))
+    if expected_sha256 and from_run and expected_sha256 != from_run:
+        raise _mismatch("the given evaluated hash", expected_sha256, from_run, Path(run) / str(d.get("candidate")))
+    evaluated = expected_sha256 or from_run
     sha = checkpoint_hash(checkpoint)
+    want = evaluated or sha
     model_dir = registry_root(root) / model
     target = model_dir / version
     existing = read_entry(target)
     if existing is not None:
-        return _reuse(existing, target, sha, d)
+        return _reuse(existing, target, want, d)
+    if sha != want:
+        raise _mismatch(f"checkpoint {checkpoint}", sha, want, checkpoint)
     model_dir.mkdir(parents=True, exist_ok=True)
     _clean_stale(model_dir)
     tmp = model_dir / f".{version}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -118,14 +185,16 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
             report_copy = f"report{Path(report).suffix}"
             shutil.copy2(report, tmp / report_copy)
         _after_step("report")
-        if copy_checkpoint:
-            shutil.copytree(checkpoint, tmp / "checkpoint")
+        how = _materialize(checkpoint, tmp / "checkpoint", copy_checkpoint)
+        got = checkpoint_hash(tmp / "checkpoint", use_cache=False)  # every byte, no cache: what the entry serves
+        if got != want:
+            raise _mismatch("the copied checkpoint", got, want, checkpoint)
         _after_step("checkpoint")
         manifest = {
-            "schema_version": 1, "model": model, "version": version, "candidate": d.get("candidate"),
+            "schema_version": 2, "model": model, "version": version, "candidate": d.get("candidate"),
             "scheme": d.get("scheme"), "family": d.get("family"),
-            "checkpoint": {"source": str(checkpoint.resolve()), "sha256": sha, "copied": copy_checkpoint,
-                           "path": "checkpoint" if copy_checkpoint else str(checkpoint.resolve())},
+            "checkpoint": {"source": str(checkpoint.resolve()), "sha256": got, "evaluated_sha256": evaluated,
+                           "copied": True, "how": how, "path": "checkpoint"},
             "report": {"source": str(report) if report else None, "copy": report_copy},
             "run": str(run) if run else None, "policy": d.get("policy"),
             "checks": {"passed": sum(c.get("passed") is True for c in d.get("checks", [])),
@@ -141,7 +210,7 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
             if other is None:
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
-            return _reuse(other, target, sha, d)
+            return _reuse(other, target, want, d)
         _after_step("rename")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -150,6 +219,24 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
     if publish:
         result["published"] = publish_entry(target, publish, model=model, version=version)
     return result
+
+
+def verify_entry(entry: Path | str) -> dict[str, Any]:
+    """Re-hash an entry's checkpoint from its bytes against its manifest; returns the manifest or raises."""
+    entry = Path(entry)
+    man = read_entry(entry)
+    if man is None:
+        raise QuantgateError("not a complete registry entry", where=str(entry), fix="give results/registry/<model>/<version>")
+    ck = man.get("checkpoint", {})
+    folder = entry / ck["path"] if ck.get("copied") else Path(ck.get("path", ""))
+    if not folder.is_dir():
+        raise QuantgateError("the entry's checkpoint folder is missing", where=str(folder), fix="promote it again")
+    got = checkpoint_hash(folder, use_cache=False)
+    if got != ck.get("sha256"):
+        raise QuantgateError(f"the entry's checkpoint has content hash {got[:12]}..., its manifest says "
+                             f"{str(ck.get('sha256'))[:12]}... (modified since promotion)", where=str(folder),
+                             fix="promote the evaluated checkpoint again under a new version")
+    return man
 
 
 def _reuse(existing: dict[str, Any], target: Path, sha: str, d: dict[str, Any]) -> dict[str, Any]:

@@ -3,13 +3,15 @@
 results/runs/<run-id>/
     run.json                 spec (as loaded), git commit + dirty flag, package versions, start/end
     <step>/manifest.json     inputs' hashes, outputs, seconds (one per step)
-    timings.json             wall seconds of every flow step, in order (`timed`)
+    timings.json             wall seconds of every flow step, in order (`timed`; timings.json.lock guards it)
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import re
+import secrets
 import subprocess
 import time
 from contextlib import contextmanager
@@ -17,19 +19,58 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
-from quantgate.base.fileio import write_json
+from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import lock, write_json
 from quantgate.base.paths import REPO, results_dir
 
 PACKAGES = ("quantgate", "llmcompressor", "compressed-tensors", "transformers", "torch", "prefect", "datasets", "evaluate")
 
 
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+RUN_ID_MAX = 128
+
+
+def check_run_id(run_id: str, where: str = "--run-id") -> str:
+    """`run_id` when it is a plain folder name (letters, digits, '_', '.', '-'; first a letter or digit; at most
+    128 characters); otherwise a QuantgateError. A run id never leaves results/runs: no '/', no '..', not absolute."""
+    if not isinstance(run_id, str) or len(run_id) > RUN_ID_MAX or not RUN_ID.fullmatch(run_id):
+        shown = repr(run_id) if not isinstance(run_id, str) or len(run_id) <= 80 else repr(run_id[:80] + "...")
+        why = (f"longer than {RUN_ID_MAX} characters" if isinstance(run_id, str) and len(run_id) > RUN_ID_MAX
+               else "not a plain folder name")
+        raise QuantgateError(f"run id {shown} is {why}", where=where,
+                             fix="use letters, digits, '_', '.' and '-' only, starting with a letter or digit, at most "
+                                 f"{RUN_ID_MAX} characters (e.g. demo-2024-06-01-a); or leave it out for a fresh one")
+    return run_id
+
+
 def new_run_id(name: str) -> str:
-    return f"{name}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+    """<name>-<UTC time to the second>Z-<6 random hex digits>: unique even for releases started in the same second."""
+    return f"{name}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+def _taken(path: Path) -> QuantgateError:
+    return QuantgateError("run folder exists already: it belongs to an earlier release and is not reused",
+                          where=str(path), fix="choose another --run-id (or run_id parameter), or leave it out for a "
+                                               "fresh <name>-<time>-<random> id")
+
+
+def check_new_run_id(run_id: str | None, where: str = "--run-id") -> None:
+    """Refuse, before any work, a run id that is no plain folder name or whose run folder exists already."""
+    if run_id is not None and (results_dir() / "runs" / check_run_id(run_id, where)).exists():
+        raise _taken(results_dir() / "runs" / run_id)
 
 
 def run_dir(run_id: str) -> Path:
-    path = results_dir() / "runs" / run_id
-    path.mkdir(parents=True, exist_ok=True)
+    """Create the run folder results/runs/<run_id> and return it. A run folder is never reused: one that exists
+    already is refused (its files belong to another release)."""
+    check_run_id(run_id, where="run id (--run-id, or the release flow's run_id parameter)")
+    runs = results_dir() / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    path = runs / run_id
+    try:
+        path.mkdir()  # atomic: of two releases asking for one id, exactly one gets it
+    except FileExistsError:
+        raise _taken(path) from None
     return path
 
 
@@ -80,9 +121,10 @@ def timed(run: Path, name: str) -> Iterator[None]:
         status = "failed"
         raise
     finally:
-        rows = timings(run)
-        rows.append({"step": name, "seconds": round(time.monotonic() - start, 1), "status": status})
-        write_json(run / "timings.json", rows)
+        with lock(run / "timings.json", what=f"timing {name}"):  # read, append, write: steps in parallel lose none
+            rows = timings(run)
+            rows.append({"step": name, "seconds": round(time.monotonic() - start, 1), "status": status})
+            write_json(run / "timings.json", rows)
 
 
 def timings(run: Path) -> list[dict[str, Any]]:

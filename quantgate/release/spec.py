@@ -47,6 +47,44 @@ class ServingSpec(BaseModel):
                                                  "launched and watched by quantgate (remote nodes: run `quantgate plan`'s commands)")
     join_timeout_s: float = Field(300.0, gt=0, description="multi-node: every node must have joined by then")
 
+    @field_validator("extra_args")
+    @classmethod
+    def _no_managed_args(cls, v: list[str]) -> list[str]:
+        for i, arg in enumerate(v):
+            if (why := _managed_arg(arg)) is not None:
+                raise item_error(i, why)
+        return v
+
+
+# vLLM arguments quantgate sets itself: a spec's extra_args may not change where and to whom a server answers, nor
+# let a checkpoint run its own code. vLLM reads '_' as '-' in flag names, takes `--flag=value`, and argparse takes
+# any unambiguous prefix of a flag (`--api-k`), so a flag is refused when it is one of these or a prefix of one.
+MANAGED_ARGS = {
+    "--host": "quantgate binds every server to loopback itself",
+    "--port": "quantgate picks a free port for every server itself",
+    "--uds": "quantgate serves over TCP on loopback; a socket file would change where the server answers",
+    "--api-key": "quantgate sets a fresh API key for every server (a key in a spec would also be a secret in a file)",
+    "--trust-remote-code": "running code shipped with a checkpoint is not allowed through the spec",
+    "--allowed-origins": "cross-origin access to the server is not opened through the spec",
+    "--allowed-methods": "cross-origin access to the server is not opened through the spec",
+    "--allowed-headers": "cross-origin access to the server is not opened through the spec",
+    "--allow-credentials": "cross-origin access to the server is not opened through the spec",
+    "--config": "a vLLM config file could set any of the arguments quantgate manages (host, port, API key, ...)",
+}
+
+
+def _managed_arg(arg: str) -> str | None:
+    """Why `arg` may not be in serving.extra_args, or None when it may."""
+    if not arg.startswith("--") or len(arg) < 3:
+        return None
+    given = arg.split("=", 1)[0]
+    flag = given.replace("_", "-").lower()
+    for name, why in MANAGED_ARGS.items():
+        if name.startswith(flag):
+            shown = given + ("=..." if "=" in arg else "")  # the value is not repeated: it may be a key
+            return f"{shown!r} is not allowed in serving.extra_args: {why} ({name} and {name}=VALUE are refused)"
+    return None
+
 
 class QuantizationSpec(BaseModel):
     """Recipe parameters and calibration data for the candidates (defaults: quant_recipes/schemes.yaml)."""
@@ -189,7 +227,8 @@ class ReleaseSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: Literal[1] = Field(description="schema version of release specs")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100,
+                      description="run ids (<name>-<time>-<random>, at most 128 characters) start with it")
     model: str = Field(description="catalogue id or checkpoint folder")
     hardware: str
     gpus: int | None = Field(None, ge=1, description="devices to use per node; default: all of the profile's")

@@ -60,7 +60,7 @@ def start_run(spec: ReleaseSpec, spec_path: str | Path, run_id: str | None) -> P
     load_policy(policy_path(spec))  # a bad policy is refused before any work
     if spec.judge is not None and spec.judge.endpoint is not None:
         api_key(spec.judge)  # and a judge API key that is not there
-    run = run_dir(run_id or new_run_id(spec.name))
+    run = run_dir(new_run_id(spec.name) if run_id is None else run_id)  # '' is refused, not replaced
     write_json(run / "run.json", {"spec_file": str(spec_path), "spec": spec.model_dump(mode="json"), "git": git_state(),
                                   "packages": package_versions()})
     return run
@@ -309,7 +309,7 @@ def promote(spec: ReleaseSpec, run: Path, decision, variant: Variant) -> dict[st
     """Register a promoted candidate; the version is its content hash, so promoting twice gives one entry."""
     model = spec.model if "/" not in spec.model else Path(spec.model).name
     entry = registry.promote(decision, model=model, version=f"{variant.name}-{variant.content_hash[:12]}",
-                             checkpoint=variant.path, run=run)
+                             checkpoint=variant.path, run=run, expected_sha256=variant.content_hash)
     write_json(run / variant.name / "promotion.json", entry)
     return entry
 

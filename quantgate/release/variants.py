@@ -59,9 +59,12 @@ def baseline_variant(model_dir: Path) -> Variant:
 
 
 def quantize_variant(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path, log: Log = print) -> Variant:
+    """The scheme's checkpoint in results/checkpoints/<base hash12>-<scheme>-<key12>: named by the full quantization
+    key (recipe, overrides, calibration, library versions, base hash), reused when the key matches and never
+    overwritten, so a checkpoint that was evaluated (and promoted) keeps its weights whatever a later release does."""
     base_hash = checkpoint_hash(model_dir)[:12]
-    out = results_dir() / "checkpoints" / f"{base_hash}-{scheme}"
-    req = QuantizeRequest(model=model_dir, scheme=scheme, out=out, hardware=spec.hardware, overwrite=True,
+    prefix = results_dir() / "checkpoints" / f"{base_hash}-{scheme}"
+    req = QuantizeRequest(model=model_dir, scheme=scheme, out=prefix, name_by_key=True, hardware=spec.hardware,
                           overrides=spec.quantization.overrides.get(scheme, {}), calibration=spec.quantization.calibration)
     result = quantize(req, log=log)
     write_json(run / scheme / "quantization.json", {"reused": result.reused, **result.manifest})

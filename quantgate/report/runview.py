@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 BASELINE = "baseline"
-_STAMP = re.compile(r"(\d{8}T\d{6}Z)$")
+_STAMP = re.compile(r"(\d{8}T\d{6}Z)(?:-[0-9a-f]{6})?$")
 
 
 @dataclass

