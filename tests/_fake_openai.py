@@ -1,23 +1,30 @@
-"""A small OpenAI-compatible chat server for client tests: canned answers, scripted failures (aiohttp, loopback).
+"""A small OpenAI-compatible server for client tests: canned answers, scripted failures (aiohttp, loopback).
 
-`FakeServer.script[prompt]` is a list of actions used one per call for that prompt (last user message):
+`FakeServer.script[key]` is a list of actions used one per call for that key (the last user message of a chat;
+"ids:1,2,3" for a /v1/completions prompt of token ids):
 "ok", "500", "429", "400", "drop" (close the connection without answering) or "slow" (answer after 1 s);
 after the list, `default_action`.
 The answer to a prompt is `answer(prompt)` (default "echo: <prompt>"). Every request body is kept in `requests`.
+`kill_when` runs a child process and SIGKILLs it half-way through writing a results file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
 import threading
+import time
 from collections import defaultdict
+from pathlib import Path
 
 from aiohttp import web
 
 
 class FakeServer:
-    def __init__(self, delay_s: float = 0.0, max_model_len: int = 4096, model: str = "fake-model"):
-        self.delay_s, self.max_model_len, self.model = delay_s, max_model_len, model
+    def __init__(self, delay_s: float = 0.0, max_model_len: int = 4096, model: str = "fake-model",
+                 max_logprobs: int = 20):
+        self.delay_s, self.max_model_len, self.model, self.max_logprobs = delay_s, max_model_len, model, max_logprobs
         self.script: dict[str, list[str]] = {}
         self.default_action = "ok"
         self.answer = lambda prompt: f"echo: {prompt}"
@@ -46,6 +53,7 @@ class FakeServer:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/version", self._version)
         self._runner = web.AppRunner(app, access_log=None)
@@ -63,13 +71,11 @@ class FakeServer:
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": "fake-1.0"})
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.requests.append(body)
-        prompt = body["messages"][-1]["content"]
-        n = self.calls[prompt]
-        self.calls[prompt] += 1
-        plan = self.script.get(prompt, [])
+    async def _scripted(self, request: web.Request, key: str) -> tuple[int, web.StreamResponse | None]:
+        """(call number for `key`, the scripted failure of this call or None to answer)."""
+        n = self.calls[key]
+        self.calls[key] += 1
+        plan = self.script.get(key, [])
         action = plan[n] if n < len(plan) else self.default_action
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
@@ -77,11 +83,45 @@ class FakeServer:
             await asyncio.sleep(1)
         if action == "drop":
             request.transport.abort()
-            return web.Response(status=500)
+            return n, web.Response(status=500)
         if action in ("500", "429", "400"):
-            return web.json_response({"error": {"message": f"scripted {action}"}}, status=int(action))
+            return n, web.json_response({"error": {"message": f"scripted {action}"}}, status=int(action))
+        return n, None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        prompt = body["messages"][-1]["content"]
+        n, failure = await self._scripted(request, prompt)
+        if failure is not None:
+            return failure
         return web.json_response({
             "id": f"cmpl-{n}", "object": "chat.completion", "model": body["model"],
             "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer(prompt)}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": 2, "total_tokens": len(prompt.split()) + 2},
         })
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        """Token ids in, vLLM-shaped `prompt_logprobs` out: each actual token at logprob -1 and rank 1, then k - 1
+        other tokens (id + j) at -1 - j; a k above `max_logprobs` is refused as vLLM refuses it."""
+        body = await request.json()
+        self.requests.append(body)
+        ids, k = body["prompt"], body.get("prompt_logprobs") or 1
+        _, failure = await self._scripted(request, "ids:" + ",".join(map(str, ids)))
+        if failure is not None:
+            return failure
+        if k > self.max_logprobs:
+            return web.json_response({"error": {"message": f"Requested prompt logprobs of {k}, which is greater than "
+                                                           f"max allowed: {self.max_logprobs}"}}, status=400)
+        rows = [None] + [{str(t + j): {"logprob": -1.0 - j, "rank": j + 1} for j in range(k)} for t in ids[1:]]
+        return web.json_response({"choices": [{"index": 0, "text": "x", "prompt_logprobs": rows}]})
+
+
+def kill_when(argv: list[str], path: Path, lines: int, timeout_s: float = 30.0) -> None:
+    """Run `argv`, and SIGKILL it as soon as `path` holds `lines` complete lines (or after `timeout_s`)."""
+    child = subprocess.Popen(argv)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and (not path.exists() or path.read_bytes().count(b"\n") < lines):
+        time.sleep(0.01)
+    child.send_signal(signal.SIGKILL)
+    child.wait(10)

@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
+from _fake_openai import FakeServer
 from conftest import CPU_TEST_ARGS
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.paths import EVAL_SETS
@@ -243,6 +244,25 @@ def test_load_dump_refuses_a_partial_dump(tmp_path):
     (tmp_path / run.MANIFEST).write_text(json.dumps({"status": "partial"}))
     with pytest.raises(QuantgateError, match="partial"):
         run.load_dump(tmp_path)
+
+
+# --- scoring through a fake endpoint (fast): retries, a refused top-k -------------------------------------------
+
+def test_scoring_through_a_fake_endpoint_retries_then_stops_on_a_refused_k(tmp_path):
+    seqs = [run.Sequence(id=f"s{k}", category="c", token_ids=[1, 10 + k, 20 + k]) for k in range(4)]
+    done: list[int] = []
+    with FakeServer() as srv:
+        srv.script = {"ids:1,10,20": ["500", "drop", "ok"]}  # transient failures: retried
+        run.score_sequences(srv.url, "fake-model", None, seqs, tmp_path / "a", top_k=3, concurrency=2,
+                            progress=lambda d, t: done.append(d))
+        assert srv.calls["ids:1,10,20"] == 3 and sorted(done) == [1, 2, 3, 4]
+        dump = run.load_dump(tmp_path / "a")
+        assert dump["s1"].lp == [-1.0, -1.0] and dump["s1"].top[0] == ([11, 12, 13], [-1.0, -2.0, -3.0])
+        srv.max_logprobs = 2
+        sent = len(srv.requests)
+        with pytest.raises(ConfigError, match="--max-logprobs 3"):  # no retry can fix it: stops at once
+            run.score_sequences(srv.url, "fake-model", None, seqs, tmp_path / "b", top_k=3, concurrency=1)
+        assert len(srv.requests) == sent + 1
 
 
 # --- against the real demo server (slow) ---------------------------------------------------------------------------

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +18,10 @@ from quantgate.judge.core import (PairItem, combine, non_inferiority, outcomes, 
                                   summarize_calibration, wilson)
 from quantgate.judge.corrupt import (CalibrationConfig, calibration_pairs, change_number, proper_nouns, swap_name,
                                      truncate, untranslated)
+from quantgate.judge.client import JudgeClientConfig, JudgeJob, judge_all
+from quantgate.judge.core import Parsed
 from quantgate.judge.run import load_calibration_config, load_judge, run_judge
+from tests._fake_openai import FakeServer, kill_when
 from tests._judge_fakes import FakeJudge, prefer, write_run
 
 PAIRWISE = load_judge(JUDGES / "pairwise.md")
@@ -312,6 +317,58 @@ def test_5xx_is_retried(tmp_path, es):
 class _FirstCall500(dict):
     def get(self, prompt, default=None):
         return ["500"]
+
+
+# --- the judgements file: a kill loses no judged pair and leaves no torn line ----------------------------------
+
+JUDGE_CHILD = """
+import sys
+from quantgate.judge.client import JudgeClientConfig, JudgeJob, judge_all
+from quantgate.judge.core import Parsed
+url, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+jobs = [JudgeJob(f"q{k}#{slot}", f"q{k}", slot, [{"role": "user", "content": f"q{k} {slot}"}])
+        for k in range(n) for slot in ("ab", "ba")]
+judge_all(jobs, path, JudgeClientConfig(endpoint=url, model="fake-model", concurrency=4),
+          lambda text: Parsed("A", "strict"), "again")
+"""
+
+
+def _jobs(n: int) -> list[JudgeJob]:
+    return [JudgeJob(f"q{k}#{slot}", f"q{k}", slot, [{"role": "user", "content": f"q{k} {slot}"}])
+            for k in range(n) for slot in ("ab", "ba")]
+
+
+def _judge_all(url, path, n):
+    cfg = JudgeClientConfig(endpoint=url, model="fake-model", concurrency=4, backoff_s=0.01, backoff_max_s=0.02)
+    return judge_all(_jobs(n), path, cfg, lambda text: Parsed("A", "strict"), "again")
+
+
+def test_kill_half_way_then_resume_judges_every_pair_exactly_once(tmp_path):
+    n, path = 40, tmp_path / "judgements.jsonl"
+    with FakeServer(delay_s=0.05) as server:
+        kill_when([sys.executable, "-c", JUDGE_CHILD, server.url, str(path), str(n)], path, 2 * n // 3)
+        before = {json.loads(line)["id"] for line in path.read_text().splitlines()}
+        assert 2 * n // 3 <= len(before) < 2 * n, "the kill must land half-way"
+        calls_at_kill = dict(server.calls)
+        stats = _judge_all(server.url, path, n)
+    ids = Counter(json.loads(line)["id"] for line in path.read_text().splitlines())  # every line parses
+    assert ids == {j.id: 1 for j in _jobs(n)}  # nothing lost, nothing judged twice
+    assert stats["skipped"] == len(before) and stats["judged"] == 2 * n - len(before)
+    for rid in before:  # judged before the kill: not asked again
+        pair, slot = rid.split("#")
+        assert server.calls[f"{pair} {slot}"] == calls_at_kill[f"{pair} {slot}"] == 1
+
+
+def test_a_torn_last_judgement_is_cut_and_judged_again(tmp_path):
+    path = tmp_path / "judgements.jsonl"
+    with FakeServer() as server:
+        _judge_all(server.url, path, 1)
+        with path.open("a") as fh:
+            fh.write('{"id": "q1#ab", "pair_id": "q1", "lab')  # a write cut by a kill
+        stats = _judge_all(server.url, path, 2)
+    lines = path.read_text().splitlines()
+    assert Counter(json.loads(line)["id"] for line in lines) == {j.id: 1 for j in _jobs(2)}
+    assert stats["skipped"] == 2 and stats["judged"] == 2
 
 
 # --- the real thing --------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ PURE = {"base.errors", "base.stats", "plan.planner", "plan.commands", "plan.mode
 IO_LIBS = {"subprocess", "socket", "shutil", "sqlite3", "asyncio", "urllib", "http", "httpx", "openai", "prefect",
            "transformers", "torch", "datasets", "evaluate", "matplotlib", "requests", "aiohttp", "psutil"}
 # Adapter modules (they touch files, processes or the network): a pure module must not import them.
-ADAPTER_PREFIXES = ("base.fileio", "base.yamlconfig", "serving.", "evals.client", "evals.run", "evals.scoring",
+ADAPTER_PREFIXES = ("base.fileio", "base.yamlconfig", "base.http", "serving.", "evals.client", "evals.run", "evals.scoring",
                     "evals.dataset", "recall.run", "parity.engine", "perf.probe", "judge.client", "judge.run",
                     "judge.review", "quantize.run", "quantize.runner", "quantize.calibration", "report.", "release.",
                     "target.catalogue", "cli.", "fidelity.run")

@@ -1,1 +1,2 @@
-"""Plumbing with no domain words: errors, paths, atomic files and processes, YAML loading. Imports nothing else of quantgate."""
+"""Plumbing with no domain words: errors, paths, atomic files, locks and processes, YAML loading, statistics, one
+OpenAI-compatible HTTP client. Imports nothing else of quantgate."""

@@ -17,8 +17,9 @@ from typing import Any
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
+from quantgate.base.http import EndpointError, api_base, get_json, model_entry, read_results
 from quantgate.evals import scoring
-from quantgate.evals.client import ClientConfig, ErrorRateExceeded, Request, api_base, read_results, run
+from quantgate.evals.client import ClientConfig, ErrorRateExceeded, Request, run
 from quantgate.evals.compare import cache_key, compare_runs, summarize
 from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.evals.metrics import load_table
@@ -61,30 +62,53 @@ class _Background:
 
 def probe_server(endpoint: str, model: str, api_key: str | None, timeout_s: float = 10.0) -> dict[str, Any]:
     """Check that the server answers and serves `model`; return its max_model_len and engine version if given."""
-    import httpx
+    entry = model_entry(endpoint, model, api_key, timeout_s)
+    try:
+        version = get_json(api_base(endpoint).removesuffix("/v1") + "/version", api_key, timeout_s)
+    except EndpointError:
+        version = None
+    engine = version.get("version") if isinstance(version, dict) else None
+    return {"max_model_len": entry.get("max_model_len"), "engine_version": engine}
 
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    base = api_base(endpoint)
-    try:
-        resp = httpx.get(base + "/models", headers=headers, timeout=timeout_s)
-    except httpx.TransportError as exc:
-        raise QuantgateError(f"cannot reach the server: {exc}", where=endpoint,
-                             fix="start the server or correct --endpoint") from None
-    if resp.status_code != 200:
-        raise QuantgateError(f"GET /v1/models answered HTTP {resp.status_code}: {resp.text[:200]}", where=endpoint,
-                             fix="check --api-key-env and that the endpoint is an OpenAI-compatible server")
-    served = {m.get("id"): m for m in resp.json().get("data", [])}
-    if model not in served:
-        raise QuantgateError(f"model {model!r} is not served; served: {', '.join(map(str, served)) or 'none'}",
-                             where=endpoint, fix="pass --model with one of the served names")
-    engine = None
-    try:
-        v = httpx.get(base.removesuffix("/v1") + "/version", headers=headers, timeout=timeout_s)
-        engine = v.json().get("version") if v.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        pass
-    return {"max_model_len": served[model].get("max_model_len"), "engine_version": engine}
+def _manifest(es, cfg: ClientConfig, server: dict[str, Any], *, model_hash: str | None, limit: int | None,
+              n_samples: int) -> dict[str, Any]:
+    """What a run is (the cache key says it in one string), as manifest.json records it while running."""
+    key = cache_key(model_hash or f"name:{cfg.model}", es.sha256, cfg.decoding(), server["engine_version"])
+    return {
+        "schema": MANIFEST_SCHEMA, "status": "running", "cache_key": key,
+        "evalset": {"path": str(es.path), "name": es.meta.name, "version": es.meta.version, "sha256": es.sha256},
+        "model": cfg.model, "model_hash": model_hash, "endpoint": cfg.endpoint, "engine_version": server["engine_version"],
+        "decoding": cfg.decoding(), "default_max_tokens": es.meta.default_max_tokens, "limit": limit,
+        "n_samples": n_samples, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _claim(out: Path, manifest: dict[str, Any]) -> Path:
+    """Write the manifest into `out` (new or resumed run); refuse a directory that holds a run of something else."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "manifest.json"
+    if path.is_file() and _read_json(path).get("cache_key") != manifest["cache_key"]:
+        prev = _read_json(path)
+        diff = [k for k in ("evalset", "model", "model_hash", "decoding", "engine_version") if prev.get(k) != manifest.get(k)]
+        raise QuantgateError(f"this directory holds a run of something else (differs in: {', '.join(diff) or 'key'})",
+                             where=str(path), fix="use a new --out directory, or delete this one")
+    write_json(path, manifest)
+    return path
+
+
+def _score(out: Path, samples, metrics: list[str]) -> dict[str, Any]:
+    """Score the answered samples into scores.jsonl and summarize them into summary.json; returns the summary."""
+    records = read_results(out / "results.jsonl")
+    wanted = {s.id for s in samples}
+    outputs = {i: r["output"] for i, r in records.items() if i in wanted and r.get("error") is None}
+    scores = scoring.score_samples(samples, outputs)
+    (out / "scores.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scores), encoding="utf-8")
+    failed = len(samples) - len(outputs)
+    summary = {"n_samples": len(samples), "n_answered": len(outputs), "n_failed": failed,
+               "error_rate": failed / len(samples) if samples else 0.0, "metrics": summarize(scores, metrics)}
+    write_json(out / "summary.json", summary)
+    return summary
 
 
 def run_eval(
@@ -112,41 +136,19 @@ def run_eval(
     loader = _Background(lambda: (es.load_dataset(), [scoring.load_metric(m) for m in metrics]))
     cfg = ClientConfig(endpoint=endpoint, model=model, api_key=api_key, concurrency=concurrency, timeout_s=timeout_s,
                        seed=seed, max_error_rate=max_error_rate, progress=progress)
-    key = cache_key(model_hash or f"name:{model}", es.sha256, cfg.decoding(), server["engine_version"])
-    manifest = {
-        "schema": MANIFEST_SCHEMA, "status": "running", "cache_key": key,
-        "evalset": {"path": str(es.path), "name": es.meta.name, "version": es.meta.version, "sha256": es.sha256},
-        "model": model, "model_hash": model_hash, "endpoint": endpoint, "engine_version": server["engine_version"],
-        "decoding": cfg.decoding(), "default_max_tokens": es.meta.default_max_tokens, "limit": limit,
-        "n_samples": len(samples), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    old = out / "manifest.json"
-    if old.is_file() and _read_json(old).get("cache_key") != key:
-        prev = _read_json(old)
-        diff = [k for k in ("evalset", "model", "model_hash", "decoding", "engine_version") if prev.get(k) != manifest.get(k)]
-        raise QuantgateError(f"this directory holds a run of something else (differs in: {', '.join(diff) or 'key'})",
-                             where=str(old), fix="use a new --out directory, or delete this one")
-    write_json(old, manifest)
+    manifest = _manifest(es, cfg, server, model_hash=model_hash, limit=limit, n_samples=len(samples))
+    manifest_path = _claim(out, manifest)
     requests = [Request(s.id, s.chat(), es.max_tokens(s)) for s in samples]
     try:
         stats = run(requests, out / "results.jsonl", cfg)
     except ErrorRateExceeded as exc:
-        write_json(old, {**manifest, "status": "failed", "error": exc.message, "error_rate": exc.share})
+        write_json(manifest_path, {**manifest, "status": "failed", "error": exc.message, "error_rate": exc.share})
         raise
     loader.result()
-    records = read_results(out / "results.jsonl")
-    wanted = {s.id for s in samples}
-    outputs = {i: r["output"] for i, r in records.items() if i in wanted and r.get("error") is None}
-    scores = scoring.score_samples(samples, outputs)
-    (out / "scores.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scores), encoding="utf-8")
-    failed = len(samples) - len(outputs)
-    summary = {"n_samples": len(samples), "n_answered": len(outputs), "n_failed": failed,
-               "error_rate": failed / len(samples) if samples else 0.0, "metrics": summarize(scores, metrics)}
-    write_json(out / "summary.json", summary)
-    write_json(old, {**manifest, "status": "complete", "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                      "client": {"answered_now": stats.answered, "failed_now": stats.failed, "skipped": stats.skipped,
-                                 "elapsed_s": round(stats.elapsed_s, 3)}})
+    summary = _score(out, samples, metrics)
+    write_json(manifest_path, {**manifest, "status": "complete", "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                               "client": {"answered_now": stats.answered, "failed_now": stats.failed,
+                                          "skipped": stats.skipped, "elapsed_s": round(stats.elapsed_s, 3)}})
     return summary
 
 

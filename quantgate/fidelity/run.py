@@ -10,7 +10,8 @@ vLLM answers with, for each prompt position after the first, the logprob of the 
 
 Layout of a dump folder:
   logprobs.jsonl  one line per sequence: {"id", "category", "ids", "score_from", "lp", "top"} (see ScoredSample);
-                  append-only, one os.write per line: a re-run keeps the complete lines and scores the rest
+                  append-only, one os.write per line (quantgate.base.http.JsonlAppender): a re-run keeps the
+                  complete lines and scores the rest
   manifest.json   {"schema", "status": "complete"|"partial", "n", "n_scored", "top_k", "model", "endpoint",
                   "sequences_hash", "elapsed_s", "error"}; written atomically at the end of every run
 """
@@ -20,18 +21,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import write_json
-from quantgate.evals.client import api_base
+from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json, repair_tail
 from quantgate.fidelity.core import SampleFidelity, ScoredSample, compare_sample
 
 SCHEMA = 1
@@ -139,13 +138,9 @@ def _read_lines(path: Path) -> list[dict]:
     """Complete JSON lines of a dump; a torn last line (killed mid-write) is cut off the file."""
     if not path.is_file():
         return []
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):
-        with path.open("r+b") as fh:
-            fh.truncate(end)
+    repair_tail(path)
     out = []
-    for no, raw in enumerate(data[:end].splitlines(), start=1):
+    for no, raw in enumerate(path.read_bytes().splitlines(), start=1):
         try:
             out.append(json.loads(raw))
         except json.JSONDecodeError as exc:
@@ -207,77 +202,33 @@ def _fatal(status: int, text: str, top_k: int, model: str) -> QuantgateError | N
     return None
 
 
-async def _score_one(client: httpx.AsyncClient, url: str, model: str, seq: Sequence, top_k: int, timeout_s: float,
-                     max_attempts: int) -> tuple[dict | None, str | None]:
-    """(dump line, None) or (None, error) after retries on timeouts, transport errors, 5xx and 429."""
+async def _score_one(client, url: str, model: str, seq: Sequence, top_k: int,
+                     retry: Retry) -> tuple[dict | None, str | None]:
+    """(dump line, None) or (None, error) after retries on timeouts, transport errors, 5xx and 429; an answer
+    that no retry can fix (_fatal) is raised."""
     payload = {"model": model, "prompt": seq.token_ids, "max_tokens": 1, "temperature": 0.0,
                "prompt_logprobs": top_k}
-    error = None
-    for attempt in range(1, max_attempts + 1):
-        try:
-            resp = await asyncio.wait_for(client.post(url, json=payload), timeout_s)
-        except asyncio.TimeoutError:
-            error, retry = f"no answer within {timeout_s:g} s", True
-        except httpx.TransportError as exc:
-            error, retry = f"{type(exc).__name__}: {exc}".rstrip(": "), True
-        else:
-            if resp.status_code == 200:
-                try:
-                    return _parse(resp.json(), seq, top_k), None
-                except (ValueError, KeyError, IndexError, TypeError) as exc:
-                    return None, f"malformed response: {type(exc).__name__}: {exc}"
-            fatal = _fatal(resp.status_code, resp.text, top_k, model)
-            if fatal is not None:
-                raise fatal
-            error = f"HTTP {resp.status_code}: {resp.text[:300]}"
-            retry = resp.status_code >= 500 or resp.status_code == 429
-        if not retry:
-            break
-        if attempt < max_attempts:
-            await asyncio.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
-    return None, error
-
-
-def _append(fd: int, rec: dict) -> None:
-    """One line, one os.write loop on an O_APPEND descriptor: a killed run leaves at most a torn last line."""
-    view = memoryview((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
-    while view:
-        view = view[os.write(fd, view):]
+    ans = await post_json(client, url, payload, retry, parse=lambda body: _parse(body, seq, top_k),
+                          fatal=lambda status, text: _fatal(status, text, top_k, model))
+    return ans.value, ans.error
 
 
 async def _score_all(url: str, model: str, api_key: str | None, todo: list[Sequence], path: Path, top_k: int,
-                     concurrency: int, timeout_s: float, max_attempts: int,
-                     tick: Callable[[], None]) -> list[tuple[str, str]]:
+                     concurrency: int, retry: Retry, tick: Callable[[], None]) -> list[tuple[str, str]]:
     """Score `todo` with at most `concurrency` requests in flight, appending each line as it comes;
     returns the (id, error) of the sequences that failed. A fatal answer stops every worker and is raised."""
-    queue = list(reversed(todo))
     failed: list[tuple[str, str]] = []
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    async def worker(client: httpx.AsyncClient) -> None:
-        while queue:
-            seq = queue.pop()
-            rec, error = await _score_one(client, url, model, seq, top_k, timeout_s, max_attempts)
-            if rec is not None:
-                _append(fd, rec)
-            else:
-                failed.append((seq.id, error or "unknown error"))
-            tick()
+    async def score(client, seq: Sequence) -> None:
+        rec, error = await _score_one(client, url, model, seq, top_k, retry)
+        if rec is not None:
+            writer.write(rec)
+        else:
+            failed.append((seq.id, error or "unknown error"))
+        tick()
 
-    try:
-        async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=headers) as client:
-            tasks = [asyncio.create_task(worker(client)) for _ in range(min(concurrency, len(todo)))]
-            try:
-                await asyncio.gather(*tasks)
-            finally:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-    finally:
-        os.fsync(fd)
-        os.close(fd)
+    with JsonlAppender(path) as writer:
+        await for_each(todo, score, concurrency=concurrency, api_key=api_key)
     return failed
 
 
@@ -308,8 +259,9 @@ def score_sequences(endpoint: str, model: str, api_key: str | None, sequences: l
         if progress is not None:
             progress(count[0], len(sequences))
 
+    retry = Retry(timeout_s=timeout_s, max_attempts=max_attempts)
     failed = asyncio.run(_score_all(api_base(endpoint) + "/completions", model, api_key, todo, path, top_k,
-                                    max(1, concurrency), timeout_s, max_attempts, tick)) if todo else []
+                                    max(1, concurrency), retry, tick)) if todo else []
     first = f"{failed[0][0]}: {failed[0][1]}" if failed else None
     write_json(out / MANIFEST, {
         "schema": SCHEMA, "status": "partial" if failed else "complete", "n": len(sequences),

@@ -16,9 +16,9 @@ from typing import Any
 
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import write_json
+from quantgate.base.http import read_results
 from quantgate.base.paths import JUDGES
 from quantgate.base.yamlconfig import load_model
-from quantgate.evals.client import read_results
 from quantgate.evals.dataset import file_sha256, load_evalset
 from quantgate.evals.run import load_run, probe_server
 from quantgate.judge.client import JudgeClientConfig, JudgeJob, judge_all
@@ -78,6 +78,43 @@ def not_stronger(judge_model: str, judge_hash: str | None, runs: dict[str, dict]
     return None
 
 
+def _load_runs(es, baseline: Path | str, candidate: Path | str) -> tuple[tuple[dict, list[dict]], tuple[dict, list[dict]]]:
+    """(manifest, records) of the baseline and candidate runs; both must have been made with eval set `es`."""
+    runs = load_run(baseline), load_run(candidate)
+    for role, (m, _), d in zip(("baseline", "candidate"), runs, (baseline, candidate)):
+        if m["evalset"]["sha256"] != es.sha256:
+            raise QuantgateError(f"the {role} run used another eval set (sha256 differs from {es.path})",
+                                 where=str(Path(d) / "manifest.json"), fix="pass the --evalset both runs were made with")
+    return runs
+
+
+def _claim(out: Path, key: dict[str, Any]) -> Path:
+    """The manifest path in `out`; a directory that holds a judge run of something else is refused."""
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path = out / "manifest.json"
+    if manifest_path.is_file():
+        prev = json.loads(manifest_path.read_text(encoding="utf-8")).get("key", {})
+        diff = [k for k in key if prev.get(k) != key[k]]
+        if diff:
+            raise QuantgateError(f"this directory holds a judge run of something else (differs in: {', '.join(diff)})",
+                                 where=str(manifest_path), fix="use a new --out directory, or delete this one")
+    return manifest_path
+
+
+def _write_pairs(path: Path, items: list[PairItem]) -> None:
+    path.write_text("".join(json.dumps(
+        {"id": it.pair_id, "category": it.category, "question": it.question, "reference": it.reference,
+         "baseline": it.first, "candidate": it.second}, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
+
+
+def _jobs(judge: Judge, items: list[PairItem]) -> list[JudgeJob]:
+    """One job per pair and slot (both orders for pairwise); identical answers need no judge."""
+    return [JudgeJob(f"{it.pair_id}#{slot}", it.pair_id, slot,
+                     render(judge, it, slot, show_reference=judge.spec.calibration_shows_reference
+                            if it.kind == "calibration" else judge.spec.use_reference))
+            for it in items if not it.identical for slot in SLOTS[judge.spec.kind]]
+
+
 def run_judge(
     *, endpoint: str, model: str, evalset: Path | str, baseline: Path | str, candidate: Path | str, out: Path | str,
     judge_path: Path | str = JUDGES / "pairwise.md", calibration_bar: float | None = None, margin: float = 0.05,
@@ -92,12 +129,7 @@ def run_judge(
         cal_cfg = cal_cfg.model_copy(update={"per_type": calibration_per_type})
     bar = cal_cfg.bar if calibration_bar is None else calibration_bar
     es = load_evalset(evalset)
-    bm, base = load_run(baseline)
-    cm, cand = load_run(candidate)
-    for role, m, d in (("baseline", bm, baseline), ("candidate", cm, candidate)):
-        if m["evalset"]["sha256"] != es.sha256:
-            raise QuantgateError(f"the {role} run used another eval set (sha256 differs from {es.path})",
-                                 where=str(Path(d) / "manifest.json"), fix="pass the --evalset both runs were made with")
+    (bm, base), (cm, cand) = _load_runs(es, baseline, candidate)
     items, drop, skipped = comparison_items(es.samples, base, cand)
     items = items[:limit] if limit else items
     cal_items = calibration_pairs(es.samples, cal_cfg)
@@ -106,16 +138,9 @@ def run_judge(
                              fix="finish both `quantgate eval` runs first")
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     key = {"judge_sha256": judge.sha256, "judge_model": model, "evalset_sha256": es.sha256,
            "baseline": bm.get("cache_key"), "candidate": cm.get("cache_key"), "seed": seed}
-    manifest_path = out / "manifest.json"
-    if manifest_path.is_file():
-        prev = json.loads(manifest_path.read_text(encoding="utf-8")).get("key", {})
-        diff = [k for k in key if prev.get(k) != key[k]]
-        if diff:
-            raise QuantgateError(f"this directory holds a judge run of something else (differs in: {', '.join(diff)})",
-                                 where=str(manifest_path), fix="use a new --out directory, or delete this one")
+    manifest_path = _claim(out, key)
     probe_server(endpoint, model, api_key)  # unreachable judge or unknown model: a clear error before any work
     manifest = {"schema": SCHEMA, "status": "running", "key": key, "endpoint": endpoint,
                 "judge": {"path": str(judge_path), "name": judge.spec.name, "version": judge.spec.version,
@@ -125,19 +150,14 @@ def run_judge(
                 "candidate": {"dir": str(candidate), "model": cm.get("model")},
                 "calibration": cal_cfg.model_dump() | {"bar": bar}, "margin": margin, "limit": limit}
     write_json(manifest_path, manifest)
-    (out / "pairs.jsonl").write_text("".join(json.dumps(
-        {"id": it.pair_id, "category": it.category, "question": it.question, "reference": it.reference,
-         "baseline": it.first, "candidate": it.second}, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
+    _write_pairs(out / "pairs.jsonl", items)
 
-    jobs = [JudgeJob(f"{it.pair_id}#{slot}", it.pair_id, slot,
-                     render(judge, it, slot, show_reference=judge.spec.calibration_shows_reference
-                            if it.kind == "calibration" else judge.spec.use_reference))
-            for it in [*cal_items, *items] if not it.identical for slot in SLOTS[judge.spec.kind]]
     cfg = JudgeClientConfig(endpoint=endpoint, model=model, api_key=api_key, concurrency=concurrency,
                             timeout_s=timeout_s, max_tokens=judge.spec.max_tokens, seed=seed, **(client or {}))
     path = out / "judgements.jsonl"
     try:
-        stats = judge_all(jobs, path, cfg, lambda t: parse_verdict(judge, t), judge.spec.retry)
+        stats = judge_all(_jobs(judge, [*cal_items, *items]), path, cfg, lambda t: parse_verdict(judge, t),
+                          judge.spec.retry)
     except QuantgateError as exc:
         write_json(manifest_path, {**manifest, "status": "failed", "error": exc.message})
         raise

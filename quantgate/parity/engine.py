@@ -8,13 +8,14 @@ rendered by the tokenizer is reported too: a template mismatch is also an engine
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
+from quantgate.base.http import Retry, for_each, post_json
 from quantgate.base.paths import EVAL_SETS
 from quantgate.base.yamlconfig import load_model
 from quantgate.parity.core import POLICY_FILE, ParityPolicy, ParityReport, check_parity
@@ -35,28 +36,27 @@ class ParityPrompts(BaseModel):
     prompts: list[ParityPrompt] = Field(min_length=1)
 
 
+def _token_ids(body: dict) -> tuple[list[int], list[int]]:
+    return body["prompt_token_ids"], body["choices"][0]["token_ids"]
+
+
 def served_greedy(base_url: str, api_key: str, model: str, prompts: list[ParityPrompt], max_tokens: int,
                   retries: int = 3) -> list[tuple[list[int], list[int]]]:
-    """(prompt token ids, output token ids) per prompt from the server; transient failures are retried."""
-    out = []
-    with httpx.Client(timeout=120, headers={"Authorization": f"Bearer {api_key}"}) as http:
-        for p in prompts:
-            body = {"model": model, "messages": p.messages, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
-                    "return_token_ids": True}
-            for attempt in range(retries):
-                try:
-                    resp = http.post(f"{base_url}/chat/completions", json=body)
-                    if resp.status_code < 500:
-                        break
-                except httpx.TransportError:
-                    if attempt == retries - 1:
-                        raise
-            if resp.status_code != 200:
-                raise QuantgateError(f"parity prompt {p.id}: server answered {resp.status_code}: {resp.text[:300]}",
-                                     where=base_url, fix="check the server log")
-            data = resp.json()
-            out.append((data["prompt_token_ids"], data["choices"][0]["token_ids"]))
-    return out
+    """(prompt token ids, output token ids) per prompt from the server, one prompt at a time; connection errors,
+    timeouts, 5xx and 429 are retried (quantgate.base.http), any other failure is an error naming the prompt."""
+    out: dict[str, tuple[list[int], list[int]]] = {}
+    retry = Retry(timeout_s=120.0, max_attempts=retries)
+
+    async def ask(client, p: ParityPrompt) -> None:
+        body = {"model": model, "messages": p.messages, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
+                "return_token_ids": True}
+        ans = await post_json(client, f"{base_url}/chat/completions", body, retry, parse=_token_ids)
+        if not ans.ok:
+            raise QuantgateError(f"parity prompt {p.id}: {ans.error}", where=base_url, fix="check the server log")
+        out[p.id] = ans.value
+
+    asyncio.run(for_each(prompts, ask, concurrency=1, api_key=api_key))
+    return [out[p.id] for p in prompts]
 
 
 def reference_greedy(model_dir: Path, prompt_ids: list[list[int]], max_tokens: int, dtype: str = "float32") -> list[list[int]]:

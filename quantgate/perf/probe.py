@@ -22,11 +22,11 @@ import subprocess
 import time
 from pathlib import Path
 
-import httpx
 from pydantic import ValidationError
 
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import write_json
+from quantgate.base.http import EndpointError, model_entry
 from quantgate.perf.compare import first_error, level_medians
 from quantgate.perf.models import (PerfResult, PlannerKV, RunResult, Workload, failed_run, parse_engine_log,
                                    run_from_bench)
@@ -48,27 +48,16 @@ def endpoint_root(endpoint: str) -> str:
 def check_endpoint(endpoint: str, model: str, api_key: str | None, timeout_s: float = 10.0) -> dict:
     """The server's /v1/models entry for `model`; a clear error when unreachable, unauthorised or not serving it."""
     url = f"{endpoint_root(endpoint)}/v1/models"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        resp = httpx.get(url, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise QuantgateError(f"cannot reach the endpoint {url}: {type(exc).__name__}: {exc} (error rate 100%: no request could be sent)",
-                             where="--endpoint", fix="start the server (or check host/port) and probe again") from None
-    if resp.status_code == 401:
-        raise QuantgateError(f"the endpoint {url} refused the API key (HTTP 401)", where="--api-key-env",
-                             fix="name the environment variable holding the server's API key with --api-key-env")
-    if resp.status_code != 200:
-        raise QuantgateError(f"the endpoint {url} answered HTTP {resp.status_code}: {resp.text[:200]}", where="--endpoint",
-                             fix="point --endpoint at an OpenAI-compatible server (vLLM)")
-    try:
-        served = {m["id"]: m for m in resp.json().get("data", [])}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise QuantgateError(f"the endpoint {url} did not answer an OpenAI model list", where="--endpoint",
-                             fix="point --endpoint at an OpenAI-compatible server (vLLM)") from None
-    if model not in served:
-        raise QuantgateError(f"the endpoint {url} does not serve {model!r}; it serves {sorted(served)}", where="--model",
-                             fix="pass one of the served model names")
-    return served[model]
+        return model_entry(endpoint_root(endpoint), model, api_key, timeout_s, where="--endpoint")
+    except EndpointError as exc:  # in this command's words: a probe that sent nothing failed every request
+        if exc.reason == "unreachable":
+            raise QuantgateError(f"cannot reach the endpoint {url}: {exc.detail} (error rate 100%: no request could be sent)",
+                                 where="--endpoint", fix="start the server (or check host/port) and probe again") from None
+        if exc.reason == "not_served":
+            raise QuantgateError(f"the endpoint {url} does not serve {model!r}; it serves {exc.served}", where="--model",
+                                 fix="pass one of the served model names") from None
+        raise
 
 
 def resolve_tokenizer(tokenizer: Path | None, model_entry: dict) -> Path:

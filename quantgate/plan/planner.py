@@ -160,11 +160,9 @@ def _check_request(req: PlanRequest, policy: PlannerPolicy) -> int:
     return gpus
 
 
-def plan(req: PlanRequest, policy: PlannerPolicy) -> Plan:
-    """Choose the layout; raise QuantgateError when nothing fits, saying by how much."""
+def _sizing_decisions(req: PlanRequest, policy: PlannerPolicy, total: int) -> list[Decision]:
+    """What the plan starts from: the weights, the KV bytes per token and, without a fast link, no TP."""
     hw, s, w = req.hardware, req.model.shape, req.model.weights
-    gpus = _check_request(req, policy)
-    total = gpus * req.nodes
     kv_b = policy.kv_dtype_bytes.get(req.kv_dtype, s.dtype_bytes * serve_dtype_factor(Layout(devices=1), req, policy))
     per_tok = s.kv_bytes_per_token(kv_b)
     decisions = [
@@ -183,17 +181,41 @@ def plan(req: PlanRequest, policy: PlannerPolicy) -> Plan:
         decisions.append(Decision(topic="interconnect", choice="no tensor parallel",
                                   reason=f"{hw.id} links devices over {hw.interconnect}: spare devices become "
                                          "independent replicas; a replica that must span devices uses PP"))
+    return decisions
+
+
+def _replica_sizes(req: PlanRequest, gpus: int, total: int) -> list[int]:
+    """Devices per replica to try, smallest first: the given split, else divisors of a node, then whole nodes."""
     if req.replicas:
-        spans = [total // req.replicas]
-    else:
-        spans = [k for k in range(1, gpus + 1) if gpus % k == 0] + [gpus * m for m in range(2, req.nodes + 1)]
-    chosen: tuple[Layout, Capacity] | None = None
+        return [total // req.replicas]
+    return [k for k in range(1, gpus + 1) if gpus % k == 0] + [gpus * m for m in range(2, req.nodes + 1)]
+
+
+def _nothing_fits(req: PlanRequest, last: tuple[Layout, Capacity] | None, no_layout: list[str]) -> QuantgateError:
+    """The error when no layout fits: none allowed at all, or the largest one short by how much."""
+    s = req.model.shape
+    if last is None:
+        return ConfigError(f"no allowed layout for {s.heads} heads / {s.kv_heads} KV heads / {s.layers} layers: "
+                           + " | ".join(no_layout), where="--gpus/--nodes/--replicas",
+                           fix="use a device count whose TP divides the heads, or fewer devices per replica")
+    lay, cap = last
+    scope = f"with --replicas {req.replicas}" if req.replicas else f"even at maximum parallelism ({lay.devices} devices)"
+    return QuantgateError(f"{s.name} does not fit {scope}: {_shortfall(lay, cap, req)}", where="plan",
+                          fix="quantize the weights (FP8/INT8/W4A16), use --kv-dtype fp8 where supported, lower "
+                              "--context or --concurrency, add devices/nodes" + (", or fewer replicas" if req.replicas else ""))
+
+
+def _choose(req: PlanRequest, policy: PlannerPolicy, gpus: int, total: int,
+            decisions: list[Decision]) -> tuple[Layout, Capacity]:
+    """The first layout, over replica sizes smallest first, whose KV pool holds the target; rejections are noted
+    in `decisions`. Raises when none does."""
+    hw, w = req.hardware, req.model.weights
     last: tuple[Layout, Capacity] | None = None
     no_layout: list[str] = []
     util = (req.gpu_memory_utilization or policy.gpu_memory_utilization) if hw.kind == "gpu" else 1.0
     device_budget = hw.memory_bytes * util - policy.reserve_gib[hw.kind] * 1024**3
     moe_dp_only = (w.total_bytes - w.expert_bytes) < device_budget
-    for k in spans:
+    for k in _replica_sizes(req, gpus, total):
         layouts, why = layouts_for(k, gpus, req, moe_dp_only)
         for reason in why:
             decisions.append(Decision(topic="layout", choice=f"{k} device(s)", accepted=False, reason=reason))
@@ -204,36 +226,66 @@ def plan(req: PlanRequest, policy: PlannerPolicy) -> Plan:
             cap = capacity(lay, req, policy)
             last = (lay, cap) if last is None or i == 0 else last
             if cap.fits:
-                chosen = (lay, cap)
-                break
+                return lay, cap
             if i == 0:  # the preferred layout of this size; its alternatives split the same memory
                 decisions.append(Decision(topic="layout", choice=lay.label, accepted=False,
                                           reason=_capacity_text(lay, cap) + ": not enough", numbers=_numbers(cap)))
-        if chosen:
-            break
-    if chosen is None:
-        if last is None:
-            raise ConfigError(f"no allowed layout for {s.heads} heads / {s.kv_heads} KV heads / {s.layers} layers: "
-                              + " | ".join(no_layout), where="--gpus/--nodes/--replicas",
-                              fix="use a device count whose TP divides the heads, or fewer devices per replica")
-        lay, cap = last
-        scope = f"with --replicas {req.replicas}" if req.replicas else f"even at maximum parallelism ({lay.devices} devices)"
-        raise QuantgateError(f"{s.name} does not fit {scope}: {_shortfall(lay, cap, req)}", where="plan",
-                             fix="quantize the weights (FP8/INT8/W4A16), use --kv-dtype fp8 where supported, lower "
-                                 "--context or --concurrency, add devices/nodes" + (", or fewer replicas" if req.replicas else ""))
-    lay, cap = chosen
-    decisions.append(Decision(topic="layout", choice=lay.label, reason=_capacity_text(lay, cap) + ": enough",
-                              numbers=_numbers(cap)))
+    raise _nothing_fits(req, last, no_layout)
+
+
+def _layout_decisions(lay: Layout, cap: Capacity, req: PlanRequest, replicas: int, total: int) -> list[Decision]:
+    """The chosen layout, expert parallelism for a MoE, and the replica count."""
+    s = req.model.shape
+    out = [Decision(topic="layout", choice=lay.label, reason=_capacity_text(lay, cap) + ": enough", numbers=_numbers(cap))]
     if s.is_moe and lay.dp > 1:
-        decisions.append(Decision(topic="moe", choice=f"--data-parallel-size {lay.dp} --enable-expert-parallel",
-                                  reason=f"MoE with {s.num_experts} experts: attention data-parallel (each rank keeps "
-                                         f"its own requests' KV, no duplication across TP), experts split {lay.dp} ways",
-                                  numbers={"experts_per_device": round(s.num_experts / lay.dp, 2)}))
+        out.append(Decision(topic="moe", choice=f"--data-parallel-size {lay.dp} --enable-expert-parallel",
+                            reason=f"MoE with {s.num_experts} experts: attention data-parallel (each rank keeps "
+                                   f"its own requests' KV, no duplication across TP), experts split {lay.dp} ways",
+                            numbers={"experts_per_device": round(s.num_experts / lay.dp, 2)}))
+    out.append(Decision(topic="replicas", choice=str(replicas),
+                        reason=f"{total} device(s) / {lay.devices} per replica"
+                               + ("; spare devices become independent replicas" if replicas > 1 and not req.replicas else ""),
+                        numbers={"devices_unused": total - replicas * lay.devices}))
+    return out
+
+
+def _cpu_settings(lay: Layout, cap: Capacity, req: PlanRequest, policy: PlannerPolicy, args: dict,
+                  decisions: list[Decision]) -> tuple[Capacity, list[str]]:
+    """CPU serving: the KV space variable, executor, dtype and eager mode; returns the capacity of the configured
+    KV space and the warnings. Adds to `args` and `decisions`."""
+    kv_gib, reason = cpu_env(lay, cap, req, policy)
+    cap = capacity(lay, req, policy, pool_gib=kv_gib)
+    decisions.append(Decision(topic="cpu", choice=f"VLLM_CPU_KVCACHE_SPACE={kv_gib}", reason=reason,
+                              numbers={"kv_gib_per_worker": kv_gib}))
+    if lay.pp > 1 or lay.dp > 1:
+        args["--distributed-executor-backend"] = "mp"
+    if serve_dtype_factor(lay, req, policy) != 1.0:
+        args["--dtype"] = policy.cpu_dtype
+        decisions.append(Decision(topic="cpu", choice=f"--dtype {policy.cpu_dtype}",
+                                  reason="BF16 serving on this CPU did not match transformers' greedy output "
+                                         f"(docs/design.md, 'Measured facts'; tests/conftest.py); {policy.cpu_dtype} did. Weights and KV "
+                                         "are counted at that width"))
+    if lay.pp > 1:
+        decisions.append(Decision(topic="cpu", choice="compiled, no --enforce-eager",
+                                  reason="PP=2 in eager mode crashed on the first request (docs/design.md, 'Measured facts')"))
+    else:
+        args["--enforce-eager"] = True
+        decisions.append(Decision(topic="cpu", choice="--enforce-eager",
+                                  reason="start-up in about 30 s instead of 100-120 s compiled; eager output matched "
+                                         "the reference (docs/design.md, 'Measured facts')"))
+    warnings = [] if cap.fits else ["the configured VLLM_CPU_KVCACHE_SPACE holds fewer requests than the target"]
+    return cap, warnings
+
+
+def plan(req: PlanRequest, policy: PlannerPolicy) -> Plan:
+    """Choose the layout; raise QuantgateError when nothing fits, saying by how much."""
+    hw = req.hardware
+    gpus = _check_request(req, policy)
+    total = gpus * req.nodes
+    decisions = _sizing_decisions(req, policy, total)
+    lay, cap = _choose(req, policy, gpus, total, decisions)
     replicas = req.replicas or total // lay.devices
-    decisions.append(Decision(topic="replicas", choice=str(replicas),
-                              reason=f"{total} device(s) / {lay.devices} per replica"
-                                     + ("; spare devices become independent replicas" if replicas > 1 and not req.replicas else ""),
-                              numbers={"devices_unused": total - replicas * lay.devices}))
+    decisions += _layout_decisions(lay, cap, req, replicas, total)
     args: dict[str, int | float | str | bool] = {"--tensor-parallel-size": lay.tp, "--pipeline-parallel-size": lay.pp}
     if lay.dp > 1:
         args["--data-parallel-size"] = lay.dp
@@ -245,28 +297,7 @@ def plan(req: PlanRequest, policy: PlannerPolicy) -> Plan:
     if hw.kind == "gpu":
         args["--gpu-memory-utilization"] = req.gpu_memory_utilization or policy.gpu_memory_utilization
     else:
-        kv_gib, reason = cpu_env(lay, cap, req, policy)
-        cap = capacity(lay, req, policy, pool_gib=kv_gib)
-        decisions.append(Decision(topic="cpu", choice=f"VLLM_CPU_KVCACHE_SPACE={kv_gib}", reason=reason,
-                                  numbers={"kv_gib_per_worker": kv_gib}))
-        if lay.pp > 1 or lay.dp > 1:
-            args["--distributed-executor-backend"] = "mp"
-        if serve_dtype_factor(lay, req, policy) != 1.0:
-            args["--dtype"] = policy.cpu_dtype
-            decisions.append(Decision(topic="cpu", choice=f"--dtype {policy.cpu_dtype}",
-                                      reason="BF16 serving on this CPU did not match transformers' greedy output "
-                                             f"(docs/design.md, 'Measured facts'; tests/conftest.py); {policy.cpu_dtype} did. Weights and KV "
-                                             "are counted at that width"))
-        if lay.pp > 1:
-            decisions.append(Decision(topic="cpu", choice="compiled, no --enforce-eager",
-                                      reason="PP=2 in eager mode crashed on the first request (docs/design.md, 'Measured facts')"))
-        else:
-            args["--enforce-eager"] = True
-            decisions.append(Decision(topic="cpu", choice="--enforce-eager",
-                                      reason="start-up in about 30 s instead of 100-120 s compiled; eager output matched "
-                                             "the reference (docs/design.md, 'Measured facts')"))
-        if not cap.fits:
-            warnings.append("the configured VLLM_CPU_KVCACHE_SPACE holds fewer requests than the target")
+        cap, warnings = _cpu_settings(lay, cap, req, policy, args, decisions)
     reps = replica_plans(lay, cap, replicas, gpus, req, policy, args, decisions)
     return Plan(model=req.model.ref, hardware=hw.id, kind=hw.kind, devices_total=total, devices_used=replicas * lay.devices,
                 layout=lay, replicas=replicas, vllm_args=args, capacity=cap, replica_plans=reps,

@@ -216,6 +216,52 @@ def _filler_stream(filler: Sequence[str], rng: random.Random) -> Iterator[str]:
         yield from order
 
 
+def _units(filler: Sequence[str], key: str, budget: int, others: list[tuple[str, int]], counter: TokenCounter,
+           sizes: dict[str, int]) -> list[tuple[str, int]]:
+    """(sentence, tokens) of the document without the needle block: seeded filler up to `budget` tokens, the other
+    facts (multi) at seeded random boundaries. `sizes` caches the filler sentences' token counts."""
+    chosen, used = [], 0
+    for s in _filler_stream(filler, random.Random(key + ":filler")):
+        t = sizes.setdefault(s, counter.text(" " + s))
+        if used + t > budget:
+            break
+        chosen.append((s, t))
+        used += t
+    units = list(chosen)
+    place = random.Random(key + ":place")
+    for fact in others:
+        units.insert(place.randint(0, len(units)), fact)
+    return units
+
+
+def _insert(units: list[tuple[str, int]], block: str, depth: int) -> tuple[str, str]:
+    """(document, text before the block): the block at the sentence boundary nearest depth% of the units' tokens."""
+    target_est = depth / 100 * sum(t for _, t in units)
+    cum, best = 0, (abs(target_est), 0)
+    for i, (_, t) in enumerate(units, 1):
+        cum += t
+        best = min(best, (abs(cum - target_est), i))
+    pos = best[1]
+    before = " ".join(s for s, _ in units[:pos])
+    after = " ".join(s for s, _ in units[pos:])
+    return " ".join(x for x in (before, block, after) if x), before
+
+
+def _placement(doc: str, before: str, block: str, depth: int, kind: str, tolerance: int,
+               counter: TokenCounter) -> tuple[int, int, int, int]:
+    """(needle start, needle tokens, document tokens, target start), measured; refused beyond `tolerance`."""
+    start = counter.text(before) if before else 0
+    needle_tokens = counter.text(doc[: len(before) + (1 if before else 0) + len(block)]) - start
+    doc_tokens = counter.text(doc)
+    target = round(depth / 100 * (doc_tokens - needle_tokens))
+    if abs(start - target) > tolerance:
+        raise QuantgateError(
+            f"needle for {kind} at depth {depth}% starts at token {start}, target {target}: off by more than"
+            f" {tolerance}", where="recall filler",
+            fix="shorten the longest filler sentences (each should be well under twice the tolerance)")
+    return start, needle_tokens, doc_tokens, target
+
+
 def build_prompt(length: int, depth: int, kind: str, sample: int, *, seed: int, data: NeedleData,
                  filler: Sequence[str], counter: TokenCounter) -> RecallPrompt:
     """One prompt of about `length` chat tokens (never more) with the needle block at `depth` percent."""
@@ -225,42 +271,20 @@ def build_prompt(length: int, depth: int, kind: str, sample: int, *, seed: int, 
         raise QuantgateError("no filler sentences", where="recall filler", fix="give the filler file at least one sentence")
     key = f"quantgate-recall:{seed}:{length}:{depth}:{kind}:{sample}"
     needle = make_needle(kind, random.Random(key + ":needle"), data)
-    user = data.user
 
     def messages(doc: str) -> list[dict]:
         return [{"role": "system", "content": data.system},
-                {"role": "user", "content": user.format(document=doc, question=needle.question)}]
+                {"role": "user", "content": data.user.format(document=doc, question=needle.question)}]
 
     block = " ".join(needle.facts)
-    block_est = counter.text(" " + block)
     others = [(f, counter.text(" " + f)) for f in needle.others]
-    budget = length - counter.chat(messages("")) - block_est - sum(t for _, t in others)
+    budget = length - counter.chat(messages("")) - counter.text(" " + block) - sum(t for _, t in others)
     if budget < 0:
         raise QuantgateError(f"length {length} is too short for a {kind} needle ({length - budget} tokens without filler)",
                              where="--lengths", fix=f"use lengths of at least {2 * (length - budget)}")
     sizes: dict[str, int] = {}
     for _ in range(8):  # token counts of joined sentences are nearly additive; trim until the whole prompt fits
-        chosen, used = [], 0
-        for s in _filler_stream(filler, random.Random(key + ":filler")):
-            t = sizes.setdefault(s, counter.text(" " + s))
-            if used + t > budget:
-                break
-            chosen.append((s, t))
-            used += t
-        units = list(chosen)
-        place = random.Random(key + ":place")
-        for fact in others:
-            units.insert(place.randint(0, len(units)), fact)
-        total = sum(t for _, t in units)
-        target_est = depth / 100 * total
-        cum, best = 0, (abs(target_est), 0)
-        for i, (_, t) in enumerate(units, 1):
-            cum += t
-            best = min(best, (abs(cum - target_est), i))
-        pos = best[1]
-        before = " ".join(s for s, _ in units[:pos])
-        after = " ".join(s for s, _ in units[pos:])
-        doc = " ".join(x for x in (before, block, after) if x)
+        doc, before = _insert(_units(filler, key, budget, others, counter, sizes), block, depth)
         msgs = messages(doc)
         prompt_tokens = counter.chat(msgs)
         if prompt_tokens <= length:
@@ -269,15 +293,8 @@ def build_prompt(length: int, depth: int, kind: str, sample: int, *, seed: int, 
     else:
         raise QuantgateError(f"could not fit a {kind} prompt into {length} tokens", where="recall grid",
                              fix="report this: the tokenizer's counts are far from additive")
-    start = counter.text(before) if before else 0
-    needle_tokens = counter.text(doc[: len(before) + (1 if before else 0) + len(block)]) - start
-    doc_tokens = counter.text(doc)
-    target = round(depth / 100 * (doc_tokens - needle_tokens))
-    if abs(start - target) > data.depth_tolerance_tokens:
-        raise QuantgateError(
-            f"needle for {kind} at depth {depth}% starts at token {start}, target {target}: off by more than"
-            f" {data.depth_tolerance_tokens}", where="recall filler",
-            fix="shorten the longest filler sentences (each should be well under twice the tolerance)")
+    start, needle_tokens, doc_tokens, target = _placement(doc, before, block, depth, kind, data.depth_tolerance_tokens,
+                                                          counter)
     digest = hashlib.sha256(json.dumps(msgs, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:10]
     return RecallPrompt(
         id=f"L{length}-d{depth}-{kind}-{sample}-{digest}", length=length, depth=depth, kind=kind, sample=sample,

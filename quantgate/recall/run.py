@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from quantgate.base.errors import QuantgateError
+from quantgate.base.http import EndpointError, model_entry, read_results
 from quantgate.base.paths import EVAL_SETS
 from quantgate.base.yamlconfig import load_model
-from quantgate.evals.client import ClientConfig, Request, api_base, read_results, run
+from quantgate.evals.client import ClientConfig, Request, run
 from quantgate.recall import needle as nd, score as recall_score
 from quantgate.recall.needle import NeedleData, RecallPrompt, TokenCounter
 
@@ -76,24 +77,11 @@ def load_tokenizer(path: Path) -> tuple[TokenCounter, int | None]:
 
 def served_max_model_len(endpoint: str, model: str, api_key: str | None, timeout_s: float = 30.0) -> int | None:
     """max_model_len that an OpenAI-compatible server (vLLM) reports for `model` in /v1/models, if any."""
-    import httpx
-
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        resp = httpx.get(api_base(endpoint) + "/models", headers=headers, timeout=timeout_s)
-    except httpx.TransportError as exc:
-        raise QuantgateError(f"server not reachable: {type(exc).__name__}: {exc}", where=f"--endpoint {endpoint}",
-                             fix="start the server, check the URL, or pass --max-model-len") from None
-    if resp.status_code != 200:
-        raise QuantgateError(f"GET /v1/models answered HTTP {resp.status_code}: {resp.text[:200]}",
-                             where=f"--endpoint {endpoint}", fix="check --api-key-env, or pass --max-model-len")
-    entries = resp.json().get("data", [])
-    names = [e.get("id") for e in entries]
-    if model not in names:
-        raise QuantgateError(f"model {model!r} is not served here (served: {', '.join(map(str, names))})",
-                             where="--model", fix="use the served model name")
-    return next(e.get("max_model_len") for e in entries if e.get("id") == model)
+        return model_entry(endpoint, model, api_key, timeout_s, where=f"--endpoint {endpoint}").get("max_model_len")
+    except EndpointError as exc:  # the same words, pointing at this command's options
+        where, fix = ("--model", exc.fix) if exc.reason == "not_served" else (exc.where, f"{exc.fix}, or pass --max-model-len")
+        raise QuantgateError(exc.message, where=where, fix=fix) from None
 
 
 def _write_jsonl(path: Path, records: Sequence[dict]) -> None:

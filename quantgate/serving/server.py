@@ -19,10 +19,10 @@ import subprocess
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantgate.base import http
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import log_tail
 from quantgate.serving.env import LAUNCHER, serve_python
@@ -143,11 +143,10 @@ def wait_port_free(host: str, port: int, timeout_s: float = 30) -> None:
 def is_ready(base_url: str, api_key: str, name: str) -> bool:
     """/health answers and /v1/models lists `name` (the API server is up and the engine loaded)."""
     try:
-        if httpx.get(f"{base_url.removesuffix('/v1')}/health", timeout=2).status_code != 200:
+        if http.get(f"{base_url.removesuffix('/v1')}/health", timeout_s=2).status_code != 200:
             return False
-        models = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=5).json()
-        return any(m.get("id") == name for m in models.get("data", []))
-    except (httpx.HTTPError, ValueError):
+        return name in http.served_models(base_url, api_key, timeout_s=5)
+    except http.EndpointError:
         return False
 
 
