@@ -143,6 +143,36 @@ def _mismatch(what: str, got: str, want: str, where: Path) -> QuantgateError:
                           fix="restore the evaluated checkpoint, or re-run the release so the gate evaluates these weights")
 
 
+def _check_inputs(d: dict, model: str, version: str, checkpoint: Path, run: Path | str | None,
+                  expected_sha256: str | None) -> str | None:
+    """Refuse unsafe names, a missing checkpoint or two evaluated hashes that disagree; the evaluated hash."""
+    for field, value in (("model", model), ("version", version)):
+        if not NAME.match(value):
+            raise QuantgateError(f"{field} {value!r} is not a safe folder name", where=f"registry.promote {field}",
+                                 fix="use letters, digits and . _ + - (not starting with a dot)")
+    if not checkpoint.is_dir():
+        raise QuantgateError("checkpoint folder not found", where=str(checkpoint), fix="give the promoted variant's folder")
+    from_run = evaluated_hash(run, d.get("candidate"))
+    if expected_sha256 and from_run and expected_sha256 != from_run:
+        raise _mismatch("the given evaluated hash", expected_sha256, from_run, Path(run) / str(d.get("candidate")))
+    return expected_sha256 or from_run
+
+
+def _manifest(d: dict, model: str, version: str, checkpoint: Path, got: str, evaluated: str | None, how: str,
+              report: Path | str | None, report_copy: str | None, run: Path | str | None) -> dict[str, Any]:
+    return {
+        "schema_version": 2, "model": model, "version": version, "candidate": d.get("candidate"),
+        "scheme": d.get("scheme"), "family": d.get("family"),
+        "checkpoint": {"source": str(checkpoint.resolve()), "sha256": got, "evaluated_sha256": evaluated,
+                       "copied": True, "how": how, "path": "checkpoint"},
+        "report": {"source": str(report) if report else None, "copy": report_copy},
+        "run": str(run) if run else None, "policy": d.get("policy"),
+        "checks": {"passed": sum(c.get("passed") is True for c in d.get("checks", [])),
+                   "skipped": sum(c.get("passed") is None for c in d.get("checks", []))},
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, report: Path | str | None = None,
             run: Path | str | None = None, copy_checkpoint: bool = False, root: Path | str | None = None,
             publish: str | None = None, expected_sha256: str | None = None) -> dict[str, Any]:
@@ -153,17 +183,8 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
     (evaluated_hash); the checkpoint must match it before anything is written, and the entry's files, re-hashed
     from their bytes, must match it before the entry is renamed into place."""
     d = _decision_dict(decision)
-    for field, value in (("model", model), ("version", version)):
-        if not NAME.match(value):
-            raise QuantgateError(f"{field} {value!r} is not a safe folder name", where=f"registry.promote {field}",
-                                 fix="use letters, digits and . _ + - (not starting with a dot)")
     checkpoint = Path(checkpoint)
-    if not checkpoint.is_dir():
-        raise QuantgateError("checkpoint folder not found", where=str(checkpoint), fix="give the promoted variant's folder")
-    from_run = evaluated_hash(run, d.get("candidate"))
-    if expected_sha256 and from_run and expected_sha256 != from_run:
-        raise _mismatch("the given evaluated hash", expected_sha256, from_run, Path(run) / str(d.get("candidate")))
-    evaluated = expected_sha256 or from_run
+    evaluated = _check_inputs(d, model, version, checkpoint, run, expected_sha256)
     sha = checkpoint_hash(checkpoint)
     want = evaluated or sha
     model_dir = registry_root(root) / model
@@ -190,17 +211,7 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
         if got != want:
             raise _mismatch("the copied checkpoint", got, want, checkpoint)
         _after_step("checkpoint")
-        manifest = {
-            "schema_version": 2, "model": model, "version": version, "candidate": d.get("candidate"),
-            "scheme": d.get("scheme"), "family": d.get("family"),
-            "checkpoint": {"source": str(checkpoint.resolve()), "sha256": got, "evaluated_sha256": evaluated,
-                           "copied": True, "how": how, "path": "checkpoint"},
-            "report": {"source": str(report) if report else None, "copy": report_copy},
-            "run": str(run) if run else None, "policy": d.get("policy"),
-            "checks": {"passed": sum(c.get("passed") is True for c in d.get("checks", [])),
-                       "skipped": sum(c.get("passed") is None for c in d.get("checks", []))},
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        }
+        manifest = _manifest(d, model, version, checkpoint, got, evaluated, how, report, report_copy, run)
         write_json(tmp / MANIFEST, manifest)
         _after_step("manifest")
         try:
