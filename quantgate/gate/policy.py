@@ -44,20 +44,18 @@ DEFAULT_POLICY = RELEASES / "policies" / "default.yaml"
 Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
-def _known_metric(name: str) -> str:
-    table = load_table()
-    if name not in table:
-        raise ValueError(f"unknown metric {name!r}{did_you_mean(name, table)}; quantgate/evals/metrics/table.yaml "
-                         f"has: {', '.join(sorted(table))}")
+def _known(name: str, what: str, known, source: str) -> str:
+    if name not in known:
+        raise ValueError(f"unknown {what} {name!r}{did_you_mean(name, known)}; {source} has: {', '.join(sorted(known))}")
     return name
+
+
+def _known_metric(name: str) -> str:
+    return _known(name, "metric", load_table(), "quantgate/evals/metrics/table.yaml")
 
 
 def _known_category(name: str) -> str:
-    known = load_categories()
-    if name not in known:
-        raise ValueError(f"unknown category {name!r}{did_you_mean(name, known)}; eval_sets/categories.yaml has: "
-                         f"{', '.join(sorted(known))}")
-    return name
+    return _known(name, "category", load_categories(), "eval_sets/categories.yaml")
 
 
 class _Strict(BaseModel):
