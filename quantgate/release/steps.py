@@ -23,11 +23,9 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from pydantic import BaseModel
-
-from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.paths import results_dir
 from quantgate.evals.dataset import load_evalset, stratified_subset
