@@ -44,7 +44,7 @@ from quantgate.evals.compare import compare_runs
 from quantgate.fidelity.core import SampleFidelity
 from quantgate.gate.checks import evaluate
 from quantgate.gate.evidence import comparison_evidence, fidelity_evidence, paired_harm
-from quantgate.gate.models import GateEvidence, ParityEvidence, RateEvidence, Ratio, Stat
+from quantgate.gate.models import Decision, GateEvidence, ParityEvidence, RateEvidence, Ratio, Stat
 from quantgate.gate.policy import GatePolicy, load_policy
 
 # Baseline behaviour of the simulated model, per metric: the share answered right (binary) or the mean score
@@ -138,7 +138,7 @@ def simulate_fidelity(rng: np.random.Generator, kl_mean: float) -> list[SampleFi
 
 
 def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: str, policy: GatePolicy,
-          metrics: dict) -> str | tuple[str, GateEvidence]:
+          metrics: dict) -> Decision:
     base, cand = simulate_runs(rng, samples, sc)
     cmp_ = compare_runs(base, cand, metrics, n_boot=1000, seed=int(rng.integers(1 << 30)))
     ev: dict = {"candidate": family, "scheme": FAMILY_SCHEME[family], "metrics": {}, "categories": {}, "pooled": {},

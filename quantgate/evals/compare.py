@@ -84,7 +84,10 @@ def _sd(xs: Sequence[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def _paired_stats(pairs: list[tuple[float, float]], info: MetricInfo, *, n_boot: int, seed: int, level: float) -> dict:
+def paired_stats(pairs: Sequence[tuple[float, float]], info: MetricInfo, *, n_boot: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> dict:
+    """Means, delta, bootstrap CI of (cand - base), spread of the drops and the one-sided harm p-value of (base, cand)
+    pairs; for a binary metric also the samples lost and gained and the discordance."""
     base, cand = [p[0] for p in pairs], [p[1] for p in pairs]
     lo, hi = bootstrap_ci([c - b for b, c in pairs], n_boot=n_boot, seed=seed, level=level)
     sign = 1.0 if info.higher_is_better else -1.0
@@ -120,7 +123,7 @@ def _pooled(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Seque
             used[name] = used.get(name, 0) + 1
     if not pairs:
         return None
-    return {"metrics_used": used, **_paired_stats(pairs, _Binary(), **kw)}
+    return {"metrics_used": used, **paired_stats(pairs, _Binary(), **kw)}
 
 
 def _flips(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Sequence[str], name: str, info: MetricInfo,
@@ -173,7 +176,7 @@ def compare_runs(
                     if name in b_by[i]["scores"] and name in c_by[i]["scores"]]
 
         def stats(group: list[str], label: str) -> dict:
-            return _paired_stats(pairs(group), info, n_boot=n_boot, level=level,
+            return paired_stats(pairs(group), info, n_boot=n_boot, level=level,
                                  seed=seed + zlib.crc32(f"{name}/{label}".encode()))
 
         overall = stats(ids, "*")

@@ -164,13 +164,14 @@ def _kept(path: Path, sequences: list[Sequence], top_k: int) -> set[str]:
     return done
 
 
-def is_complete(out_dir: Path | str, sequences_hash: str, top_k: int | None = None) -> bool:
-    """True when the folder holds a complete dump of exactly this sequence set (and this k, when given)."""
+def is_complete(out_dir: Path | str, sequences_hash: str | None, top_k: int | None = None) -> bool:
+    """True when the folder holds a complete dump of exactly this sequence set (any set for None; this k, when
+    given)."""
     try:
         m = json.loads((Path(out_dir) / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return (m.get("status") == "complete" and m.get("sequences_hash") == sequences_hash
+    return (m.get("status") == "complete" and sequences_hash in (None, m.get("sequences_hash"))
             and (top_k is None or m.get("top_k") == top_k) and (Path(out_dir) / DUMP).is_file())
 
 

@@ -31,8 +31,7 @@ from typing import Any
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
-from quantgate.base.stats import harm_p_binary, harm_p_paired
-from quantgate.evals.compare import bootstrap_ci
+from quantgate.evals.compare import paired_stats
 from quantgate.fidelity.core import SampleFidelity, summarize
 from quantgate.gate.checks import evaluate
 from quantgate.gate.models import (FidelityEvidence, Gap, GateEvidence, Interval, JudgeEvidence, ParityEvidence,
@@ -190,22 +189,18 @@ def _recall(folder: Path, ev: dict) -> None:
         ev["error_rates"].append(RateEvidence(name="recall", rate=n_err / n_all, n=n_all, file=str(path)))
 
 
+class _Measure:
+    def __init__(self, binary: bool):
+        self.higher_is_better, self.binary = True, binary
+
+
 def paired_harm(pairs: list[tuple[float, float]], binary: bool) -> dict[str, float | None]:
-    """The paired statistics the gate's harm test and power statement need, from (baseline, candidate) pairs."""
+    """The paired statistics the gate's harm test and power statement need, from (baseline, candidate) pairs
+    (quantgate.evals.compare.paired_stats, as for the eval sets)."""
     if not pairs:
         return {}
-    drops = [b - c for b, c in pairs]
-    lo, hi = bootstrap_ci([-d for d in drops], seed=0)
-    mean = sum(drops) / len(drops)
-    sd = math.sqrt(sum((d - mean) ** 2 for d in drops) / (len(drops) - 1)) if len(drops) > 1 else None
-    out: dict[str, float | None] = {"ci_low": lo, "ci_high": hi, "sd_diff": sd}
-    if binary:
-        lost = sum(1 for b, c in pairs if b > c)
-        gained = sum(1 for b, c in pairs if c > b)
-        out |= {"p_harm": harm_p_binary(lost, gained), "discordance": (lost + gained) / len(pairs)}
-    else:
-        out["p_harm"] = harm_p_paired(drops)
-    return out
+    st = paired_stats(pairs, _Measure(binary))
+    return {k: _num(st.get(k)) for k in ("ci_low", "ci_high", "sd_diff", "p_harm", "discordance")}
 
 
 def _recall_pairs(base: Path, cand: Path) -> dict[str, list[tuple[float, float]]]:

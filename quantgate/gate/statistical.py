@@ -83,11 +83,8 @@ def _power(item: TaskItem, alpha: float, power: float) -> Power:
     scale = abs(s.base) if item.kind == "relative" and finite(s.base) and s.base else 1.0  # type: ignore[arg-type]
     m_units = m / scale if m is not None else None
     below = m_units is not None and m_units > item.limit
-    needs = None
-    if below and item.limit > 0:
-        drop_abs = item.limit * scale
-        needs = samples_for(drop_abs, s.sd_diff or 0.0, alpha, power, binary=s.binary and finite(s.discordance),
-                            discordance=s.discordance or 0.0)
+    needs = samples_for(item.limit * scale, s.sd_diff or 0.0, alpha, power, binary=s.binary and finite(s.discordance),
+                        discordance=s.discordance or 0.0) if item.limit > 0 else None
     return Power(n=s.n, alpha=round(alpha, 6), mdd=None if m_units is None else round(m_units, 6), power=power,
                  discordance=s.discordance, p_harm=s.p_harm, role="harm" if below or m is None else "non-inferiority",
                  limit_below_mdd=below, needs_samples=needs)
@@ -118,10 +115,9 @@ def _task_check(item: TaskItem, drop: float, harmful: bool, pw: Power, proven: b
                                         f"{mdd_txt} and no fidelity proof passed: needs about {pw.needs_samples} "
                                         "paired samples")
     else:
-        need = samples_for(item.limit * (abs(s.base) if item.kind == "relative" and s.base else 1.0),
-                           s.sd_diff or 0.0, pw.alpha, pw.power, binary=s.binary, discordance=s.discordance or 0.0)
         outcome, why = "inconclusive", (f"{head} > limit {_fmt(item.kind, item.limit, False)}, no harm detected: the "
-                                        f"interval crosses the limit; needs about {max(need, s.n + 1)} paired samples")
+                                        f"interval crosses the limit; needs about {max(pw.needs_samples or 0, s.n + 1)} "
+                                        "paired samples")
     return Check(name=item.name, measured=round(drop, 6) if math.isfinite(drop) else "inf", limit=item.limit,
                  bound=item.bound, required=item.required, outcome=outcome, evidence_file=s.file, reason=why, power=pw)
 

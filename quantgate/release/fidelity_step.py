@@ -26,7 +26,7 @@ from quantgate.base.fileio import write_json
 from quantgate.evals.client import read_results
 from quantgate.evals.dataset import load_evalset
 from quantgate.fidelity.core import SampleFidelity, summarize
-from quantgate.fidelity.run import Sequence, build_sequences, compare_dumps, is_complete, score_sequences, sequences_hash
+from quantgate.fidelity.run import Sequence, build_sequences, compare_dumps, is_complete, score_sequences
 from quantgate.release.spec import ReleaseSpec
 
 Log = Callable[[str], None]
@@ -47,15 +47,9 @@ def dump_dirs(cache: Path, spec: ReleaseSpec, reference: Mapping[str, Path], bas
 
 
 def done(dirs: Mapping[str, Path]) -> bool:
-    """Every dump complete (its manifest says so for the sequences it was made for)."""
-    for d in dirs.values():
-        try:
-            m = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return False
-        if not is_complete(d, m.get("sequences_hash", "")):
-            return False
-    return True
+    """Every dump complete. The folders' key already names the sequences (the baseline's eval folders and the
+    fidelity settings), so any complete dump in them is this one."""
+    return all(is_complete(d, None) for d in dirs.values())
 
 
 def baseline_records(spec: ReleaseSpec, reference: Mapping[str, Path]) -> list[dict[str, Any]]:
@@ -116,4 +110,4 @@ def compare(run: Path, base_dirs: Mapping[str, Path], cand_name: str, cand_dirs:
                {"baseline": str(base_dirs["main"]), "alt": str(base_dirs["alt"])})
 
 
-__all__ = ["compare", "done", "dump_dirs", "measure", "sequences", "sequences_hash"]
+__all__ = ["compare", "done", "dump_dirs", "measure", "sequences"]
