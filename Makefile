@@ -5,11 +5,17 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 PYTEST_ARGS ?= --durations=20
 
-.PHONY: demo test setup model browser clean-envs
+.PHONY: demo test setup model browser clean-envs release-time
 
 # A release that runs to a REJECT (3) or INCONCLUSIVE (4) decision is a result for the demo, not a failure.
+# `python -m` rather than the console script: it runs the checkout's code even where the environment was built for
+# another path (an editable install made elsewhere).
 demo: setup model
-	.venv/bin/quantgate release releases/demo.yaml; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ] || [ $$rc -eq 4 ]
+	PYTHONPATH=$(CURDIR) $(PY) -m quantgate.cli.main release releases/demo.yaml; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ] || [ $$rc -eq 4 ]
+
+# How long the demo takes from cached environments and model, where the time goes, re-run and added-candidate costs.
+release-time: setup model
+	$(PY) bench/release_time.py
 
 test: setup model browser
 	$(PY) -m pytest $(PYTEST_ARGS)

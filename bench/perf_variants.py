@@ -1,11 +1,14 @@
 """Serve a baseline and its quantized variants one at a time, probe each, print medians and candidate/baseline ratios.
 
     .venv/bin/python bench/perf_variants.py BASELINE_DIR [CANDIDATE_DIR ...] [--concurrency 1,4] [--repeats 3] [--rounds 1]
+    .venv/bin/python bench/perf_variants.py BASELINE_DIR CANDIDATE_DIR --workload latency [--hardware x86-cpu] --rounds 2
 
 Every variant gets the same workload (the baseline's tokenizer, same seed and lengths) and the same serving
 arguments. With --rounds N the variants are served in turn N times (A B A B ...), so load drifting on a shared
 machine hits every variant alike; all runs of a variant are pooled before the medians. Results land in
---out (default results/perf/<timestamp>/): <variant>/perf.json and <variant>.vs.baseline.json.
+--out (default results/perf/<timestamp>/): <variant>/perf.json and <variant>.vs.baseline.json. With --workload the
+probe is the release's (quant_recipes/workloads.yaml: levels, SLO, budget per round); the ratios get 90% intervals,
+paired by round and repeat when --rounds > 1. The CPU model is printed with the figures.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from quantgate.base.fileio import write_json
 from quantgate.base.paths import results_dir
 from quantgate.perf.compare import compare, level_medians
 from quantgate.perf.models import PerfResult
-from quantgate.perf.probe import probe
+from quantgate.perf.probe import probe, run_probe
+from quantgate.perf.workloads import PerfOverrides, settings
+from quantgate.target.hardware import get_profile
 from quantgate.serving.server import ServerConfig, VLLMServer
 
 # CPU serving arguments: eager BF16 serves the demo model correctly (docs/design.md, 'Measured facts'; compiled BF16 does not)
@@ -58,6 +63,8 @@ def main() -> int:
     ap.add_argument("--serve-args", default=" ".join(CPU_ARGS), help="extra `vllm serve` arguments, same for every variant")
     ap.add_argument("--kv-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--workload", choices=["latency", "throughput", "fit"], default=None, help="probe this profile")
+    ap.add_argument("--hardware", default="x86-cpu", help="hardware profile whose probe budget applies (--workload)")
     args = ap.parse_args()
 
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -75,10 +82,13 @@ def main() -> int:
             print(f"[round {rnd + 1}/{args.rounds}] serving {name} ({ck}) ...", flush=True)
             try:
                 with VLLMServer(cfg, log_path=where / "server.log") as srv:
-                    parts[name].append(probe(srv.base_url, name, where, concurrency=levels, num_prompts=args.num_prompts,
-                                             input_len=args.input_len, output_len=args.output_len, repeats=args.repeats,
-                                             tokenizer=tokenizer, api_key=srv.api_key, checkpoint=ck, server_log=srv.log_path,
-                                             check=False))
+                    io = dict(tokenizer=tokenizer, api_key=srv.api_key, checkpoint=ck, server_log=srv.log_path, check=False)
+                    if args.workload:
+                        s = settings(args.workload, get_profile(args.hardware), PerfOverrides(repeats=args.repeats))
+                        parts[name].append(run_probe(srv.base_url, name, where, s, **io))
+                    else:
+                        parts[name].append(probe(srv.base_url, name, where, concurrency=levels, num_prompts=args.num_prompts,
+                                                 input_len=args.input_len, output_len=args.output_len, repeats=args.repeats, **io))
             except QuantgateError as exc:
                 print(f"  {name}: {exc.render()}", flush=True)
     results = {n: pooled(p) for n, p in parts.items() if p}
@@ -106,15 +116,29 @@ def main() -> int:
         if name not in results or results[name].status != "ok":
             print(f"{name:<28} (probe failed: no ratios)")
             continue
-        cmp = compare(base, results[name])
+        cmp = compare(base, results[name], paired=args.rounds > 1)
         write_json(out / f"{name}.vs.baseline.json", cmp)
+        for d in cmp["decide"]:
+            r = d["ratio"]
+            print(f"  {cmp['workload']} pay-off figure {d['figure']} (at {d['concurrency'] or 'best level'}): "
+                  f"{fmt(r['value'], 3)} [{fmt(r['low'], 3)}, {fmt(r['high'], 3)}] ({r['method']}, {r['n_base']}+{r['n_cand']} runs)")
         for row in cmp["by_concurrency"]:
             print(f"{name:<28}{row['concurrency']:>5}{fmt(cmp['size_ratio'], 2):>7}{fmt(row['throughput_ratio'], 2):>7}"
                   f"{fmt(row['request_throughput_ratio'], 2):>7}{fmt(row['ttft_ratio'], 2):>7}{fmt(row['ttft_p95_ratio'], 2):>8}"
                   f"{fmt(row['itl_ratio'], 2):>7}{fmt(row['itl_p95_ratio'], 2):>7}")
         for note in cmp["notes"]:
             print(f"  note: {note}")
+    print(f"\nCPU: {cpu_model()}; probe seconds per variant: "
+          f"{', '.join(f'{n} {r.seconds:.0f}' for n, r in results.items())}")
     return 0
+
+
+def cpu_model() -> str:
+    try:
+        return next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                    if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
 
 
 if __name__ == "__main__":

@@ -1,31 +1,43 @@
 """The release flow: a release spec in, evidence for every variant out (results/runs/<run-id>/).
 
-    spec -> model -> baseline: plan -> serve -> engine parity -> eval sets -> recall grid -> perf probe -> stop
-         -> for each rung of schemes (all of them at once, or one at a time with `ladder: true`):
-              quantize -> serve and measure each candidate like the baseline (one server at a time, all cached)
-              -> compare with the baseline -> judge (spec.judge) -> gate (policy); a ladder stops at the first PROMOTE
+    spec -> model -> the release's slots (quantgate.release.schedule: disjoint devices or CPU cores)
+         -> at once, each job on a free slot:  baseline: plan -> serve -> engine parity -> evals -> recall -> perf
+                                                -> fidelity (its answers, twice) -> stop
+                                               each scheme of the rung: quantize -> serve and measure like the
+                                                baseline, scoring the baseline's answers for fidelity last
+            (all schemes at once, or one at a time with `ladder: true`; everything cached)
+         -> compare with the baseline -> judge (spec.judge) -> gate (policy); a ladder stops at the first PROMOTE
          -> promote -> report (HTML, Markdown artifact, results DB)
 
 The flow run ends Failed when no candidate is promoted, named "Rejected" (harm detected) or "Inconclusive" (too
 little evidence to decide), so pipelines can branch on its state.
 
-Orchestration only: every step is a call into `quantgate`. Run it with `quantgate release SPEC`, as a Prefect
-deployment (prefect.yaml), or directly: `python flows/release.py releases/demo.yaml`.
+Orchestration only: every step is a call into `quantgate`. Jobs are submitted to Prefect's thread-pool task runner
+and each waits for a slot of the release's SlotPool, so at most one job per slot computes at a time. Run it with
+`quantgate release SPEC`, as a Prefect deployment (prefect.yaml), or directly: `python flows/release.py SPEC`.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.futures import PrefectFuture
 from prefect.states import Completed, Failed
+from prefect.task_runners import ThreadPoolTaskRunner
 
+from quantgate.base import progress
+from quantgate.base.errors import QuantgateError
+from quantgate.release import judge_cache, schedule
 from quantgate.release import steps as rel
 from quantgate.release.runrecord import timed
 from quantgate.release.spec import ReleaseSpec, load_spec
+
+WORKERS = 16  # threads for submitted jobs; the SlotPool, not this, limits how many compute at once
 
 
 @task(retries=2, retry_delay_seconds=10, cache_policy=NO_CACHE)
@@ -36,22 +48,39 @@ def prepare_model(spec: ReleaseSpec, run: Path) -> Path:
 
 
 @task(cache_policy=NO_CACHE)
-def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path) -> rel.Variant:
-    """llmcompressor in a child process; an artifact with the same inputs is reused."""
-    with timed(run, f"quantize {scheme}"):
-        return rel.quantize_variant(spec, model_dir, scheme, run, log=get_run_logger().info)
+def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path, pool: schedule.SlotPool) -> rel.Variant:
+    """llmcompressor in a child process, pinned to a CPU slot; an artifact with the same inputs is reused."""
+    log = get_run_logger().info
+    with pool.take_for_quantize(f"quantize {scheme}") as slot, schedule.pinned(slot), timed(run, f"quantize {scheme}"):
+        return rel.quantize_variant(spec, model_dir, scheme, run, log=log)
 
 
 # log_prints off: dill (under `datasets`) disassembles functions with print() into a captured stdout, which
 # Prefect's print capture would turn into pages of bytecode in the run log; our own messages go through `log`
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE, log_prints=False)
-def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parity: bool,
-                       tokenizer: Path | None = None, reference: dict[str, Path] | None = None) -> rel.Evidence:
-    """Plan, serve, check the engine, run the eval sets, fidelity, recall grid and perf probe, stop the server
-    (cached: no server). Candidates score the baseline's answers for fidelity (`reference`)."""
-    with timed(run, f"serve and measure {variant.name}"):
-        return rel.serve_and_evaluate(spec, variant, run, parity=parity, tokenizer=tokenizer, reference=reference,
-                                      log=get_run_logger().info)
+def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parity: bool, pool: schedule.SlotPool,
+                       tokenizer: Path | None = None, reference: Mapping[str, Path] | None = None,
+                       baseline_failed: Callable[[], bool] = lambda: False) -> rel.Evidence:
+    """On a free slot: plan, serve, check the engine, run the eval sets, recall grid, perf probe and fidelity, stop
+    the server (cached: no server). Candidates score the baseline's answers (`reference`) for fidelity, waiting
+    for them when the baseline's job beside them has not finished them yet (`baseline_failed`: it will not)."""
+    log = get_run_logger().info
+    ready = None
+    if reference is not None:
+        def ready() -> None:
+            schedule.wait_for_reference(reference, baseline_failed, log)
+    rank = schedule.BASELINE if parity else schedule.CANDIDATE
+    with pool.take(variant.name, rank) as slot, schedule.pinned(slot), progress.reporting(variant.name, log=log), \
+            timed(run, f"serve and measure {variant.name}") as row:
+        ev = rel.serve_and_evaluate(spec, variant, run, parity=parity, tokenizer=tokenizer, reference=reference,
+                                    log=log, slot=slot, reference_ready=ready)
+        row.update(served=ev.served, slot=slot.label if slot else None)
+        return ev
+
+
+def _failed(job: PrefectFuture | None) -> Callable[[], bool]:
+    """Whether a job ended without success, asked later (a future passed as a task argument would be waited for)."""
+    return lambda: job is not None and job.state.is_final() and not job.state.is_completed()
 
 
 @task(cache_policy=NO_CACHE)
@@ -62,9 +91,11 @@ def compare(baseline: rel.Evidence, candidate: rel.Evidence, run: Path) -> dict:
 
 @task(retries=1, retry_delay_seconds=10, cache_policy=NO_CACHE)
 def judge(spec: ReleaseSpec, run: Path, baseline: rel.Evidence, candidates: list[rel.Evidence]) -> dict:
-    """The LLM judge on each candidate vs the baseline; a retry resumes. A failure is recorded for the gate."""
-    with timed(run, "judge " + ", ".join(c.variant.name for c in candidates)):
-        return rel.judge(spec, run, baseline, candidates, log=get_run_logger().info)
+    """The LLM judge on each candidate vs the baseline (cached by its inputs); a retry resumes. A failure is
+    recorded for the gate."""
+    log = get_run_logger().info
+    with progress.reporting("judge", log=log), timed(run, "judge " + ", ".join(c.variant.name for c in candidates)):
+        return judge_cache.judge(spec, run, baseline, candidates, rel.judge, log=log)
 
 
 @task(cache_policy=NO_CACHE)
@@ -86,26 +117,48 @@ def report(run: Path) -> str:
         return rel.publish(run)
 
 
-@flow(name="release", log_prints=True)
+def measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path, candidates: list,
+            baseline: bool = True) -> tuple[rel.Evidence | None, list[rel.Evidence]]:
+    """Serve and measure the baseline and the candidates (Variants, or scheme ids to quantize first) side by side
+    on the pool's slots, the baseline submitted first so that it takes the first free slot. With one slot the
+    candidates wait for the baseline (they score its answers)."""
+    base = rel.baseline_variant(model_dir)
+    reference = rel.planned_evals(s, base, run, pool.sample)  # first: it also asks vLLM its version, once
+    base_job = serve_and_evaluate.submit(s, base, run, parity=True, pool=pool) if baseline else None
+    candidates = [quantize.submit(s, model_dir, c, run, pool) if isinstance(c, str) else c for c in candidates]
+    after = [base_job] if base_job is not None and pool.width == 1 else None
+    jobs = [serve_and_evaluate.submit(s, c, run, parity=False, pool=pool, tokenizer=model_dir, reference=reference,
+                                      baseline_failed=_failed(base_job), wait_for=after) for c in candidates]
+    base_ev = base_job.result() if base_job is not None else None
+    if base_ev is not None and base_ev.evals != reference:
+        raise QuantgateError(f"the baseline's eval folders {base_ev.evals} are not the planned {reference}: the "
+                             "candidates scored other answers", where="flows/release.py measure",
+                             fix="a bug: the slot's cache key changed between planning and serving; report it")
+    return base_ev, [j.result() for j in jobs]
+
+
+@flow(name="release", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=WORKERS))
 def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
     """Run a release spec to a decision; the summary is results/runs/<run-id>/summary.json."""
     s = load_spec(spec)
     run = rel.start_run(s, spec, run_id)
+    logger = get_run_logger()
     for warning in rel.sizing_warnings(s):
-        get_run_logger().warning(f"sample size: {warning}")
+        logger.warning(f"sample size: {warning}")
+    for note in s.machine_notes:  # `hardware: auto` and skip_unsupported: what was decided for this machine, and why
+        logger.warning(note)
     model_dir = prepare_model(s, run)
-    base_ev = serve_and_evaluate(s, rel.baseline_variant(model_dir), run, parity=True)
-    variants, cand_ev, comparisons, decisions = {}, [], {}, []
+    pool = schedule.release_pool(s, model_dir, log=logger.info)
+    base_ev, variants, cand_ev, comparisons, decisions = None, {}, [], {}, []
     while rung := rel.next_schemes(s, decisions):
-        candidates = [quantize(s, model_dir, scheme, run) for scheme in rung]
-        evidence = [serve_and_evaluate(s, c, run, parity=False, tokenizer=model_dir, reference=base_ev.evals)
-                    for c in candidates]
+        measured_base, evidence = measure(s, run, pool, model_dir, rung, baseline=base_ev is None)
+        base_ev = base_ev or measured_base
         comparisons |= {c.variant.name: compare(base_ev, c, run) for c in evidence}
         if s.judge is not None:
             judged = judge(s, run, base_ev, evidence, return_state=True)
             if judged.is_failed():  # recorded in <candidate>/judge/error.json: the gate shows it
-                get_run_logger().warning(f"judge step failed: {judged.message}")
-        variants |= {c.name: c for c in candidates}
+                logger.warning(f"judge step failed: {judged.message}")
+        variants |= {c.variant.name: c.variant for c in evidence}
         cand_ev += evidence
         decisions = gate(s, run, list(variants))
         for _ in range(s.adaptive.rounds if s.adaptive else 0):  # INCONCLUSIVE: more samples, then decide again
@@ -113,12 +166,12 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
             if wider is None:
                 break
             s = wider
-            get_run_logger().info(f"INCONCLUSIVE: widening to eval.limit={s.eval.limit}, fidelity.limit="
-                                  f"{s.fidelity.limit if s.fidelity else None}")
-            base_ev = serve_and_evaluate(s, rel.baseline_variant(model_dir), run, parity=True)
+            logger.info(f"INCONCLUSIVE: widening to eval.limit={s.eval.limit}, fidelity.limit="
+                        f"{s.fidelity.limit if s.fidelity else None}")
             undecided = {d.candidate for d in decisions if d.decision == "INCONCLUSIVE"}
-            redo = [serve_and_evaluate(s, variants[n], run, parity=False, tokenizer=model_dir, reference=base_ev.evals)
-                    for n in undecided]
+            # a second round of measurement on new samples: its servers start again (the first round's stopped
+            # at the end of their measurement, before the gate could ask for more)
+            base_ev, redo = measure(s, run, pool, model_dir, [variants[n] for n in undecided])
             comparisons |= {c.variant.name: compare(base_ev, c, run) for c in redo}
             cand_ev = [c for c in cand_ev if c.variant.name not in undecided] + redo
             decisions = gate(s, run, list(variants))

@@ -98,6 +98,18 @@ def fidelity_file(path: Path, kl: float, top1: float = 0.97, n: int = 80, tokens
                         "samples": [s.model_dump(mode="json") for s in samples]})
 
 
+def pay_off_doc(speedup: float, workload: str = "latency", spread: float = 1.05) -> dict:
+    """pay_off.json as quantgate.perf.compare writes it: the latency profile's figures, each `speedup` times as fast
+    as the baseline, with a 90% interval of x/÷ `spread` over 3 + 3 runs."""
+    def row(figure: str, lower: bool) -> dict:
+        r = 1 / speedup if lower else speedup
+        return {"figure": figure, "at": "lowest", "concurrency": 1, "lower_is_better": lower, "baseline": 10.0,
+                "candidate": 10.0 * r, "ratio": {"value": r, "low": r / spread, "high": r * spread, "level": 0.9,
+                                                 "method": "welch-log", "n_base": 3, "n_cand": 3, "df": 4.0}}
+    return {"workload": workload, "throughput_ratio": speedup, "concurrency": 1, "repeats": 3,
+            "decide": [row("tpot_p50_ms", True), row("ttft_p50_ms", True)], "source": "perf probe"}
+
+
 def make_run(root: Path, cand_name: str = "w4a16-gptq", *, lose: dict[str, int] | None = None, parity: str = "pass",
              failed: int = 0, recall_lose: int = 0, judge: dict | None = None, throughput_ratio: float | None = 1.4,
              base_size: int = 1000, cand_size: int = 400, kl: float | None = 0.003) -> Path:
@@ -119,7 +131,7 @@ def make_run(root: Path, cand_name: str = "w4a16-gptq", *, lose: dict[str, int] 
     recall_dirs(run, cand_name, lose=recall_lose)
     judge_report(run / cand_name / "judge" / "report.json", **(judge or {}))
     if throughput_ratio is not None:
-        _dump(run / cand_name / "pay_off.json", {"throughput_ratio": throughput_ratio, "source": "perf probe"})
+        _dump(run / cand_name / "pay_off.json", pay_off_doc(throughput_ratio))
     if kl is not None:
         fidelity_file(run / "fidelity" / f"{cand_name}.json", kl)
         fidelity_file(run / "fidelity" / "floor.json", 0.0002, top1=0.998)

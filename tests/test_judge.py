@@ -13,9 +13,13 @@ from types import SimpleNamespace
 import pytest
 
 from quantgate.base.errors import ConfigError, QuantgateError
-from quantgate.base.paths import EVAL_SETS, JUDGES
+from quantgate.base.fileio import write_json
+from quantgate.base.paths import EVAL_SETS, JUDGES, RELEASES
+from quantgate.gate.checks import evaluate
+from quantgate.gate.evidence import collect
+from quantgate.gate.policy import load_policy
 from quantgate.judge.core import (PairItem, combine, non_inferiority, outcomes, parse_verdict, rates, render,
-                                  summarize_calibration, wilson)
+                                  summarize_calibration, summarize_comparison, wilson)
 from quantgate.judge.corrupt import (CalibrationConfig, calibration_pairs, change_number, proper_nouns, swap_name,
                                      truncate, untranslated)
 from quantgate.judge.client import JudgeClientConfig, JudgeJob, judge_all
@@ -422,3 +426,40 @@ def test_cli_judge_then_review_roundtrip(tmp_path, es):
     r = run(app, ["review", "import", "--judge-dir", str(tmp_path / "j"), "--csv", str(tmp_path / "filled.csv")])
     assert r.exit_code == 0, r.output
     assert "loss 100.0%" in r.output and "agreement with the judge 100.0% over 4 pairs" in r.output
+
+
+# --- the gate's cap on invalid verdicts -------------------------------------------------------------------------
+
+def _mostly_invalid_report(tmp_path, invalid: int, total: int = 300):
+    """A real judge summary where `invalid` of `total` judged pairs got no valid verdict and the rest are ties."""
+    items = [PairItem(f"p{i}", "factual_qa", f"question {i}", f"baseline {i}", f"candidate {i}") for i in range(total)]
+    labels = {f"p{i}": {"ab": None if i < invalid else "TIE", "ba": "TIE"} for i in range(total)}
+    cmp_ = summarize_comparison(outcomes("pairwise", items, labels), margin=0.05)
+    report = {"schema": 1, "calibration": {"accuracy": 1.0, "reliable": True, "reason": None}, "comparison": cmp_,
+              "counts_as_evidence": True, "judge_not_stronger": None}
+    write_json(tmp_path / "report.json", report)
+    return tmp_path / "report.json"
+
+
+@pytest.mark.parametrize("invalid, cap, outcome", [
+    (290, None, "inconclusive"),   # the reproduction: 290 invalid of 300 used to pass the default policy
+    (290, 1.0, "pass"),            # ... as it still does with the cap switched off
+    (30, None, "pass"),            # 10.0%: at the default cap, not above it
+    (31, None, "inconclusive"),
+    (0, 0.0, "pass"),
+])
+def test_the_gate_caps_the_invalid_verdict_rate(tmp_path, invalid, cap, outcome):
+    report = _mostly_invalid_report(tmp_path, invalid)
+    policy = load_policy(RELEASES / "policies" / "default.yaml")
+    assert policy.judge.max_invalid_rate == 0.1  # the default cap, from the policy file
+    if cap is not None:
+        policy = policy.model_copy(update={"judge": policy.judge.model_copy(update={"max_invalid_rate": cap})})
+    ev = collect(tmp_path / "run", "int8-w8a8", judge_report=report)
+    assert ev.judge.judged == 300 and ev.judge.invalid == invalid and ev.judge.n == 300 - invalid
+    (check,) = [c for c in evaluate(policy, ev).checks if c.name == "judge:non_inferiority"]
+    assert check.outcome == outcome, check.reason
+    if outcome == "inconclusive":
+        rate = f"{invalid / 300:.1%}"
+        assert f"{invalid} of 300" in check.reason and rate in check.reason and "10.0%" in check.reason
+        assert "max_invalid_rate" in check.reason
+    print(f"\n{invalid} of 300 invalid, cap {cap if cap is not None else 0.1}: {check.outcome} ({check.reason[:90]})")

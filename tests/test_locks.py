@@ -178,3 +178,164 @@ def test_child_env_reads_os_environ_by_default(monkeypatch):
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
     env = child_env()
     assert "SOME_SERVICE_TOKEN" not in env and env["VLLM_LOGGING_LEVEL"] == "DEBUG" and env["PATH"] == os.environ["PATH"]
+
+
+# --- the locks in use: registry promotion, quantization output folders, the hash caches -------------------------
+# Each test runs real processes against each other. Stale temporary folders are judged by their lock alone: a
+# folder whose name carries a live pid (this test's own) but whose lock is free is removed, and a folder whose
+# owner is alive and holds the lock is kept.
+
+DECISION = {"schema_version": 1, "decision": "PROMOTE", "candidate": "int8-w8a8", "scheme": "int8-w8a8",
+            "family": "int8", "policy": {"name": "default", "version": 1}, "checks": [], "reasons": []}
+
+PROMOTE_AND_PAUSE = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    from quantgate.release import registry
+    decision, ckpt, root, paused, go = sys.argv[1:6]
+
+    def hook(step):
+        if step == "checkpoint":  # the entry is half built in its temporary folder, the version's lock held
+            Path(paused).write_text("paused")
+            while not Path(go).exists():
+                time.sleep(0.02)
+    registry._after_step = hook
+    e = registry.promote(json.loads(Path(decision).read_text()), model="demo", version="v1", checkpoint=ckpt, root=root)
+    print(json.dumps({"reused": e["reused"], "path": e["path"]}))
+""")
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert proc.poll() is None, f"the child died before {what}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"the child never reached {what}"
+        time.sleep(0.02)
+
+
+def test_promotions_in_two_processes_exclude_each_other_and_stale_temps_are_judged_by_the_lock(tmp_path, monkeypatch):
+    from quantgate.release import registry
+
+    monkeypatch.setenv("QUANTGATE_HOME", str(tmp_path / "home"))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    (ckpt / "config.json").write_text("{}")
+    root, paused, go = tmp_path / "registry", tmp_path / "paused", tmp_path / "go"
+    (tmp_path / "decision.json").write_text(json.dumps(DECISION))
+    model_dir = root / "demo"
+    model_dir.mkdir(parents=True)
+    orphan = model_dir / f".v3{registry.TMP_MARK}{os.getpid()}-0dead000"  # a live pid, but nobody holds v3's lock
+    orphan.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", PROMOTE_AND_PAUSE, str(tmp_path / "decision.json"), str(ckpt),
+                              str(root), str(paused), str(go)], env=_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_for(paused, child, "its checkpoint step")
+        (building,) = [d for d in model_dir.iterdir() if d.name.startswith(".v1.tmp-")]
+        assert is_locked(registry.version_lock(model_dir, "v1"))
+        # another version meanwhile: it clears the orphan, and keeps the live promotion's folder
+        e2 = registry.promote(DECISION, model="demo", version="v2", checkpoint=ckpt, root=root)
+        assert e2["reused"] is False and building.is_dir() and not orphan.exists()
+        # the same version waits for the lock; past its timeout the error names the holder
+        monkeypatch.setattr(registry, "LOCK_TIMEOUT_S", 0.5)
+        with pytest.raises(QuantgateError) as err:
+            registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, root=root)
+        assert f"pid {child.pid} on host {socket.gethostname()} (promote demo v1)" in err.value.render()
+        go.write_text("go")
+        out, _ = child.communicate(timeout=60)
+        assert child.returncode == 0 and json.loads(out)["reused"] is False
+    finally:
+        go.write_text("go")
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    again = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, root=root)
+    assert again["reused"] is True  # the other process's entry, not a second one
+    assert sorted(d.name for d in model_dir.iterdir()) == ["v1", "v2"]  # no temporary folder left
+    print(f"\nregistry: v1 built by pid {child.pid} while v2 was promoted here; orphan {orphan.name} removed")
+
+
+QUANTIZE_CHILD = textwrap.dedent("""
+    import json, os, sys, time
+    from pathlib import Path
+    from quantgate.quantize import run as qrun
+    model, prefix, calls = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+
+    def fake_runner(p, tmp, work, log, timeout_s):  # llmcompressor's part, replaced: a second of work
+        with open(calls, "a") as fh:
+            fh.write(f"{os.getpid()}\\n")
+        time.sleep(1.0)
+        (work / "quantize.log").write_text("fake quantizer\\n")
+        (tmp / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {}}))
+        (tmp / "model.safetensors").write_bytes(b"quantized " + p.key.encode())
+        (tmp / "recipe.yaml").write_text(p.recipe_text)
+        return {}
+    qrun._run_child = fake_runner
+    req = qrun.QuantizeRequest(model=model, out=prefix, name_by_key=True, scheme="w4a16-gptq")
+    r = qrun.quantize(req, log=lambda s: print(s, file=sys.stderr))
+    print(json.dumps({"out": str(r.out), "reused": r.reused}))
+""")
+
+
+def test_two_processes_quantizing_the_same_inputs_make_one_folder_once(tmp_path):
+    from _quant_fixtures import llama
+
+    from quantgate.quantize.run import LOCKS, QuantizeRequest, keyed_folder, plan
+
+    model = llama(tmp_path / "tiny", hidden=576, inter=1536)
+    (model / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    prefix, calls = tmp_path / "checkpoints" / "abc-w4a16-gptq", tmp_path / "calls.txt"
+    env = {**_env(), "QUANTGATE_HOME": str(tmp_path / "home")}
+    out = keyed_folder(prefix, plan(QuantizeRequest(model=model, out=prefix, name_by_key=True, scheme="w4a16-gptq")).key)
+    out.parent.mkdir(parents=True)
+    orphan = out.parent / f".{out.name}.partial-{os.getpid()}-0dead000"  # a live pid, no lock: stale all the same
+    orphan.mkdir()
+    argv = [sys.executable, "-c", QUANTIZE_CHILD, str(model), str(prefix), str(calls)]
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=180)
+        assert p.returncode == 0, stderr[-2000:]
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    made = calls.read_text().split()
+    assert len(made) == 1, f"quantized {len(made)} times"  # one did the work, the other waited and reused it
+    assert {r["out"] for r in results} == {str(out)} and sorted(r["reused"] for r in results) == [False, True]
+    assert not orphan.exists()
+    assert sorted(d.name for d in out.parent.iterdir()) == sorted([LOCKS, out.name])  # no temporary folder left
+    print(f"\nquantize: 2 processes, {len(made)} quantization, reused by the other; orphan temp folder removed")
+
+
+HASH_CHILD = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from quantgate.quantize.run import source_hash
+    from quantgate.target.catalogue import checkpoint_hash
+    base, n = Path(sys.argv[1]), int(sys.argv[2])
+    old = time.time() - 3600
+    for i in range(n):
+        folder = base / f"m{i}"
+        folder.mkdir(parents=True)
+        (folder / "weights.bin").write_bytes(f"{base.name} {i}".encode())
+        os.utime(folder / "weights.bin", (old, old))  # settled: cacheable
+        checkpoint_hash(folder)
+        source_hash(folder)
+""")
+
+
+def test_two_processes_filling_the_hash_caches_lose_no_entry(tmp_path):
+    env = {**_env(), "QUANTGATE_HOME": str(tmp_path / "home")}
+    n = 100  # enough calls that unlocked read-modify-write cycles overlap (the old source_hash kept ~160 of 200)
+    procs = [subprocess.Popen([sys.executable, "-c", HASH_CHILD, str(tmp_path / name), str(n)], env=env,
+                              stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    for p in procs:
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err[-2000:]
+    for cache in ("checkpoint-sha256.json", "file-sha256.json"):
+        entries = json.loads((tmp_path / "home" / "cache" / cache).read_text())
+        mine = [k for k in entries if k.startswith(str(tmp_path.resolve()))]
+        assert len(mine) == 2 * n, f"{cache}: {len(mine)} of {2 * n} entries kept"
+    print(f"\nhash caches: 2 processes x {n} folders, {2 * n} entries in each cache")

@@ -281,19 +281,20 @@ def _spec(tmp_path, extra: str):
 
 
 def test_release_serves_a_multi_node_plan_with_the_multi_node_manager(tmp_path, demo_shape):
-    from quantgate.release import steps as rel
+    from quantgate.release import cachelayout
 
     variant = variants.Variant(name="baseline", path=demo_shape, content_hash="x", size_bytes=1)
     spec = _spec(tmp_path, "serving: {local_nodes: true, join_timeout_s: 42, replicas: 1}\n")
     cfg = variants.server_config(spec, variant, tmp_path / "baseline")
     server = variants.make_server(cfg, tmp_path / "baseline")
-    assert isinstance(server, MultiNodeServer) and cfg.join_timeout_s == 42
+    served = getattr(server, "_server", server)  # release.variants may wrap it (WatchedServer)
+    assert isinstance(served, MultiNodeServer) and cfg.join_timeout_s == 42
     assert [n.role for n in cfg.nodes] == ["head", "worker"]
     assert all(master_of(n.argv)[0] == "127.0.0.1" for n in cfg.nodes)
     assert (tmp_path / "baseline" / "plan.json").is_file()
     # the cache key of the variant's results sees the engine flags, not the per-run master port
     again = variants.server_config(spec, variant, tmp_path / "baseline")
-    assert rel._cache_key(variant, cfg, "v") == rel._cache_key(variant, again, "v")
+    assert cachelayout.cache_key(variant, cfg, "v") == cachelayout.cache_key(variant, again, "v")
 
 
 def test_release_refuses_remote_nodes_it_cannot_launch(tmp_path, demo_shape):

@@ -290,7 +290,7 @@ def test_cli_perf_compare_prints_and_writes_the_gate_view(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "perf.json").write_text(result(name, [run(1, tok=tok), run(8, tok=tok * 4)], size=size).model_dump_json())
     res = CliRunner().invoke(app, ["perf-compare", str(tmp_path / "base"), str(tmp_path / "cand"), "--at", "1",
-                                   "--out", str(tmp_path / "cmp.json")])
+                                   "--out", str(tmp_path / "cmp.json"), "--json"])
     assert res.exit_code == 0, res.output
     shown, saved = json.loads(res.output), json.loads((tmp_path / "cmp.json").read_text())
     assert shown == saved

@@ -47,6 +47,7 @@ def test_recall_is_registered_on_the_main_cli():
     (["--lengths", "1024,4096", "--max-model-len", "2048"], "--lengths", ["4096 + 32 answer tokens", "2048", "--max-model-len"]),
     (["--lengths", "2000", "--max-model-len", "2048", "--max-answer-tokens", "64"], "--lengths", ["2000 + 64", "up to 1984"]),
     (["--api-key-env", "QG_TEST_UNSET_KEY_VAR"], "--api-key-env", ["QG_TEST_UNSET_KEY_VAR"]),
+    (["--ask", "pairs"], "--ask", ["pairs", "single, turns, together"]),
 ])
 def test_bad_options_fail_before_any_request(server, demo_model, extra, where, words, monkeypatch):
     monkeypatch.delenv("QG_TEST_UNSET_KEY_VAR", raising=False)

@@ -19,7 +19,14 @@ import pytest
 
 from _shared import CHECKPOINTS
 from quantgate.base.paths import REPO
+from quantgate.release import schedule
+from quantgate.release.spec import load_spec
+from quantgate.target.catalogue import resolve_model
 from quantgate.serving.server import free_port, kill_tree
+
+# every release here serves a W4A16 candidate: skipped, with the kernel probe's finding, where vLLM's CPU build has
+# no cpu_gemm_wna16 (AVX2); tests/test_candidate_failure.py releases an INT8 candidate, which serves on both builds
+pytestmark = pytest.mark.requires_kernel("cpu_gemm_wna16")
 
 SPEC = """\
 version: 1
@@ -28,7 +35,7 @@ model: demo
 hardware: x86-cpu
 context: 2048
 concurrency: 4
-schemes: [w4a16-gptq]
+schemes: {schemes}
 eval_sets: [{evalset}]
 quantization:
   calibration: {{samples: 16, max_seq_length: 128}}
@@ -59,6 +66,8 @@ def lenient_policy(path: Path) -> Path:
     for family in policy["fidelity"]["families"].values():  # the 135M model's 4-bit KL is far above 4-bit practice
         family.update(max_kl=10.0, min_top1=None)
     policy["judge"]["required"] = False  # the 135M demo judge is unreliable: its check is skipped, not failed
+    for workload in policy.get("pay_off", {}).get("workloads", {}).values():  # a 6-prompt probe on a shared CPU
+        workload["min_speedup"] = 0.01  # (variants measured side by side) is too noisy to demand a speed-up here
     path.write_text(yaml.safe_dump(policy))
     return path
 
@@ -68,10 +77,14 @@ def workspace(tmp_path_factory, demo_model):
     root = tmp_path_factory.mktemp("release")
     spec = root / "e2e.yaml"
     evalset = REPO / "eval_sets" / "default.jsonl"
-    spec.write_text(SPEC.format(evalset=evalset, policy=lenient_policy(root / "lenient.yaml"), judge=JUDGE))
+    lenient = lenient_policy(root / "lenient.yaml")
+    spec.write_text(SPEC.format(evalset=evalset, policy=lenient, judge=JUDGE, schemes="[w4a16-gptq]"))
     # the same release under the default policy: 30 samples are too few for its category checks -> REJECT
     (root / "strict.yaml").write_text(SPEC.format(evalset=evalset, policy=REPO / "releases" / "policies" / "default.yaml",
-                                                  judge=""))
+                                                  judge="", schemes="[w4a16-gptq]"))
+    # the same release with one more candidate
+    (root / "added.yaml").write_text(SPEC.format(evalset=evalset, policy=lenient, judge="",
+                                                 schemes="[w4a16-gptq, int8-w8a8]"))
     for scheme, ckpt in CHECKPOINTS.items():  # quantized earlier in this session: the flow reuses it if the key matches
         if scheme == "w4a16-gptq":
             shutil.copytree(ckpt, root / "results" / "checkpoints" / ckpt.name)
@@ -106,6 +119,13 @@ def test_release_flow_produces_evidence_for_every_variant(workspace):
     assert quantized["reused"] is ("w4a16-gptq" in CHECKPOINTS)  # test_quantize's checkpoint has the flow's key
     steps = [r["step"] for r in json.loads((run / "timings.json").read_text())]
     assert steps[0] == "model" and "quantize w4a16-gptq" in steps and steps[-1] == "report"
+    serve = serve_steps(run)  # one server start per variant; side by side on disjoint slots when the rule splits
+    assert sorted(serve) == ["baseline", "w4a16-gptq"] and all(r["served"] is True for r in serve.values())
+    b, c = serve["baseline"], serve["w4a16-gptq"]
+    if schedule.release_pool(load_spec(spec), resolve_model("demo"), log=lambda _: None).width == 2:
+        assert b["slot"] != c["slot"] and min(b["end"], c["end"]) > max(b["start"], c["start"]), serve
+    else:
+        assert b["slot"] == c["slot"] and c["start"] >= b["end"], serve
     assert "wall time per step:" in proc.stdout
     entry = Path(cand["registry"])
     assert (entry / "decision.json").is_file() and entry.parent.parent.name == "registry"
@@ -140,6 +160,49 @@ def test_release_flow_produces_evidence_for_every_variant(workspace):
     with Store(root / "results" / "quantgate.db") as store:  # the flow ingested it
         rows = store.query("SELECT COUNT(*) AS n FROM metrics WHERE run_id=? AND category='*'", "first")
         assert rows[0]["n"] == len(cand["metrics"])
+
+
+def serve_steps(run: Path) -> dict[str, dict]:
+    """variant -> its "serve and measure" row of <run>/timings.json (a second row for a variant fails the test)."""
+    rows = [r for r in json.loads((run / "timings.json").read_text()) if r["step"].startswith("serve and measure ")]
+    out = {r["step"].removeprefix("serve and measure "): r for r in rows}
+    assert len(out) == len(rows), f"a variant was served twice: {rows}"
+    return out
+
+
+def work_seconds(run: Path) -> float:
+    return sum(r["seconds"] for r in json.loads((run / "timings.json").read_text())
+               if r["step"].startswith(("quantize", "serve and measure", "judge")))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_unchanged_rerun_is_served_from_cache_including_the_judge(workspace):
+    root, spec, env = workspace
+    proc = quantgate("release", str(spec), "--run-id", "again", env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = root / "results" / "runs"
+    serve = serve_steps(runs / "again")
+    assert sorted(serve) == ["baseline", "w4a16-gptq"] and all(r["served"] is False for r in serve.values()), serve
+    assert not (runs / "again" / "judge-server").exists()  # the verdicts came from the cache: no judge server
+    assert json.loads((runs / "again" / "w4a16-gptq" / "judge" / "report.json").read_text()) == \
+        json.loads((runs / "first" / "w4a16-gptq" / "judge" / "report.json").read_text())
+    assert json.loads((runs / "again" / "w4a16-gptq" / "quantization.json").read_text())["reused"] is True
+    assert work_seconds(runs / "again") < 0.05 * work_seconds(runs / "first")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_an_added_candidate_reuses_everything_of_the_baseline(workspace):
+    root, spec, env = workspace
+    proc = quantgate("release", str(root / "added.yaml"), "--run-id", "added", env=env, timeout=2300)
+    assert proc.returncode in (0, 3, 4), proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = root / "results" / "runs" / "added"
+    serve = serve_steps(run)
+    assert serve["baseline"]["served"] is False and serve["w4a16-gptq"]["served"] is False, serve
+    assert serve["int8-w8a8"]["served"] is True
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(summary["candidates"]) == {"w4a16-gptq", "int8-w8a8"}
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, seconds: float = 120) -> None:

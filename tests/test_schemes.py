@@ -112,3 +112,23 @@ def test_every_row_has_a_reason_and_ranks_are_dense():
         rows = rank_schemes(get_profile(hw), "latency", SMALL, CAT).rows
         assert [r.rank for r in rows] == list(range(1, len(rows) + 1))
         assert all(r.reason for r in rows)
+
+
+# --- the kernel probe's finding (quantgate.serving.cpu_kernels) narrows a CPU profile ------------------------------
+
+AVX2_WHY = "this CPU's vLLM build (AVX2, _C_AVX2.abi3.so) has no cpu_gemm_wna16 kernel"
+
+
+@pytest.mark.parametrize("missing, recommended", [
+    ({}, "w4a16-gptq"),                                                         # AVX-512 build: W4A16 for latency
+    ({"w4a16-gptq": AVX2_WHY, "w4a16-awq": AVX2_WHY}, "int8-w8a8"),           # AVX2 build: INT8 instead
+])
+def test_a_scheme_whose_kernel_is_missing_is_ranked_as_not_running_with_the_probe_reason(missing, recommended):
+    r = rank_schemes(get_profile("x86-cpu"), "latency", DEMO, CAT, missing)
+    assert r.recommended == recommended
+    rows = {row.scheme: row for row in r.rows}
+    for scheme in ("w4a16-gptq", "w4a16-awq"):
+        assert rows[scheme].supported is (scheme not in missing)
+        assert (rows[scheme].reason == AVX2_WHY) is (scheme in missing)
+    assert [row.scheme for row in r.rows if row.supported] == [s for s in ("w4a16-gptq", "w4a16-awq", "int8-w8a8")
+                                                              if s not in missing]

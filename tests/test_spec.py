@@ -28,7 +28,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_demo_spec_loads_and_resolves_paths():
     spec = load_spec(RELEASES / "demo.yaml")
-    assert spec.hardware == "x86-cpu" and spec.schemes
+    assert spec.hardware in ("x86-avx512", "x86-avx2") and spec.schemes  # `hardware: auto`: this machine's profile
     assert all(p.is_absolute() and p.exists() for p in spec.eval_sets)
 
 

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from quantgate.base import progress
 from quantgate.base.errors import QuantgateError
 
 T = TypeVar("T")
@@ -146,23 +147,26 @@ async def post_json(client: httpx.AsyncClient, url: str, payload: Any, retry: Re
 async def for_each(items: Sequence[T], handle: Callable[[httpx.AsyncClient, T], Awaitable[None]], *,
                    concurrency: int, api_key: str | None = None) -> None:
     """handle(client, item) for every item, in order, at most `concurrency` at once; the first exception a handler
-    raises stops every worker and is raised here. Deadlines are post_json's: the client itself has none."""
+    raises stops every worker and is raised here. Deadlines are post_json's: the client itself has none. Finished
+    items count towards the caller's progress display (quantgate.base.progress; nothing without one)."""
     queue = list(reversed(items))
     width = max(1, concurrency)
     limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
 
-    async with httpx.AsyncClient(timeout=None, limits=limits, headers=auth_headers(api_key)) as client:
-        async def worker() -> None:
-            while queue:
-                await handle(client, queue.pop())
+    with progress.loop(len(queue)) as advance:
+        async with httpx.AsyncClient(timeout=None, limits=limits, headers=auth_headers(api_key)) as client:
+            async def worker() -> None:
+                while queue:
+                    await handle(client, queue.pop())
+                    advance()
 
-        tasks = [asyncio.create_task(worker()) for _ in range(min(width, len(queue)))]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            tasks = [asyncio.create_task(worker()) for _ in range(min(width, len(queue)))]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
 
 # --- the probe ----------------------------------------------------------------------------------------------------

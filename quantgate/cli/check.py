@@ -6,7 +6,10 @@ Kinds (detected per file, or forced with --kind):
   evalset  eval set: `<name>.jsonl` with its `<name>.meta.yaml` sidecar (either file may be named)
   review   filled human-review CSV (`quantgate review export`); review ids are not matched against the key
 A spec is checked with everything it names: each eval set (prompts against the spec's `context`, an estimate of
-characters/4) and its gate policy (default: releases/policies/default.yaml).
+characters/4) and its gate policy (default: releases/policies/default.yaml). Its schemes are checked against what
+this machine's serving build runs (the kernel probe, quantgate.serving.cpu_kernels) when its hardware is a CPU profile:
+an explicit scheme that cannot run here is an error naming the probe's finding (`skip_unsupported: true` drops it
+instead); what `hardware: auto` and `skip_unsupported` decided is printed as `note` lines on stderr.
 
 Output: `ok KIND PATH` per good file (stdout); per bad file `error KIND PATH` and the problem with its file, line,
 field and fix (stderr); `skip PATH` for YAML files of another kind (the model catalogue, the engine parity policy).
@@ -31,6 +34,7 @@ from quantgate.evals.dataset import load_evalset, meta_path_for
 from quantgate.gate.policy import CHECK_SECTIONS, DEFAULT_POLICY, GatePolicy, load_policy
 from quantgate.judge.review import check_csv
 from quantgate.release.spec import ReleaseSpec, load_spec
+from quantgate.serving.cpu_kernels import split_schemes
 
 
 class Kind(str, Enum):
@@ -140,6 +144,32 @@ def _check_evalset(path: Path, max_context: int | None = None) -> None:
     load_evalset(path, max_context=max_context)
 
 
+def _check_machine(path: Path, spec: ReleaseSpec) -> None:
+    """Refuse the spec's schemes that this machine's serving build cannot run (CPU profiles: the kernel probe)."""
+    _, why = split_schemes(spec.hardware, spec.schemes, spec.serving.python)
+    if not why:
+        return
+    first = next(s for s in spec.schemes if s in why)
+    data, lines = read_yaml(path)
+    raw = data.get("schemes") if isinstance(data, dict) else None
+    index = raw.index(first) if isinstance(raw, list) and first in raw else None
+    line = lines.get(("schemes", index)) or lines.get(("schemes",)) or 1
+    item = f" (list item {index + 1})" if index is not None else ""
+    raise QuantgateError(f"{', '.join(why)} cannot be served here: " + "; ".join(f"{s}: {r}" for s, r in why.items()),
+                         where=f"{path}:{line} field 'schemes'{item}",
+                         fix="remove it, release on a machine whose vLLM build has the kernel, or set "
+                             "`skip_unsupported: true` to drop it with a logged note")
+
+
+def _load_spec(path: Path) -> ReleaseSpec:
+    """The spec, its schemes checked against this machine; the notes of `hardware: auto` / skip_unsupported."""
+    spec = load_spec(path)
+    _check_machine(path, spec)
+    for note in spec.machine_notes:
+        print(f"note spec {_show(path)}: {note}", file=sys.stderr, flush=True)
+    return spec
+
+
 def _check_one(path: Path, kind: Kind, done: set[Path]) -> list[Result]:
     """(kind, path, error or None) for the file and, for a spec, every file it names; files in `done` are skipped."""
     if kind is Kind.evalset and path.name.endswith(".meta.yaml"):
@@ -147,7 +177,7 @@ def _check_one(path: Path, kind: Kind, done: set[Path]) -> list[Result]:
     if path.resolve() in done:
         return []
     done.add(path.resolve())
-    loader = {Kind.spec: load_spec, Kind.policy: load_policy, Kind.evalset: _check_evalset, Kind.review: check_csv}[kind]
+    loader = {Kind.spec: _load_spec, Kind.policy: load_policy, Kind.evalset: _check_evalset, Kind.review: check_csv}[kind]
     result, value = _attempt(kind, path, loader, path)
     results = [result]
     if kind is Kind.spec and isinstance(value, ReleaseSpec):

@@ -1,4 +1,9 @@
-"""`quantgate schemes` (ranked scheme table) and `quantgate quantize` (llmcompressor in a child process)."""
+"""`quantgate schemes` (ranked scheme table) and `quantgate quantize` (llmcompressor in a child process).
+
+For a CPU profile (and `--hardware auto`, which detects one) `schemes` asks the kernel probe what this machine's
+serving build runs (quantgate.serving.cpu_kernels): a scheme whose kernel is missing is ranked as not running here, with
+the probe's finding, and `--scheme S` exits 2 when S cannot run here.
+"""
 
 from __future__ import annotations
 
@@ -8,28 +13,59 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
-from quantgate.base.errors import ConfigError
+from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.quantize.calibration import CalibrationSpec
 from quantgate.quantize.preflight import read_layout
 from quantgate.quantize.recipes import RecipeOverrides
 from quantgate.quantize.run import MANIFEST, QuantizeRequest, quantize as run
 from quantgate.quantize.schemes import load_schemes, rank_schemes
-from quantgate.target.hardware import get_profile, load_catalogue
+from quantgate.serving.cpu_kernels import kernel_reasons, resolve_hardware
+from quantgate.target.hardware import AUTO, get_profile, load_catalogue
 
 GIB = 1024**3
 
 
+def _here(hardware: str, con: Console) -> tuple[str, dict[str, str]]:
+    """The profile id (`auto` detected) and, for a CPU profile, scheme -> why this machine's serving build cannot run
+    it. Without a serving environment an explicit profile falls back to its support table, said in a note."""
+    hw_id, note = resolve_hardware(hardware)
+    if note:
+        con.print(f"[dim]{note}[/]")
+    try:
+        return hw_id, kernel_reasons(hw_id, [s.id for s in load_schemes().schemes])
+    except QuantgateError as exc:
+        if hardware.strip().lower() == AUTO:
+            raise
+        con.print(f"[dim]kernel probe not run ({exc.message}): the support table alone says what runs[/]")
+        return hw_id, {}
+
+
+def _refuse(wanted: list[str], ranking, missing: dict[str, str], hw_id: str) -> None:
+    """Exit 2 naming the reason when a scheme asked for with --scheme does not run on this hardware here."""
+    rows = {r.scheme: r for r in ranking.rows}
+    for scheme in wanted:
+        row = rows.get(scheme.strip().lower())
+        if row is None:
+            raise ConfigError(f"unknown scheme '{scheme}'", where="--scheme", fix=f"use one of: {', '.join(rows)}")
+        if not row.supported:
+            raise ConfigError(f"{row.scheme} cannot run on {hw_id} here: {missing.get(row.scheme, row.reason)}",
+                              where="--scheme", fix="pick a scheme marked 'yes' above (or other hardware)")
+
+
 def schemes(
-    hardware: str = typer.Option(..., "--hardware", "-H", help="hardware id, e.g. h100, a100, l40s, b200, x86-cpu"),
+    hardware: str = typer.Option(..., "--hardware", "-H", help="hardware id, e.g. h100, a100, l40s, b200, x86-cpu, "
+                                 "or auto (this machine's CPU profile, from the kernel probe)"),
     workload: str = typer.Option("throughput", "--workload", "-w", help="latency | throughput | fit"),
     model: Path = typer.Option(..., "--model", help="Hugging Face checkpoint folder (config.json + safetensors)"),
+    scheme: List[str] = typer.Option([], "--scheme", help="exit 2 unless this scheme runs here (repeatable)"),
 ) -> None:
     """Rank quantization schemes for a model on a hardware target, with a reason per row."""
-    profile = get_profile(hardware)
+    con = Console()
+    hw_id, missing = _here(hardware, con)
+    profile = get_profile(hw_id)
     layout = read_layout(model)
     size = layout.size(layout.default_targets())
-    ranking = rank_schemes(profile, workload, size, load_schemes())
-    con = Console()
+    ranking = rank_schemes(profile, workload, size, load_schemes(), missing)
     con.print(f"[bold]{layout.model_type}[/] {model}: {size.quantizable_params + size.other_params:,} parameters, "
               f"{size.bytes_16bit / GIB:.2f} GiB at 16 bits ({size.quantizable_params:,} in quantizable Linear layers)")
     con.print(f"[bold]{profile.name}[/] ({profile.id}): {profile.devices_per_node} x {profile.memory_gib:g} GiB, "
@@ -45,6 +81,7 @@ def schemes(
     if profile.notes:
         con.print(f"[dim]{profile.id}: {profile.notes}[/]")
     con.print(f"[dim]support data: vLLM {load_catalogue().vllm_version} (quant_recipes/hardware.yaml)[/]")
+    _refuse(scheme, ranking, missing, hw_id)
 
 
 def quantize(

@@ -1,4 +1,4 @@
-"""`quantgate recall`: the needle-in-a-haystack grid against a running server (logic in needle/recall modules).
+"""`quantgate recall`: the needle-in-a-haystack grid against a running server (logic in quantgate.recall).
 
 Every check on the input (kinds, depths, lengths against the model's and the server's context, the tokenizer,
 the baseline directory, prompts that would not fit) runs before the first chat request.
@@ -6,6 +6,7 @@ the baseline directory, prompts that would not fit) runs before the first chat r
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,7 +14,7 @@ import typer
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import resolve_api_key
-from quantgate.recall import needle as nd, run as rc
+from quantgate.recall import haystack as hs, needle as nd, run as rc
 
 
 def recall(
@@ -24,19 +25,25 @@ def recall(
     lengths: Annotated[str, typer.Option(help="prompt lengths in tokens, comma-separated")] = "1024,2048,4096",
     depths: Annotated[str, typer.Option(help="needle depths in percent, comma-separated")] = "0,25,50,75,100",
     kinds: Annotated[str, typer.Option(help="needle kinds: number,name,multilingual,multi")] = "number,name,multilingual,multi",
-    samples: Annotated[int, typer.Option(min=1, help="prompts per (length, depth, kind) cell")] = 2,
+    samples: Annotated[int, typer.Option(min=1, help="needles per (length, depth, kind) cell")] = 2,
+    ask: Annotated[str, typer.Option(help="layout: turns (one haystack per length, kind and sample holding a needle "
+                                          "at every depth, one question each), together (one question for all), "
+                                          "single (one needle per haystack)")] = "turns",
     seed: Annotated[int, typer.Option(help="generator seed (same seed, same prompts)")] = 0,
     baseline: Annotated[Optional[Path], typer.Option(help="baseline run directory: also write deltas")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(min=1, help="served context (default: asked from the server)")] = None,
-    max_answer_tokens: Annotated[int, typer.Option(min=1, help="answer tokens reserved in the context")] = 32,
+    max_answer_tokens: Annotated[int, typer.Option(min=1, help="answer cap per needle (each request gets what its needles need, at most this)")] = 32,
     api_key_env: Annotated[Optional[str], typer.Option(help="environment variable holding the API key")] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="requests in flight")] = 4,
-    timeout: Annotated[float, typer.Option(help="seconds per request")] = 300.0,
+    concurrency: Annotated[int, typer.Option(min=1, help="most requests in flight (fewer when prompts are long)")] = 8,
+    deadline: Annotated[float, typer.Option(min=1, help="seconds the work in flight may take at the measured prefill "
+                                                        "rate; deadlines are sized from it")] = 300.0,
     needles: Annotated[Optional[Path], typer.Option(help="needle data YAML (default eval_sets/recall_needles.yaml)")] = None,
     filler: Annotated[Optional[Path], typer.Option(help="filler text (default eval_sets/recall_filler.txt)")] = None,
-    progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+    progress: Annotated[bool, typer.Option(help="print progress lines (counts, rate, ETA) on stderr")] = True,
 ) -> None:
     """Long-context exact recall (needle in a haystack) per length, depth and needle kind; heatmaps + JSON."""
+    if ask not in hs.ASK:
+        raise QuantgateError(f"unknown layout {ask!r}", where="--ask", fix=f"use one of: {', '.join(hs.ASK)}")
     kind_list = nd.parse_kinds(kinds)
     depth_list = nd.parse_ints(depths, "--depths", 0, 100)
     length_list = nd.parse_ints(lengths, "--lengths", 1)
@@ -56,12 +63,21 @@ def recall(
         source = "--max-model-len"
     prompts, grid = rc.build_checked_grid(tokenizer, length_list, depth_list, kind_list, samples, seed=seed,
                                           max_model_len=max_model_len, max_answer_tokens=max_answer_tokens,
-                                          source=source, needles=needles, filler=filler)
+                                          source=source, needles=needles, filler=filler, ask=ask)  # type: ignore[arg-type]
     summary = rc.run_recall(prompts, out, endpoint=endpoint, model=model, api_key=api_key, grid=grid,
-                            max_answer_tokens=max_answer_tokens, concurrency=concurrency, timeout_s=timeout,
-                            progress=progress, baseline=baseline)
-    o = summary["overall"]
-    print(f"{o['n']} answered, {o['n_error']} failed; recall {_f(o['recall'])}, exact {_f(o['exact'])} -> {out}")
+                            concurrency=concurrency, deadline_s=deadline, baseline=baseline,
+                            log=(lambda line: print(line, file=sys.stderr)) if progress else None)
+    _report(summary, out)
+
+
+def _report(summary: dict, out: Path) -> None:
+    o, c = summary["overall"], summary["cost"]
+    print(f"{o['n']} needles answered, {o['n_error']} failed ({summary['status']}); recall {_f(o['recall'])}, "
+          f"exact {_f(o['exact'])} -> {out}")
+    hit = c["run"].get("prefix_cache_hit_rate")
+    print(f"  cost: {c['cells']} cells, {c['haystacks']} haystacks, {c['requests']} requests, {c['needles']} needles; "
+          f"{c['prompt_tokens']} prompt tokens sent, about {c['prompt_tokens_computed']} to compute; "
+          f"{c['run']['wall_s']:.0f} s; prefix-cache hit rate {'-' if hit is None else f'{hit:.0%}'}")
     for k, s in summary["by_kind"].items():
         print(f"  {k:<13} recall {_f(s['recall'])}  exact {_f(s['exact'])}  (n={s['n']})")
     if "delta" in summary:

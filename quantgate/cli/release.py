@@ -16,6 +16,7 @@ from quantgate.gate.models import EXIT_CODES
 from quantgate.release.runrecord import check_new_run_id, timings
 from quantgate.release.spec import load_spec
 from quantgate.release.steps import sizing_warnings
+from quantgate.release.stopping import on_stop_signals
 
 
 def load_flow(name: str):
@@ -57,7 +58,8 @@ def release(
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network here: no telemetry
     # the embedded server migrates its SQLite on first use; on a busy 2-core machine that takes longer than 20 s
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    state = load_flow("release")(spec=str(spec), run_id=run_id, return_state=True)
+    with on_stop_signals():  # SIGTERM/SIGHUP: stop every server and child of the release, then exit 143/129
+        state = load_flow("release")(spec=str(spec), run_id=run_id, return_state=True)
     try:
         summary = state.result(raise_on_failure=False)
     except Exception:  # noqa: BLE001 - the flow itself crashed; Prefect logged the cause above
@@ -73,10 +75,16 @@ def release(
 
 
 def _print_timings(run_id: str) -> None:
-    """Wall time per flow step (<run>/timings.json), so a slow step shows at the end of every release."""
+    """Wall time per flow step (<run>/timings.json), with when each started (steps run side by side on slots), so a
+    slow step shows at the end of every release; the release's wall time is the critical path, not the sum."""
     rows = timings(results_dir() / "runs" / run_id)
     if rows:
-        print("wall time per step:")
+        t0 = min(r.get("start", 0) for r in rows)
+        print("wall time per step: start (seconds after the first step began), seconds, step")
         for r in rows:
-            print(f"  {r['seconds']:>8.1f} s  {r['step']}" + ("" if r["status"] == "ok" else f"  ({r['status']})"))
-        print(f"  {sum(r['seconds'] for r in rows):>8.1f} s  sum of the steps")
+            start = f"{r['start'] - t0:>7.1f}" if "start" in r else "      -"
+            note = {True: "  (served)", False: "  (from cache)"}.get(r.get("served"), "")
+            print(f"  {start}  {r['seconds']:>8.1f} s  {r['step']}{note}" + ("" if r["status"] == "ok" else f"  ({r['status']})"))
+        print(f"  {sum(r['seconds'] for r in rows):>17.1f} s  sum of the steps")
+        if all("end" in r for r in rows):
+            print(f"  {max(r['end'] for r in rows) - t0:>17.1f} s  wall, first step to last")

@@ -6,11 +6,18 @@ Layout of a run directory:
   scores.jsonl    {id, category, scores: {metric: value}, references} per answered sample
   summary.json    per metric: overall and per-category means; counts and error rate
 Re-running into the same directory resumes; a directory made for another model/set/decoding/engine is refused.
+
+Status in manifest.json: "complete" only when every sample was answered. A run with failed requests within the
+client's error-rate limit is "partial": it is scored and summarized (summary.json counts the failures, and the gate
+reads them), it can be compared, but it is never reused as finished: the next run into the directory asks the
+failed ids again and keeps the answered ones. Above the limit the run stops with status "failed".
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +32,7 @@ from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.evals.metrics import load_table
 
 MANIFEST_SCHEMA = 1
+USABLE = ("complete", "partial")  # statuses whose scores can be read; only "complete" is finished work
 
 
 def _read_json(path: Path) -> Any:
@@ -39,8 +47,6 @@ def _read_json(path: Path) -> Any:
 class _Background:
     """Run a function in a daemon thread; `result()` waits and re-raises its exception here."""
     def __init__(self, fn):
-        import threading
-
         self.error: BaseException | None = None
         self.value = None
 
@@ -97,13 +103,26 @@ def _claim(out: Path, manifest: dict[str, Any]) -> Path:
     return path
 
 
+def _replace_text(path: Path, text: str) -> None:
+    """Replace a text file in one rename: a reader (another release sharing the cache) sees the old or the new file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _score(out: Path, samples, metrics: list[str]) -> dict[str, Any]:
     """Score the answered samples into scores.jsonl and summarize them into summary.json; returns the summary."""
     records = read_results(out / "results.jsonl")
     wanted = {s.id for s in samples}
     outputs = {i: r["output"] for i, r in records.items() if i in wanted and r.get("error") is None}
     scores = scoring.score_samples(samples, outputs)
-    (out / "scores.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scores), encoding="utf-8")
+    _replace_text(out / "scores.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scores))
     failed = len(samples) - len(outputs)
     summary = {"n_samples": len(samples), "n_answered": len(outputs), "n_failed": failed,
                "error_rate": failed / len(samples) if samples else 0.0, "metrics": summarize(scores, metrics)}
@@ -146,18 +165,42 @@ def run_eval(
         raise
     loader.result()
     summary = _score(out, samples, metrics)
-    write_json(manifest_path, {**manifest, "status": "complete", "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    status = "complete" if summary["n_failed"] == 0 else "partial"  # partial: the failed ids are asked again next run
+    write_json(manifest_path, {**manifest, "status": status, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                               "n_failed": summary["n_failed"],
                                "client": {"answered_now": stats.answered, "failed_now": stats.failed,
                                           "skipped": stats.skipped, "elapsed_s": round(stats.elapsed_s, 3)}})
     return summary
 
 
+def _status(run_dir: Path | str) -> str | None:
+    try:
+        return json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8")).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def is_complete(run_dir: Path | str) -> bool:
+    """True when the run directory holds finished work: every sample answered (status "complete"). A cache asks
+    this: anything else is run again."""
+    return _status(run_dir) == "complete"
+
+
+def is_scored(run_dir: Path | str) -> bool:
+    """True when the run's answers are scored and can be read (load_run): complete, or partial (some requests
+    failed; the gate counts them). Whoever waits for another run's answers asks this, not is_complete: a partial
+    run is final for the release that made it."""
+    return _status(run_dir) in USABLE
+
+
 def load_run(run_dir: Path | str) -> tuple[dict, list[dict]]:
-    """(manifest, records with id, category, output, scores) of a finished run directory."""
+    """(manifest, records with id, category, output, scores) of a scored run directory: complete, or partial (some
+    requests failed; their samples have no output and count in summary.json's n_failed)."""
     run_dir = Path(run_dir)
     manifest = _read_json(run_dir / "manifest.json")
-    if manifest.get("status") != "complete":
-        raise QuantgateError(f"run status is {manifest.get('status')!r}, not 'complete'", where=str(run_dir / "manifest.json"),
+    if manifest.get("status") not in USABLE:
+        raise QuantgateError(f"run status is {manifest.get('status')!r}, not 'complete' or 'partial'",
+                             where=str(run_dir / "manifest.json"),
                              fix="re-run `quantgate eval` with the same --out to finish it")
 
     results = read_results(run_dir / "results.jsonl")

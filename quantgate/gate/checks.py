@@ -13,6 +13,7 @@ The evidence (`GateEvidence`) is built from a run folder by `quantgate.gate.evid
 from __future__ import annotations
 
 from quantgate.gate.models import (Check, Decision, GateEvidence, OperatingCharacteristics, Stat)
+from quantgate.gate.payoff import applied_workload, pay_off_checks
 from quantgate.gate.policy import DropLimit, GatePolicy
 from quantgate.gate.statistical import TaskItem, drop_of, fidelity_checks, finite, missing, task_checks
 
@@ -83,6 +84,11 @@ def _judge(policy: GatePolicy, ev: GateEvidence) -> Check:
     if not e.counts_as_evidence:
         return missing(name, j.required, f"the judge failed calibration ({e.reason or 'unreliable'}): its verdicts "
                        "are not evidence", e.file, limit, bound)
+    if e.judged and e.invalid / e.judged > j.max_invalid_rate:  # a judge run that mostly failed: never a pass
+        return Check(name=name, measured=None, limit=limit, bound=bound, required=j.required, outcome="inconclusive",
+                     evidence_file=e.file, reason=f"{e.invalid} of {e.judged} judged pairs ({e.invalid / e.judged:.1%}) "
+                     f"have no valid verdict, above the cap of {j.max_invalid_rate:.1%} (judge.max_invalid_rate): the "
+                     "valid rest is no fair sample; fix the judge's template or model and re-run the judge")
     if e.not_stronger and not j.accept_not_stronger:
         return missing(name, j.required, f"the judge is not known to be stronger than the judged model "
                        f"({e.not_stronger}); set judge.accept_not_stronger to accept it", e.file, limit, bound)
@@ -133,28 +139,6 @@ def _parity(policy: GatePolicy, ev: GateEvidence) -> Check:
                  reason=p.reason or f"verdict {p.verdict}")
 
 
-def _pay_off(policy: GatePolicy, ev: GateEvidence) -> list[Check]:
-    p = policy.pay_off
-    assert p is not None
-    out = []
-    for name, limit, got, slot, at_most in (("pay_off:size_ratio", p.max_size_ratio, ev.size_ratio, "size", True),
-                                            ("pay_off:throughput_ratio", p.min_throughput_ratio, ev.throughput_ratio,
-                                             "throughput", False)):
-        if limit is None:
-            continue
-        if got is None or not finite(got.value):
-            why, file = _gap(ev, slot, f"no {slot} ratio (candidate / baseline)")
-            out.append(missing(name, p.required, why, file or (got.file if got else None), limit))
-            continue
-        v = got.value
-        ok = v <= limit if at_most else v >= limit  # type: ignore[operator]
-        rel = ("<=" if ok else ">") if at_most else (">=" if ok else "<")
-        out.append(Check(name=name, measured=round(v, 6), limit=limit, required=p.required,  # type: ignore[arg-type]
-                         outcome="pass" if ok else "fail", evidence_file=got.file,
-                         reason=f"candidate / baseline {v:.3f} {rel} {limit:.3f}"))
-    return out
-
-
 def operating(policy: GatePolicy) -> OperatingCharacteristics:
     st, f = policy.statistics, policy.fidelity
     note = (f"A lossless candidate (no true drop on any task measure, fidelity at the noise floor) is rejected by the "
@@ -201,8 +185,8 @@ def evaluate(policy: GatePolicy, evidence: GateEvidence, policy_ref: dict[str, s
     if policy.judge is not None:
         checks.append(_judge(policy, evidence))
     if policy.pay_off is not None:
-        checks += _pay_off(policy, evidence)
+        checks += pay_off_checks(policy, evidence)
     verdict, reasons, needs = _verdict(checks)
     return Decision(decision=verdict, candidate=evidence.candidate, scheme=evidence.scheme, family=family,  # type: ignore[arg-type]
                     policy={"name": policy.name, "version": policy.version, **(policy_ref or {})}, checks=checks,
-                    reasons=reasons, needs=needs, operating=operating(policy))
+                    reasons=reasons, needs=needs, operating=operating(policy), workload=applied_workload(evidence))

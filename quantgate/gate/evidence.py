@@ -11,10 +11,12 @@ Files read (written by the release flow, quantgate/release/steps.py, and the too
     <run>/<candidate>/judge/report.json   `quantgate judge` report (calibration, non-inferiority)
     <run>/<candidate>/judge/error.json    why the release's judge step failed (newer than any report.json there):
                                           the judge slot's gap then carries that reason
-    <run>/<candidate>/pay_off.json        {"throughput_ratio": float, "source": "..."}: candidate / baseline
-                                          output tokens/s from the performance probe (written by the flow)
+    <run>/<candidate>/pay_off.json        quantgate.perf.compare output (written by the flow): the workload
+                                          profile, its pay-off figures with intervals, throughput and size ratios
     <run>/fidelity/<candidate>.json       per-sample teacher-forced fidelity against the baseline
     <run>/fidelity/floor.json             the same for the baseline against itself on another execution path
+    <run>/<candidate>/error.json          the candidate's vLLM server could not start or died (release flow): the
+                                          gate rejects it with that reason (a `serving` check), whatever else is there
 The recall folder, judge report and pay-off figures can be given directly instead. A file that is missing,
 unreadable or of the wrong shape becomes an entry of `GateEvidence.gaps` with the reason: never an exception.
 """
@@ -34,11 +36,13 @@ from quantgate.base.fileio import write_json
 from quantgate.evals.compare import paired_stats
 from quantgate.fidelity.core import SampleFidelity, summarize
 from quantgate.gate.checks import evaluate
-from quantgate.gate.models import (FidelityEvidence, Gap, GateEvidence, Interval, JudgeEvidence, ParityEvidence,
-                                   RateEvidence, Ratio, Stat)
+from quantgate.gate.models import (Check, Decision, FidelityEvidence, Gap, GateEvidence, Interval, JudgeEvidence,
+                                   ParityEvidence, RateEvidence, Ratio, Stat)
 from quantgate.gate.policy import load_policy
+from quantgate.perf.models import PayOffFigures
 
 BASELINE = "baseline"
+CANDIDATE_ERROR = "error.json"  # <run>/<candidate>/error.json: its server could not start or died
 
 
 class _Bad(Exception):
@@ -222,10 +226,11 @@ def _judge(path: Path, ev: dict) -> None:
         err = _read(failed)
         raise _Bad(f"the judge run failed ({failed}): {err.get('error') if isinstance(err, dict) else err}")
     r = _read(path)
-    cal = r["calibration"]
-    ni = r["comparison"]["overall"]["non_inferiority"]
+    cal, cmp_ = r["calibration"], r["comparison"]
+    ni = cmp_["overall"]["non_inferiority"]
     ev["judge"] = JudgeEvidence(counts_as_evidence=bool(r.get("counts_as_evidence")), reason=cal.get("reason"),
                                 not_stronger=r.get("judge_not_stronger"), n=int(ni.get("n") or 0), net=_num(ni.get("net")),
+                                judged=int(cmp_.get("n_judged") or 0), invalid=int(cmp_.get("invalid_pairs") or 0),
                                 lower_bound=_num(ni.get("lower_bound")), file=str(path))
 
 
@@ -260,6 +265,8 @@ def _pay_off(source: Mapping | Path, ev: dict) -> None:
         source = _read(Path(source))
         if not isinstance(source, Mapping):
             raise _Bad(f"{file} is not a JSON object")
+    if "decide" in source:  # a workload profile's figures with intervals (quantgate.perf.compare)
+        ev["pay_off"] = PayOffFigures.model_validate({**source, "file": source.get("file") or file})
     value = _num(source.get("throughput_ratio"))
     if value is None:
         raise _Bad(f"no numeric 'throughput_ratio' in {file or 'the pay-off figures'}")
@@ -299,6 +306,29 @@ def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = 
     else:
         _gap(ev, "throughput", f"no performance probe figures ({source})", str(source))
     return GateEvidence(**ev)
+
+
+def serving_failure(run: Path | str, candidate: str) -> Check | None:
+    """The failed `serving` check of a candidate whose server could not start or died (<run>/<candidate>/error.json,
+    written by quantgate.release.variants.failed_evidence); None when there is no such file."""
+    path = Path(run) / candidate / CANDIDATE_ERROR
+    if not path.is_file():
+        return None
+    try:
+        err = _read(path)
+        reason, phase = str(err["error"]), str(err.get("phase") or "unknown")
+        last = next((ln.strip() for ln in reversed(err.get("log_tail") or []) if "Error" in ln or "error" in ln), None)
+    except (_Bad, KeyError, TypeError, AttributeError) as exc:
+        reason, phase, last = f"the candidate failed, and its error record is unreadable: {exc}", "unknown", None
+    return Check(name="serving", measured=phase, limit="serves", required=True, outcome="fail", evidence_file=str(path),
+                 reason=reason + (f" (log: {last})" if last and last not in reason else ""))
+
+
+def with_failure(decision: Decision, failed: Check) -> Decision:
+    """REJECT: the serving check first, its reason first; the other checks stay as the evidence made them."""
+    checks = [failed, *decision.checks]
+    reasons = [f"{c.name}: {c.reason}" for c in checks if c.outcome == "fail"]
+    return decision.model_copy(update={"decision": "REJECT", "checks": checks, "reasons": reasons, "needs": None})
 
 
 def policy_ref(path: Path | str) -> dict[str, str]:
@@ -358,4 +388,5 @@ def gate_run(run: Path | str, policy_path: Path | str, candidate_names: list[str
                                           recall_dir=(recall_dirs or {}).get(name),
                                           judge_report=(judge_reports or {}).get(name), fidelity_level=level), ref)
                  for name in names]
+    decisions = [with_failure(d, failed) if (failed := serving_failure(run, d.candidate)) else d for d in decisions]
     return decisions, write_decision(run, decisions, out)

@@ -16,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from quantgate.perf.models import PayOffFigures
+
 SCHEMA = 2
 Outcome = Literal["pass", "fail", "inconclusive", "skipped"]
 Verdict = Literal["PROMOTE", "REJECT", "INCONCLUSIVE"]
@@ -69,7 +71,9 @@ class JudgeEvidence(_Model):
     counts_as_evidence: bool
     reason: str | None = None          # why calibration failed, when it did
     not_stronger: str | None = None    # why the judge is not known to be stronger, when it is not
-    n: int = Field(0, ge=0)
+    n: int = Field(0, ge=0)            # pairs with a valid verdict (identical answers count as ties)
+    judged: int = Field(0, ge=0)       # pairs sent to the judge
+    invalid: int = Field(0, ge=0)      # of those, pairs without a valid verdict (unparsable in either order)
     net: float | None = None           # win rate - loss rate
     lower_bound: float | None = None   # one-sided lower confidence bound of net
     file: str | None = None
@@ -117,6 +121,8 @@ class GateEvidence(_Model):
     error_rates: list[RateEvidence] = Field(default_factory=list)
     size_ratio: Ratio | None = None
     throughput_ratio: Ratio | None = None
+    pay_off: PayOffFigures | None = Field(None, description="the probe's workload profile and its pay-off figures "
+                                          "with intervals (quantgate.perf.compare)")
     gaps: dict[str, Gap] = Field(default_factory=dict, description="slot (compare, recall, fidelity, judge, parity, "
                                  "error_rate, size, throughput) -> why it is empty or incomplete")
 
@@ -173,6 +179,7 @@ class Decision(_Model):
     reasons: list[str] = Field(description="why not PROMOTE: the failed checks' reasons, else the inconclusive ones")
     needs: str | None = Field(None, description="INCONCLUSIVE: what more evidence would decide")
     operating: OperatingCharacteristics | None = None
+    workload: str | None = Field(None, description="the workload profile the pay-off checks applied")
 
     @property
     def promoted(self) -> bool:

@@ -12,10 +12,10 @@ refused with the file, line and field. The checks themselves are in `quantgate.g
     primary: {metrics: [...], families: {fp8: {schemes: [...], max_relative_drop: 0.01}, ...}}
     categories: {arithmetic_numbers: {metric: numeric_match, max_relative_drop: 0.05}, ...}
     recall: {measure: recall, max_absolute_drop: 0.05}
-    judge: {margin: 0.05}
+    judge: {margin: 0.05, max_invalid_rate: 0.1}   # more invalid verdicts than that: INCONCLUSIVE
     error_rate: {max: 0.02}
     engine_parity: {}
-    pay_off: {max_size_ratio: 0.75, min_throughput_ratio: 1.0}
+    pay_off: {max_size_ratio: 0.75, workloads: {latency: {min_speedup: 1.0}, fit: {min_speedup: 0.9}}}
     statistics: {false_reject: 0.05, pooled_share: 0.6, power: 0.8}
     pooled: {required: true}   # one paired harm test over every binary-scored sample of a set
     fidelity: {families: {fp8: {max_kl: 0.01, min_top1: 0.95}, ...}, alpha: 0.05, max_floor_share: 0.5}
@@ -152,8 +152,13 @@ class RecallCheck(DropLimit):
 
 
 class JudgeCheck(_Strict):
-    """Pairwise judge non-inferiority: (win - loss) must stay above -margin. Counts only for a calibrated judge."""
+    """Pairwise judge non-inferiority: (win - loss) must stay above -margin. Counts only for a calibrated judge
+    whose verdicts were mostly readable: above `max_invalid_rate` of the judged pairs without a valid verdict, the
+    valid rest is no fair sample and the check is INCONCLUSIVE."""
     margin: float = Field(0.05, ge=0, le=1)
+    max_invalid_rate: float = Field(0.1, ge=0, le=1, description="share of judged pairs without a valid verdict "
+                                                                 "(unparsable in either order) above which the "
+                                                                 "check cannot decide")
     accept_not_stronger: bool = Field(False, description="accept a judge that is not stronger than the judged model")
     required: bool = False
     bound: Bound | None = None
@@ -170,11 +175,23 @@ class ParityCheck(_Strict):
     required: bool = True
 
 
+class WorkloadDemand(_Strict):
+    """What pay-off demands under one workload profile (quant_recipes/workloads.yaml; checks: quantgate.gate.payoff)."""
+    min_speedup: float | None = Field(None, gt=0, le=100, description="each pay-off figure of the profile: the "
+                                      "candidate at least this many times as fast as the baseline (1.0: shown not "
+                                      "slower; 0.9: at most 10% slower); None: no speed demanded")
+    min_kv_tokens_ratio: float | None = Field(None, gt=0, le=100, description="KV cache tokens candidate / baseline")
+
+
 class PayOffCheck(_Strict):
-    """Quantization must buy something: a smaller checkpoint and/or more throughput than the baseline."""
+    """Quantization must buy something: a smaller checkpoint, and speed where the workload needs it."""
     max_size_ratio: float | None = Field(None, gt=0, le=1, description="candidate size / baseline size at most this")
-    min_throughput_ratio: float | None = Field(None, gt=0, le=100, description="candidate / baseline tokens/s")
+    min_throughput_ratio: float | None = Field(None, gt=0, le=100, description="candidate / baseline tokens/s at the "
+                                               "highest common level, point value (older form; see `workloads`)")
+    workloads: dict[Literal["latency", "throughput", "fit"], WorkloadDemand] = Field(
+        default_factory=dict, description="workload profile the probe ran -> its speed demand")
     required: bool = False
+    bound: Bound | None = Field(None, description="speed figures: the interval's worst end (ci) or the point ratio")
 
 
 class Statistics(_Strict):

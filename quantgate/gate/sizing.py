@@ -8,6 +8,7 @@ model); each check's level is its share of the policy's false-reject budget, as 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from quantgate.base.stats import mdd_binary, samples_for
@@ -68,3 +69,20 @@ def warnings(rows: list[Sizing]) -> list[str]:
     parts = "; ".join(f"{r.check} limit {r.limit:.1%} < MDD {r.mdd:.1%} at n={r.n} (needs ~{r.needs})" for r in below)
     return [f"{len(below)} task checks cannot prove their limits at this size and only detect harm, so fidelity "
             f"carries the proof: {parts}"]
+
+
+def recall_sizing(policy: GatePolicy, n: int, *, other_checks: int, base: float = 0.5, discordance: float = 0.10,
+                  design_effect: float = 1.0) -> Sizing | None:
+    """The recall check at `n` paired needles: its minimum detectable drop in its limit's unit (absolute by default;
+    a relative limit divides by the baseline recall `base`), at its share of the budget among `other_checks`
+    non-pooled task checks (recall included). Needles that share a haystack count as n / `design_effect`
+    independent ones (quantgate.recall.score.cluster_effect measures it). None when the policy has no recall check."""
+    r = policy.recall
+    if r is None:
+        return None
+    _, alpha = _levels(policy, other_checks)
+    scale = base if r.kind == "relative" else 1.0
+    n_eff = max(1, int(n / max(design_effect, 1.0)))
+    m = mdd_binary(discordance, n_eff, alpha, policy.statistics.power) / scale
+    need = samples_for(r.value * scale, 0.0, alpha, policy.statistics.power, binary=True, discordance=discordance)
+    return Sizing(check="recall", n=n, limit=r.value, mdd=m, needs=math.ceil(need * max(design_effect, 1.0)))

@@ -4,11 +4,15 @@ Sends each parity prompt to the server (greedy, `return_token_ids`), then runs t
 the very prompt tokens the server used. The pure comparison is `quantgate.parity.core`; this module only produces the
 two token lists and writes `parity.json`. A prompt whose server-side prompt tokens differ from the chat template
 rendered by the tokenizer is reported too: a template mismatch is also an engine problem.
+
+`parity.json` is written whatever the verdict (the gate reads the current result), but only a pass is finished
+work: `passed(folder)` is what a cache asks, so a failed check is run again next time instead of being kept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,6 +25,7 @@ from quantgate.base.yamlconfig import load_model
 from quantgate.parity.core import POLICY_FILE, ParityPolicy, ParityReport, check_parity
 
 PROMPTS_FILE = EVAL_SETS / "parity_prompts.yaml"
+REPORT = "parity.json"
 
 
 class ParityPrompt(BaseModel):
@@ -81,6 +86,14 @@ def _strip_end(tokens: list[int], end_ids: set[int]) -> list[int]:
     return tokens
 
 
+def passed(out_dir: Path) -> bool:
+    """True when `out_dir`/parity.json holds a passing verdict (reusable); a fail, a torn or missing file: False."""
+    try:
+        return json.loads((Path(out_dir) / REPORT).read_text(encoding="utf-8")).get("verdict") == "pass"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def run_parity(model_dir: Path, base_url: str, api_key: str, served_name: str, out_dir: Path,
                dtype: str = "float32", prompts_file: Path = PROMPTS_FILE, policy_file: Path = POLICY_FILE) -> ParityReport:
     from transformers import AutoTokenizer
@@ -99,7 +112,7 @@ def run_parity(model_dir: Path, base_url: str, api_key: str, served_name: str, o
         report = report.model_copy(update={"verdict": "fail", "reason": f"engine problem: the server's prompt tokens differ from the "
                                            f"model's chat template for {template_mismatch}; {report.reason}"})
     decode = tok.decode
-    write_json(out_dir / "parity.json", {
+    write_json(out_dir / REPORT, {
         **report.model_dump(), "dtype": dtype, "template_mismatch": template_mismatch,
         "texts": {p.id: {"served": decode(o, skip_special_tokens=True), "reference": decode(r, skip_special_tokens=True)}
                   for p, (_, o), r in zip(prompts.prompts, served, reference)},

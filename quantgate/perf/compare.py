@@ -1,9 +1,14 @@
-"""Medians over repeated probe runs and candidate/baseline ratios (pure: no I/O).
+"""Medians over repeated probe runs and candidate/baseline ratios with confidence intervals (pure: no I/O).
 
-`compare(base, cand)` is what a gate check reads:
-    {"concurrency": 8, "size_ratio": 0.42, "throughput_ratio": 1.31, "ttft_ratio": 0.9, ..., "by_concurrency": [...]}
+`compare(base, cand)` is what the gate's pay-off checks read (<run>/<candidate>/pay_off.json):
+    {"concurrency": 8, "size_ratio": 0.42, "throughput_ratio": 1.31, "ttft_ratio": 0.9, ..., "by_concurrency": [...],
+     "workload": "latency", "decide": [{"figure": "tpot_p50_ms", "at": "lowest", "concurrency": 1,
+                                        "ratio": {"value": 0.41, "low": 0.38, "high": 0.45, "level": 0.9, ...}}],
+     "slo_concurrency": {"baseline": 4, "candidate": 8}, "intervals": "welch-log", ...}
 Ratios are candidate / baseline: < 1 is better for size and latencies, > 1 is better for throughput and KV capacity.
-A ratio is None where either side lacks the figure; it is never guessed.
+Headline ratios are of the medians; every ratio also has an interval over the repeats (`ci`, quantgate.perf.intervals):
+unpaired by default, since a release serves the variants one after another with the same request set; `paired` when
+they were served in turn, round by round. A ratio is None where either side lacks the figure; it is never guessed.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ import statistics
 from typing import Iterable
 
 from quantgate.base.errors import QuantgateError
-from quantgate.perf.models import LevelMedian, PerfResult, RunResult
+from quantgate.perf.intervals import RatioCI, ratio_ci
+from quantgate.perf.models import LOWER_IS_BETTER, Decide, LevelMedian, PerfResult, RunResult
 
-METRICS = ("output_tok_s", "requests_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "tpot_p50_ms", "e2el_p50_ms")
+METRICS = ("output_tok_s", "requests_s", "goodput_rps", "slo_attainment", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms",
+           "itl_p95_ms", "tpot_p50_ms", "tpot_p95_ms", "e2el_p50_ms")
 # ratio name -> the median it divides; output names a gate policy can refer to
 RATIOS = {
     "throughput_ratio": "output_tok_s",
@@ -23,9 +30,12 @@ RATIOS = {
     "ttft_p95_ratio": "ttft_p95_ms",
     "itl_ratio": "itl_p50_ms",
     "itl_p95_ratio": "itl_p95_ms",
+    "tpot_ratio": "tpot_p50_ms",
+    "goodput_ratio": "goodput_rps",
 }
 HIGHER_IS_BETTER = {"throughput_ratio": True, "request_throughput_ratio": True, "ttft_ratio": False, "ttft_p95_ratio": False,
-                    "itl_ratio": False, "itl_p95_ratio": False, "size_ratio": False, "kv_tokens_ratio": True}
+                    "itl_ratio": False, "itl_p95_ratio": False, "tpot_ratio": False, "goodput_ratio": True,
+                    "size_ratio": False, "kv_tokens_ratio": True}
 
 
 def median_or_none(values: Iterable[float | None]) -> float | None:
@@ -82,8 +92,71 @@ def check_comparable(base: PerfResult, cand: PerfResult, base_name: str = "basel
     return notes
 
 
-def compare(base: PerfResult, cand: PerfResult, at: int | None = None) -> dict:
-    """Ratios candidate/baseline per common concurrency level, and the headline at `at` (default: the highest common)."""
+def per_repeat(p: PerfResult, concurrency: int, metric: str) -> dict[int, float | None]:
+    """repeat -> the figure of the run at `concurrency` (runs that completed nothing give None)."""
+    return {r.repeat: getattr(r, metric) for r in p.runs if r.concurrency == concurrency}
+
+
+def best_per_repeat(p: PerfResult, metric: str) -> dict[int, float | None]:
+    """repeat -> the best value of the figure over all levels of that repeat (max, or min for a latency)."""
+    pick = min if metric in LOWER_IS_BETTER else max
+    out: dict[int, float | None] = {}
+    for rep in sorted({r.repeat for r in p.runs}):
+        vals = [getattr(r, metric) for r in p.runs if r.repeat == rep and getattr(r, metric) is not None]
+        out[rep] = pick(vals) if vals else None
+    return out
+
+
+def interval(base: dict[int, float | None], cand: dict[int, float | None], level: float, paired: bool) -> RatioCI:
+    """The ratio's interval over repeats; a side that measured exactly 0 every time (no request met the SLO)
+    against a positive other side gives the ratio 0 or None without an interval, never a guess."""
+    b, c = list(base.values()), list(cand.values())
+    if paired:
+        keys = sorted(set(base) & set(cand))
+        b, c = [base[k] for k in keys], [cand[k] for k in keys]
+    ci = ratio_ci(b, c, level=level, paired=paired)
+    if ci.value is None and any(v == 0 for v in c) and all(v == 0 for v in c if v is not None) \
+            and any(v is not None and v > 0 for v in b):
+        return RatioCI(value=0.0, low=0.0, high=0.0, level=level, n_base=len(b), n_cand=len(c))
+    return ci
+
+
+def slo_concurrency(p: PerfResult) -> int | None:
+    """The highest level whose requests met the SLO at the SLO's attainment (pooled over repeats); None: none did
+    or no SLO."""
+    slo = p.workload.slo
+    if slo is None:
+        return None
+    ok = []
+    for c in sorted({r.concurrency for r in p.runs}):
+        rows = [r for r in p.runs if r.concurrency == c]
+        sent = sum(r.completed + r.failed for r in rows)
+        good = sum((r.slo_attainment or 0.0) * (r.completed + r.failed) for r in rows)
+        if sent and rows and all(r.slo_attainment is not None for r in rows) and good / sent >= slo.attainment:
+            ok.append(c)
+    return max(ok) if ok else None
+
+
+def decide_rows(base: PerfResult, cand: PerfResult, decide: list[Decide], common: list[int], level: float,
+                paired: bool) -> list[dict]:
+    """The profile's pay-off figures: where each is read, its medians and its ratio with the interval."""
+    rows = []
+    for d in decide:
+        if d.at == "best":
+            b, c, at = best_per_repeat(base, d.figure), best_per_repeat(cand, d.figure), None
+        else:
+            at = common[0] if d.at == "lowest" else common[-1]
+            b, c = per_repeat(base, at, d.figure), per_repeat(cand, at, d.figure)
+        rows.append({"figure": d.figure, "at": d.at, "concurrency": at, "lower_is_better": d.figure in LOWER_IS_BETTER,
+                     "baseline": median_or_none(b.values()), "candidate": median_or_none(c.values()),
+                     "ratio": interval(b, c, level, paired).model_dump(mode="json")})
+    return rows
+
+
+def compare(base: PerfResult, cand: PerfResult, at: int | None = None, *, level: float = 0.90,
+            paired: bool = False) -> dict:
+    """Ratios candidate/baseline per common concurrency level with their intervals, the headline at `at` (default:
+    the highest common level), and the workload profile's pay-off figures (`decide`)."""
     notes = check_comparable(base, cand)
     bm = {m.concurrency: m for m in (base.medians or level_medians(base.runs))}
     cm = {m.concurrency: m for m in (cand.medians or level_medians(cand.runs))}
@@ -101,6 +174,8 @@ def compare(base: PerfResult, cand: PerfResult, at: int | None = None) -> dict:
         row: dict = {"concurrency": c}
         for name, metric in RATIOS.items():
             row[name] = ratio(getattr(cm[c], metric), getattr(bm[c], metric))
+        row["ci"] = {name: interval(per_repeat(base, c, metric), per_repeat(cand, c, metric), level, paired).model_dump(mode="json")
+                     for name, metric in RATIOS.items()}
         row["baseline"] = bm[c].model_dump(exclude={"concurrency"})
         row["candidate"] = cm[c].model_dump(exclude={"concurrency"})
         by.append(row)
@@ -108,11 +183,18 @@ def compare(base: PerfResult, cand: PerfResult, at: int | None = None) -> dict:
     kv_b = base.engine.kv_cache_tokens if base.engine else None
     kv_c = cand.engine.kv_cache_tokens if cand.engine else None
     return {
-        "baseline": base.model, "candidate": cand.model, "concurrency": at,
+        "baseline": base.model, "candidate": cand.model, "concurrency": at, "workload": base.workload.profile,
         "size_ratio": ratio(cand.weights_bytes, base.weights_bytes),
-        **{k: head[k] for k in RATIOS},
+        **{k: head[k] for k in RATIOS}, "ci": head["ci"],
         "kv_tokens_ratio": ratio(kv_c, kv_b),
+        "decide": decide_rows(base, cand, base.workload.decide, common, level, paired),
+        "slo": base.workload.slo.model_dump() if base.workload.slo else None,
+        "slo_concurrency": {"baseline": slo_concurrency(base), "candidate": slo_concurrency(cand)},
+        "intervals": {"level": level, "method": "paired-log" if paired else "welch-log",
+                      "pairing": "by round (variants served in turn)" if paired else
+                      "unpaired: the variants were served one after another with the same request set"},
         "repeats": min(base.repeats, cand.repeats),
+        "probe_seconds": {"baseline": base.seconds, "candidate": cand.seconds},
         "higher_is_better": HIGHER_IS_BETTER,
         "by_concurrency": by,
         "notes": notes,

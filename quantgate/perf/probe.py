@@ -1,13 +1,17 @@
 """Serving performance probe (adapter): vLLM's own benchmark client against a running OpenAI-compatible server.
 
-    result = probe("http://127.0.0.1:8000", "demo", out_dir, concurrency=[1, 8, 32], tokenizer=ckpt,
-                   checkpoint=ckpt, server_log=log, plan=plan_json)
+    result = run_probe("http://127.0.0.1:8000", "demo", out_dir, settings, tokenizer=ckpt, checkpoint=ckpt,
+                       server_log=log, plan=plan_json)      # settings: quantgate.perf.workloads.settings(...)
+    result = probe(endpoint, "demo", out_dir, concurrency=[1, 8, 32], ...)   # fixed levels, no profile
 
-For every repeat and concurrency level it runs `vllm bench serve` (random dataset, fixed input/output lengths,
-fixed seed, temperature 0, ignore-eos: the same prompts and work for every variant) from the serving environment,
-in one child process (quantgate/serving/bench_driver.py). It adds what the variant costs: safetensors bytes on
-disk, the memory the engine logged for weights and KV cache, and the planner's KV capacity. It writes
-<out>/perf.json (quantgate.perf.models.PerfResult) and the raw vLLM results under <out>/raw/.
+One warm-up run first (not counted), then for every repeat and concurrency level `vllm bench serve` (random
+dataset, fixed lengths, fixed seed, temperature 0, ignore-eos: the same prompts and work for every variant), all in
+one child process of the serving environment (quantgate/serving/bench_driver.py). While it runs, the probe reads
+the finished runs, samples the engine's /metrics about once a second, and marks the runs that should not start:
+levels above where a sweep saturated or broke the SLO, and everything once the time budget is spent
+(quantgate.perf.sweep). It adds what the variant costs: safetensors bytes on disk, the memory the engine logged for
+weights and KV cache, and the planner's KV capacity. It writes <out>/perf.json (quantgate.perf.models.PerfResult)
+and the raw vLLM results under <out>/raw/.
 Failed requests are never averaged away: any failure makes the probe an error that names the level and error rate.
 """
 
@@ -16,25 +20,32 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from quantgate.base.errors import ConfigError, QuantgateError
-from quantgate.base.fileio import write_json
-from quantgate.base.http import EndpointError, model_entry
+from quantgate.base.fileio import child_env, write_json
+from quantgate.base.http import EndpointError, get, model_entry
+from quantgate.base.procs import guarded
 from quantgate.perf.compare import first_error, level_medians
-from quantgate.perf.models import (PerfResult, PlannerKV, RunResult, Workload, failed_run, parse_engine_log,
-                                   run_from_bench)
+from quantgate.perf.metrics import parse as parse_metrics
+from quantgate.perf.metrics import summarize as summarize_metrics
+from quantgate.perf.models import (PerfResult, PlannerKV, ProbeSettings, RunResult, Skipped, SweepRecord, Workload,
+                                   failed_run, parse_engine_log, run_from_bench)
+from quantgate.perf.sweep import Key, to_skip
+from quantgate.perf.sweep import plan as run_order
 from quantgate.plan.models import Plan
 from quantgate.serving.env import serve_python
 
 DRIVER = Path(__file__).parents[1] / "serving" / "bench_driver.py"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model")
+POLL_S = 0.2     # how often the running probe is watched (results so far, the next run's go or skip)
+METRICS_S = 1.0  # how often the engine's /metrics is sampled
 
 
 def endpoint_root(endpoint: str) -> str:
@@ -107,44 +118,198 @@ def planner_kv(plan_path: Path) -> PlannerKV:
                      concurrency_per_replica=c.concurrency_per_replica, context=c.context, weight_gib_per_device=c.weight_gib_per_device)
 
 
-def bench_argv(root: str, model: str, w: Workload, concurrency: int, result_dir: Path, filename: str) -> list[str]:
-    """Arguments of `vllm bench serve` for one measured run."""
+def bench_argv(root: str, model: str, w: Workload, concurrency: int, num_prompts: int, result_dir: Path,
+               filename: str, requests: str | None = None) -> list[str]:
+    """Arguments of `vllm bench serve` for one measured run (with the SLO, vLLM's own goodput is saved too)."""
+    slo = w.slo
+    goodput = [f"{k}:{v:g}" for k, v in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms)) if v is not None] if slo else []
+    data = (["--dataset-path", str(requests), "--sharegpt-output-len", str(w.output_len)] if requests else
+            ["--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len), "--random-range-ratio",
+             str(w.range_ratio)])
     return ["--backend", w.backend, "--base-url", root, "--endpoint", w.endpoint_path, "--model", model,
-            "--tokenizer", w.tokenizer, "--dataset-name", w.dataset, "--random-input-len", str(w.input_len),
-            "--random-output-len", str(w.output_len), "--random-range-ratio", "0.0", "--num-prompts", str(w.num_prompts),
-            "--seed", str(w.seed), "--temperature", str(w.temperature), "--max-concurrency", str(concurrency),
-            "--request-rate", "inf", "--num-warmups", str(w.warmups), *(["--ignore-eos"] if w.ignore_eos else []),
+            "--tokenizer", w.tokenizer, "--dataset-name", w.dataset, *data, "--num-prompts", str(num_prompts),
+            "--seed", str(w.seed), "--temperature", str(w.temperature), "--max-concurrency", str(concurrency), "--request-rate", "inf", "--num-warmups", str(w.warmups),
+            *(["--ignore-eos"] if w.ignore_eos else []), *(["--goodput", *goodput] if goodput else []),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95", "--disable-tqdm",
             "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", filename]
 
 
-def _run_driver(runs: list[dict], out: Path, api_key: str | None, python: Path | None, timeout_s: float) -> str:
-    """Run the benchmark runs in one serving-env process; returns the tail of its output (for errors)."""
+class _Watch:
+    """Called every POLL_S while the benchmark client runs: reads the runs finished so far, samples the engine's
+    /metrics every METRICS_S, and releases the next run (GATE.go) or skips it (GATE.skip, quantgate.perf.sweep.to_skip):
+    the driver waits for one of the two before each run, so no run starts before the decision about it."""
+
+    def __init__(self, settings: ProbeSettings, root: str, api_key: str | None, files: dict[Key, Path],
+                 warmup: Path | None):
+        self.settings, self.root, self.api_key, self.files, self.warmup = settings, root, api_key, files, warmup
+        self.t0 = time.monotonic()
+        self.done: dict[Key, RunResult] = {}
+        self.skipped: dict[Key, str] = {}
+        self.released: set[Key] = set()
+        self.stopped: str | None = None
+        self.samples: list[tuple[int | None, dict[str, float]]] = []
+        self.metrics_error: str | None = None
+        self.warmup_s: float | None = None
+        self.last_sample = -METRICS_S
+
+    def __call__(self) -> None:
+        for key, path in self.files.items():
+            if key not in self.done and path.is_file():
+                try:
+                    self.done[key] = _read_run(path, key, self.settings)
+                except ValueError:  # still being written: next time
+                    pass
+        if self.warmup is not None and self.warmup_s is None and (self.warmup.is_file() or self.done):
+            self.warmup_s = round(time.monotonic() - self.t0, 2)
+        if (self.warmup is None or self.warmup_s is not None) and time.monotonic() - self.last_sample >= METRICS_S:
+            self.last_sample = time.monotonic()
+            self._sample(next((k[1] for k in self.files if k in self.released and k not in self.done), None))
+        self._release()
+
+    def _release(self) -> None:
+        s = self.settings
+        skip, why = to_skip(list(self.files), self.done, sweep=s.sweep, slo=s.slo, gain=s.saturation_gain,
+                            elapsed_s=time.monotonic() - self.t0, budget_s=s.budget_s)
+        self.stopped = self.stopped or why
+        for key, path in self.files.items():
+            if key in self.done or key in self.skipped or path.with_name(path.name + ".error").is_file():
+                continue
+            if key in self.released:
+                return  # running now
+            if key in skip:
+                _marker(path, "skip").write_text(skip[key])
+                self.skipped[key] = skip[key]
+                continue
+            _marker(path, "go").write_text("")
+            self.released.add(key)
+            return
+
+    def _sample(self, level: int | None) -> None:
+        if self.metrics_error is not None:
+            return
+        try:
+            resp = get(f"{self.root}/metrics", self.api_key, timeout_s=2.0, where="/metrics")
+        except QuantgateError as exc:
+            self.metrics_error = f"/metrics unreachable: {exc.message}"
+            return
+        if resp.status_code != 200:
+            self.metrics_error = f"/metrics answered HTTP {resp.status_code}"
+            return
+        self.samples.append((level, parse_metrics(resp.text)))
+
+
+def _requests_sha256(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the requests file {path}: {exc}", where="--requests",
+                          fix="write it with quantgate.perf.workloads.write_requests (`--lengths-from EVALSET`)") from None
+
+
+def _marker(result: Path, kind: str) -> Path:
+    """GATE.go / GATE.skip of a run, the gate being its result file's path (quantgate/serving/bench_driver.py)."""
+    return result.with_name(f"{result.name}.{kind}")
+
+
+def _read_run(path: Path, key: Key, s: ProbeSettings) -> RunResult:
+    bench = json.loads(path.read_text())
+    return run_from_bench(bench, repeat=key[0], concurrency=key[1], num_prompts=int(bench.get("num_prompts") or 0)
+                          or s.num_prompts, slo=s.slo)
+
+
+def _driver_env(api_key: str | None) -> dict[str, str]:
+    """child_env (no parent credentials), plus the server's key, which vLLM's client reads; never on the command line."""
+    return child_env({"OPENAI_API_KEY": api_key} if api_key else {})
+
+
+def _run_driver(runs: list[dict], out: Path, api_key: str | None, python: Path | None, timeout_s: float,
+                watch: Callable[[], None] | None = None) -> str:
+    """Run the benchmark runs in one serving-env process, calling `watch` about once a second while it runs;
+    returns '' or what went wrong with the tail of its output."""
     spec = out / "raw" / "bench_spec.json"
     spec.write_text(json.dumps({"runs": runs}, indent=1))
-    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
-    if api_key:
-        env["OPENAI_API_KEY"] = api_key  # read by vLLM's client; never on the command line
+    env = _driver_env(api_key)
     log = out / "bench.log"
-    try:
-        with open(log, "wb") as fh:
-            proc = subprocess.run([str(serve_python(python)), str(DRIVER), str(spec)], stdout=fh, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, env=env, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return f"benchmark client timed out after {timeout_s:.0f} s (see {log})"
+    deadline = time.monotonic() + timeout_s
+    with open(log, "wb") as fh:
+        python_ = serve_python(python)  # under the process guard: the driver dies with us, even if we are SIGKILLed
+        proc = subprocess.Popen(guarded([str(python_), str(DRIVER), str(spec)], python=python_), stdout=fh,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    return f"benchmark client timed out after {timeout_s:.0f} s (see {log})"
+                if watch is not None:
+                    watch()
+                try:
+                    proc.wait(timeout=POLL_S)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if watch is not None:
+        watch()
     tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-4:])
     return "" if proc.returncode == 0 else f"benchmark client exited with code {proc.returncode}: {tail}"
 
 
 def probe(endpoint: str, model: str, out: Path, *, concurrency: list[int], num_prompts: int = 64, input_len: int = 128,
-          output_len: int = 32, repeats: int = 3, seed: int = 0, warmups: int = 2, tokenizer: Path | None = None,
-          api_key: str | None = None, checkpoint: Path | None = None, server_log: Path | None = None,
-          plan: Path | None = None, python: Path | None = None, timeout_s: float = 3600.0, check: bool = True) -> PerfResult:
-    """Probe one served variant; writes <out>/perf.json. With `check`, any failed request raises after writing."""
+          output_len: int = 32, repeats: int = 3, seed: int = 0, warmups: int = 2, **io) -> PerfResult:
+    """A probe at fixed levels without a workload profile (see run_probe for `io`: tokenizer, api_key, ...)."""
     if not concurrency or any(c < 1 for c in concurrency):
         raise ConfigError(f"concurrency levels must be positive integers, got {concurrency}", where="--concurrency", fix="e.g. 1,8,32")
     if min(num_prompts, input_len, output_len, repeats) < 1:
         raise ConfigError("--num-prompts, --input-len, --output-len and --repeats must be >= 1", fix="pass positive numbers")
+    settings = ProbeSettings(levels=concurrency, num_prompts=num_prompts, input_len=input_len, output_len=output_len,
+                             repeats=repeats, seed=seed, warmups=warmups)
+    return run_probe(endpoint, model, out, settings, **io)
+
+
+def _prepare(out: Path, root: str, model: str, w: Workload, s: ProbeSettings) -> tuple[list[dict], dict[Key, Path], Path | None]:
+    """The driver's run list (warm-up first, then plan order, each run skippable) and the result file per run."""
+    raw = Path(out) / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for stale in raw.glob("*.json*"):
+        stale.unlink()
+    runs, files, warmup = [], {}, None
+    if s.warmup_prompts:
+        warmup = raw / "warmup.json"
+        runs.append({"argv": bench_argv(root, model, w, min(max(s.levels), s.warmup_prompts), s.warmup_prompts, raw,
+                                        warmup.name, s.requests), "error_file": str(raw / "warmup.json.error")})
+    for r, c in run_order(s.levels, s.repeats):
+        files[(r, c)] = raw / f"c{c}-r{r}.json"
+        runs.append({"argv": bench_argv(root, model, w, c, w.prompts_at(c), raw, files[(r, c)].name, s.requests),
+                     "error_file": str(raw / f"c{c}-r{r}.json.error"), "gate": str(files[(r, c)])})
+    return runs, files, warmup
+
+
+def _collect(files: dict[Key, Path], w: Workload, watch: _Watch, crash: str) -> tuple[list[RunResult], list[Skipped]]:
+    runs, skipped = [], []
+    for (r, c), path in files.items():
+        err_file = path.with_name(path.name + ".error")
+        if path.is_file():
+            runs.append(_read_run(path, (r, c), watch.settings))
+        elif _marker(path, "skip").is_file() and not err_file.is_file():
+            skipped.append(Skipped(repeat=r, concurrency=c, reason=watch.skipped.get((r, c)) or _marker(path, "skip").read_text()))
+        else:
+            why = json.loads(err_file.read_text())["exception"] if err_file.is_file() else (crash or "no result written")
+            runs.append(failed_run(repeat=r, concurrency=c, num_prompts=w.prompts_at(c), error=why))
+    return runs, skipped
+
+
+def run_probe(endpoint: str, model: str, out: Path, settings: ProbeSettings, *, tokenizer: Path | None = None,
+              api_key: str | None = None, checkpoint: Path | None = None, server_log: Path | None = None,
+              plan: Path | None = None, python: Path | None = None, timeout_s: float = 3600.0,
+              check: bool = True) -> PerfResult:
+    """Probe one served variant under `settings`; writes <out>/perf.json. With `check`, any failed request raises
+    after writing."""
+    s = settings
     size = weights_bytes(checkpoint) if checkpoint else None  # bad inputs fail before any load is sent
     kv_plan = planner_kv(plan) if plan else None
     if server_log is not None and not Path(server_log).is_file():
@@ -152,42 +317,33 @@ def probe(endpoint: str, model: str, out: Path, *, concurrency: list[int], num_p
     entry = check_endpoint(endpoint, model, api_key)
     tok = resolve_tokenizer(tokenizer, entry)
     root = endpoint_root(endpoint)
-    w = Workload(num_prompts=num_prompts, input_len=input_len, output_len=output_len, seed=seed, warmups=warmups,
-                 tokenizer=str(tok), tokenizer_sha256=tokenizer_sha256(tok))
-    out = Path(out)
-    (out / "raw").mkdir(parents=True, exist_ok=True)
-    levels = sorted(set(concurrency))
-    plan_runs, todo = [], []
-    for r in range(repeats):  # interleaved: drift on a noisy machine spreads over every level
-        for c in levels:
-            name = f"c{c}-r{r}.json"
-            for stale in (out / "raw" / name, out / "raw" / f"{name}.error"):
-                stale.unlink(missing_ok=True)
-            plan_runs.append({"argv": bench_argv(root, model, w, c, out / "raw", name), "error_file": str(out / "raw" / f"{name}.error")})
-            todo.append((r, c, out / "raw" / name))
+    w = Workload(num_prompts=s.num_prompts, input_len=s.input_len, output_len=s.output_len, seed=s.seed, warmups=s.warmups,
+                 tokenizer=str(tok), tokenizer_sha256=tokenizer_sha256(tok), profile=s.profile, waves=s.waves,
+                 range_ratio=s.range_ratio, slo=s.slo, warmup_prompts=s.warmup_prompts, decide=s.decide,
+                 dataset="sharegpt" if s.requests else "random", requests_sha256=_requests_sha256(s.requests))
+    specs, files, warmup = _prepare(Path(out), root, model, w, s)
     started, t0 = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), time.perf_counter()
-    crash = _run_driver(plan_runs, out, api_key, python, timeout_s)
-    runs: list[RunResult] = []
-    for (r, c, path), spec in zip(todo, plan_runs):
-        err_file = Path(spec["error_file"])
-        if path.is_file():
-            runs.append(run_from_bench(json.loads(path.read_text()), repeat=r, concurrency=c, num_prompts=num_prompts))
-        else:
-            why = json.loads(err_file.read_text())["exception"] if err_file.is_file() else (crash or "no result written")
-            runs.append(failed_run(repeat=r, concurrency=c, num_prompts=num_prompts, error=why))
+    watch = _Watch(s, root, api_key, files, warmup)
+    crash = _run_driver(specs, Path(out), api_key, python, timeout_s, watch)
+    runs, skipped = _collect(files, w, watch, crash)
+    seconds = round(time.perf_counter() - t0, 2)
     error = first_error(runs)
+    sweep = SweepRecord(levels=s.levels, measured=sorted({r.concurrency for r in runs if r.completed}),
+                        stopped=watch.stopped, skipped=skipped, budget_s=s.budget_s, warmup_s=watch.warmup_s,
+                        over_budget=s.budget_s is not None and seconds > s.budget_s)
     result = PerfResult(
         client="vllm bench serve (vLLM's benchmark client, run from the serving environment)", endpoint=root, model=model,
-        workload=w, concurrency=levels, repeats=repeats, runs=runs, medians=level_medians(runs),
+        workload=w, concurrency=s.levels, repeats=s.repeats, runs=runs, medians=level_medians(runs),
         checkpoint=str(checkpoint) if checkpoint else None, weights_bytes=size,
         engine=parse_engine_log(Path(server_log).read_text(errors="replace"), log=str(server_log)) if server_log else None,
-        planner=kv_plan, commands=["vllm bench serve " + shlex.join(s["argv"]) for s in plan_runs[: len(levels)]],
+        planner=kv_plan, commands=["vllm bench serve " + shlex.join(x["argv"]) for x in specs if "gate" in x][: len(s.levels)],
+        sweep=sweep, engine_metrics=summarize_metrics(watch.samples, watch.metrics_error),
         status="error" if error else "ok", error=f"{root} ({model}): {error}" if error else None,
-        started=started, seconds=round(time.perf_counter() - t0, 2),
+        started=started, seconds=seconds,
     )
-    write_json(out / "perf.json", result.model_dump(mode="json"))
+    write_json(Path(out) / "perf.json", result.model_dump(mode="json"))
     if check and result.error:
-        raise QuantgateError(result.error, where=str(out / "perf.json"),
+        raise QuantgateError(result.error, where=str(Path(out) / "perf.json"),
                              fix="read the errors in perf.json and the server log; lower --concurrency if the server fails under load")
     return result
 

@@ -20,6 +20,16 @@ class NcclCheck(BaseModel):
     bad: list[str]
 
 
+class SlotRule(BaseModel):
+    """planner.yaml `slots`: whether a CPU is split between concurrent variants, and the measurement behind it."""
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_split_gain: float = Field(gt=0, description="samples/s of one server per core, all at once, over one server "
+                                                    "on every core serving them in turn (bench/slot_split.py)")
+    min_gain: float = Field(1.05, gt=0, description="split the cores only when the measured gain is at least this")
+    measured: str = Field("", description="how, where and when cpu_split_gain was measured")
+
+
 class PlannerPolicy(BaseModel):
     """quant_recipes/planner.yaml: the planner's policy numbers."""
     model_config = ConfigDict(extra="forbid")
@@ -36,6 +46,7 @@ class PlannerPolicy(BaseModel):
     dp_rpc_port: int
     ray_port: int
     nccl_check: NcclCheck
+    slots: SlotRule | None = Field(None, description="None: a CPU serves one variant at a time on every core")
 
 
 class PlanRequest(BaseModel):

@@ -8,10 +8,16 @@ is renamed into place only after the output is checked and its manifest written:
 finished. Same inputs (source hash, recipe as applied, calibration hash, library versions) -> reused. With
 `name_by_key` (the release flow) the folder's name carries that key, so a checkpoint is never overwritten by one
 made from other inputs.
+
+Locks: the work for one output folder runs under its lock (`quantgate.base.fileio.lock`, the file
+`<parent>/.locks/<name>.lock`): a second run for the same folder (another release, another host on shared storage)
+waits, then reuses the finished output. Temporary folders (`.<name>.partial-*`, `.work-*`, `.old-*`) are only made
+under that lock, so whoever holds it knows every one it finds is stale and removes it; no process id is consulted.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -27,7 +33,8 @@ from typing import Any, Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import log_tail, pid_alive
+from quantgate.base.fileio import child_env, is_locked, lock, lock_holder, log_tail, write_json
+from quantgate.base.procs import guarded
 from quantgate.base.paths import RECIPES, REPO, home
 from quantgate.quantize import preflight
 from quantgate.quantize.calibration import CalibrationSet, CalibrationSpec, build, write_jsonl
@@ -37,6 +44,7 @@ from quantgate.quantize.schemes import SchemeInfo, load_schemes
 from quantgate.target.hardware import get_profile, load_catalogue
 
 MANIFEST = "quantgate-quant.json"
+LOCKS = ".locks"  # beside the output folders: one lock file per output folder
 FORMAT = 1  # bump when the runner's output changes, so old artifacts are not reused
 
 
@@ -124,6 +132,22 @@ def quantize(req: QuantizeRequest, *, log: Callable[[str], None] = lambda s: Non
     for note in p.preflight.notes:
         log(f"pre-flight: {note}")
     out = keyed_folder(req.out, p.key) if req.name_by_key else Path(req.out).resolve()
+    lock_at = work_lock(out)
+    if is_locked(lock_at):
+        h = lock_holder(lock_at) or {}
+        log(f"waiting for pid {h.get('pid')} on {h.get('host')} ({h.get('what')}), which is making {out}")
+    with lock(lock_at, timeout=None, what=f"quantize {p.scheme.id} into {out.name}"):
+        return _quantize_locked(req, p, out, log, timeout_s, t0)
+
+
+def work_lock(out: Path) -> Path:
+    """The path whose lock guards the making of `out`: <parent>/.locks/<name> (lock file: that plus `.lock`)."""
+    return out.parent / LOCKS / out.name
+
+
+def _quantize_locked(req: QuantizeRequest, p: Plan, out: Path, log: Callable[[str], None], timeout_s: float | None,
+                     t0: float) -> QuantizeResult:
+    """quantize()'s work under the output's lock: reuse a finished output, or make it through the runner child."""
     existing = reusable(out, p.key)
     if existing is not None:
         log(f"reusing {out} (same inputs, key {p.key[:12]})")
@@ -186,12 +210,11 @@ def _run_child(p: Plan, tmp: Path, work: Path, log: Callable[[str], None], timeo
         write_jsonl(p.calibration.records, work / "calibration.jsonl")
         job.update(calibration=str(work / "calibration.jsonl"), max_seq_length=p.calibration.max_seq_length)
     (work / "job.json").write_text(json.dumps(job, indent=2), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "TOKENIZERS_PARALLELISM": "false"}
     log(f"quantizing {p.request.model} -> {p.scheme.id} in a child process (log: {work / 'quantize.log'})")
     with open(work / "quantize.log", "wb") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "quantgate.quantize.runner", str(work / "job.json")],
-                                stdout=logf, stderr=subprocess.STDOUT, cwd=str(REPO), env=env, start_new_session=True)
+        proc = subprocess.Popen(guarded([sys.executable, "-m", "quantgate.quantize.runner", str(work / "job.json")]),
+                                stdout=logf, stderr=subprocess.STDOUT, cwd=str(REPO), env=runner_env(),
+                                start_new_session=True)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -219,6 +242,14 @@ def _run_child(p: Plan, tmp: Path, work: Path, log: Callable[[str], None], timeo
         os.replace(tmp / "recipe.yaml", tmp / "recipe_resolved.yaml")
     (tmp / "recipe.yaml").write_text(p.recipe_text, encoding="utf-8")
     return result
+
+
+def runner_env() -> dict[str, str]:
+    """The quantization child's environment: child_env (paths, locale, HF_/TRANSFORMERS_/TORCH_/OMP_ ...) plus
+    llmcompressor's own settings, quantgate on PYTHONPATH, and no tokenizer threads. The runner imports neither
+    Prefect nor anything that reads a credential (the model is a local folder), so no key is passed."""
+    return child_env({"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                      "TOKENIZERS_PARALLELISM": "false"}, keep=("LLMCOMPRESSOR_*", "LLM_COMPRESSOR_*"))
 
 
 def _manifest(p: Plan, tmp: Path, runner: dict[str, Any], wall_s: float) -> dict[str, Any]:
@@ -278,12 +309,16 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _clean_stale(out: Path) -> None:
-    """Remove temporary folders left by runs that died (their process id no longer exists)."""
-    for d in out.parent.glob(f".{out.name}.*-*"):
-        pid = d.name.rsplit("-", 2)[-2] if d.name.count("-") >= 2 else ""
-        if pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(d, ignore_errors=True)
+def _clean_stale(out: Path) -> list[str]:
+    """Remove the temporary folders of `out` left by runs that ended or died. Call it only while holding
+    work_lock(out): temporary folders are made under that lock, so none of them belongs to a live run."""
+    removed = []
+    for kind in ("partial", "work", "old"):
+        for d in sorted(out.parent.glob(f".{glob.escape(out.name)}.{kind}-*")):
+            if d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d.name)
+    return removed
 
 
 def source_hash(model_dir: Path) -> str:
@@ -293,7 +328,7 @@ def source_hash(model_dir: Path) -> str:
         cache = json.loads(cache_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         cache = {}
-    entries, changed = [], False
+    entries, changed, fresh = [], False, set()
     for f in sorted(Path(model_dir).resolve().rglob("*")):
         if not f.is_file() or f.name.startswith((".", "quantgate-")):
             continue
@@ -306,13 +341,22 @@ def source_hash(model_dir: Path) -> str:
                 for chunk in iter(lambda: fh.read(1 << 20), b""):
                     h.update(chunk)
             cache[str(f)], changed = [stamp, h.hexdigest()], True
+            fresh.add(str(f))
         entries.append([str(f.relative_to(Path(model_dir).resolve())), cache[str(f)][1]])
     if changed:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache), encoding="utf-8")
-        os.replace(tmp, cache_path)
+        _save_hashes(cache_path, {k: v for k, v in cache.items() if k in fresh})
     return _sha(entries)
+
+
+def _save_hashes(cache_path: Path, new: dict[str, list]) -> None:
+    """Merge `new` into the per-file hash cache under its lock (re-read inside it, so concurrent hashers lose
+    nothing) and replace the file atomically."""
+    with lock(cache_path, what="source hash cache"):
+        try:
+            cache = json.loads(cache_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            cache = {}
+        write_json(cache_path, (cache if isinstance(cache, dict) else {}) | new)
 
 
 def _sha(obj: Any) -> str:

@@ -3,7 +3,8 @@
 The catalogue is data (`quant_recipes/schemes.yaml`); `rank_schemes` is pure. Rules (docs/design.md, "Planner rules", rule 1):
 FP8 W8A8 by default where the hardware runs it; W4A16 for latency (decode-bound, low concurrency) or when an
 8-bit scheme does not fit; INT8 W8A8 (throughput) or W4A16 where FP8 is missing. Unsupported schemes stay in
-the table, ranked last, with the reason.
+the table, ranked last, with the reason: the support table's, or for a CPU profile the kernel probe's finding
+(`missing`: scheme -> reason, from quantgate.serving.cpu_kernels; e.g. an AVX2 build without cpu_gemm_wna16).
 """
 
 from __future__ import annotations
@@ -165,8 +166,11 @@ def _group_for(scheme: SchemeInfo, size: ModelSize) -> int | None:
     return 32
 
 
-def rank_schemes(profile: HardwareProfile, workload: str, size: ModelSize, catalogue: SchemeCatalogue) -> Ranking:
-    """Rank every scheme for this hardware and workload; each row says why it sits where it does."""
+def rank_schemes(profile: HardwareProfile, workload: str, size: ModelSize, catalogue: SchemeCatalogue,
+                 missing: dict[str, str] | None = None) -> Ranking:
+    """Rank every scheme for this hardware and workload; each row says why it sits where it does. `missing`:
+    schemes the profile lists that this machine's serving build cannot run, with the reason (the kernel probe)."""
+    missing = missing or {}
     if workload not in WORKLOADS:
         raise QuantgateError(f"unknown workload '{workload}'", fix=f"use one of: {', '.join(WORKLOADS)}")
     policy = catalogue.selection
@@ -175,11 +179,13 @@ def rank_schemes(profile: HardwareProfile, workload: str, size: ModelSize, catal
     node = f"{profile.devices_per_node} x {profile.memory_gib:g} GiB"
     drafts = []
     for scheme in catalogue.schemes:
-        supported = scheme.id in profile.schemes
+        supported = scheme.id in profile.schemes and scheme.id not in missing
         wbytes = size.bytes_after(scheme, _group_for(scheme, size))
         devices = _devices_needed(wbytes, budget)
         fits = devices <= profile.devices_per_node
-        if not supported:
+        if scheme.id in missing:
+            why = missing[scheme.id]
+        elif not supported:
             why = f"{profile.id} ({profile.arch}) has no vLLM kernel for {scheme.label} (support table)"
         elif not fits:
             why = f"weights {wbytes / GIB:.1f} GiB need {devices} devices; one node has {node}"

@@ -1,1 +1,2 @@
-"""Long-context recall: needle placement (pure), scoring (pure) and the grid run against a server."""
+"""Long-context recall: needle placement and packed haystacks (pure), pacing (pure), scoring (pure), and the grid run
+against a server (the paced client and the run folder)."""

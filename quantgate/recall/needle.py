@@ -10,6 +10,11 @@ tokenizer, passed in as a `TokenCounter`; nothing here reads files or talks to a
 - kinds: number (a code), name (an invented proper noun), multilingual (fact and question in fr/de/es/zh,
   value an invented name), multi (n similar facts in the document, the question asks for k of them; the k
   asked facts form the block at the depth, the others sit at seeded random boundaries).
+- answer cap: a request's max_tokens is what its needle needs (`answer_cap`): the tokens of the asked fact(s),
+  a model that repeats the whole sentence included, plus `ANSWER_SLACK`, never above max_answer_tokens.
+
+This module builds the "single" layout (one needle per haystack); quantgate.recall.haystack packs several needles
+into one haystack and shares it between requests.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from quantgate.base.errors import QuantgateError
 
 KINDS = ("number", "name", "multilingual", "multi")
+ANSWER_SLACK = 8  # answer tokens beyond the asked fact(s): a lead-in ("The code is"), punctuation, end of turn
 
 
 # --- data (eval_sets/recall_needles.yaml)
@@ -76,12 +82,23 @@ class NeedleData(BaseModel):
     name: NameSpec
     multilingual: dict[str, LangSpec] = Field(min_length=1)
     multi: MultiSpec
+    together: str = Field(description="one question asking every needle of a haystack: {questions}, one a line")
 
     @field_validator("user")
     @classmethod
     def _placeholders(cls, v: str) -> str:
         if "{document}" not in v or "{question}" not in v:
             raise ValueError("the user template needs both {document} and {question}")
+        if v.index("{document}") > v.index("{question}"):
+            raise ValueError("the user template must put {document} before {question}: the document is the prefix "
+                             "that the questions over one haystack share (prefix caching)")
+        return v
+
+    @field_validator("together")
+    @classmethod
+    def _questions(cls, v: str) -> str:
+        if "{questions}" not in v:
+            raise ValueError("the `together` template needs {questions}")
         return v
 
 
@@ -105,6 +122,8 @@ class Needle:
 
 @dataclass(frozen=True)
 class RecallPrompt:
+    """One needle (one paired observation) and the request that asks it. Several needles may share a request
+    (layout "together") and several requests a haystack (layouts "turns" and "together")."""
     id: str
     length: int
     depth: int
@@ -119,6 +138,16 @@ class RecallPrompt:
     needle_tokens: int
     needle_token_start: int  # document tokens before the needle block
     target_token_start: int
+    request: str = ""  # id of the request that asks this needle ("" : the needle's own id)
+    haystack: str = ""  # id of the document the request is built on ("" : the needle's own id)
+    max_tokens: int = 32  # answer cap of the request
+    shared_tokens: int = 0  # prompt tokens shared with the haystack's other requests (an estimate, for pacing)
+
+    def __post_init__(self) -> None:
+        if not self.request:
+            object.__setattr__(self, "request", self.id)
+        if not self.haystack:
+            object.__setattr__(self, "haystack", self.id)
 
     def record(self) -> dict:
         return asdict(self)
@@ -197,16 +226,22 @@ def check_lengths(lengths: Sequence[int], max_model_len: int, max_answer_tokens:
             fix=f"use lengths up to {limit}, or serve with a larger --max-model-len (>= {max(bad) + max_answer_tokens})")
 
 
-def check_fits(prompts: Sequence[RecallPrompt], max_model_len: int, max_answer_tokens: int) -> None:
-    """Refuse the grid if any prompt + answer would not fit the served context: nothing is truncated."""
-    limit = max_model_len - max_answer_tokens
-    over = [p for p in prompts if p.prompt_tokens > limit]
+def check_fits(prompts: Sequence[RecallPrompt], max_model_len: int) -> None:
+    """Refuse the grid if any prompt + its answer cap would not fit the served context: nothing is truncated."""
+    over = [p for p in prompts if p.prompt_tokens + p.max_tokens > max_model_len]
     if over:
-        worst = max(over, key=lambda p: p.prompt_tokens)
+        worst = max(over, key=lambda p: p.prompt_tokens + p.max_tokens)
+        need = worst.prompt_tokens + worst.max_tokens
         raise QuantgateError(
             f"{len(over)} of {len(prompts)} prompts would not fit the served context: e.g. {worst.id} has"
-            f" {worst.prompt_tokens} prompt tokens + {max_answer_tokens} answer tokens > max_model_len {max_model_len}",
-            where="recall grid", fix=f"use lengths up to {limit}, or serve with --max-model-len >= {worst.prompt_tokens + max_answer_tokens}")
+            f" {worst.prompt_tokens} prompt tokens + {worst.max_tokens} answer tokens > max_model_len {max_model_len}",
+            where="recall grid", fix=f"use shorter lengths (by {need - max_model_len} tokens), or serve with"
+                                     f" --max-model-len >= {need}")
+
+
+def answer_cap(facts: Sequence[str], max_answer_tokens: int, counter: TokenCounter) -> int:
+    """max_tokens for one needle: its asked fact(s) as tokens plus ANSWER_SLACK, at most max_answer_tokens."""
+    return min(max_answer_tokens, counter.text(" ".join(facts)) + ANSWER_SLACK)
 
 
 def _filler_stream(filler: Sequence[str], rng: random.Random) -> Iterator[str]:
@@ -263,7 +298,7 @@ def _placement(doc: str, before: str, block: str, depth: int, kind: str, toleran
 
 
 def build_prompt(length: int, depth: int, kind: str, sample: int, *, seed: int, data: NeedleData,
-                 filler: Sequence[str], counter: TokenCounter) -> RecallPrompt:
+                 filler: Sequence[str], counter: TokenCounter, max_answer_tokens: int = 32) -> RecallPrompt:
     """One prompt of about `length` chat tokens (never more) with the needle block at `depth` percent."""
     if not 0 <= depth <= 100:
         raise QuantgateError(f"depth {depth} is outside 0..100", where="--depths", fix="give depths in percent, 0..100")
@@ -300,10 +335,12 @@ def build_prompt(length: int, depth: int, kind: str, sample: int, *, seed: int, 
         id=f"L{length}-d{depth}-{kind}-{sample}-{digest}", length=length, depth=depth, kind=kind, sample=sample,
         lang=needle.lang, messages=msgs, expected=needle.expected, other_values=needle.other_values,
         prompt_tokens=prompt_tokens, doc_tokens=doc_tokens, needle_tokens=needle_tokens,
-        needle_token_start=start, target_token_start=target)
+        needle_token_start=start, target_token_start=target, max_tokens=answer_cap(needle.facts, max_answer_tokens, counter))
 
 
 def build_grid(lengths: Sequence[int], depths: Sequence[int], kinds: Sequence[str], samples: int, *, seed: int,
-               data: NeedleData, filler: Sequence[str], counter: TokenCounter) -> list[RecallPrompt]:
-    return [build_prompt(n, d, k, i, seed=seed, data=data, filler=filler, counter=counter)
+               data: NeedleData, filler: Sequence[str], counter: TokenCounter, max_answer_tokens: int = 32) -> list[RecallPrompt]:
+    """The single layout: one haystack, one needle and one request per (length, depth, kind, sample)."""
+    return [build_prompt(n, d, k, i, seed=seed, data=data, filler=filler, counter=counter,
+                         max_answer_tokens=max_answer_tokens)
             for n in lengths for d in depths for k in kinds for i in range(samples)]

@@ -1,27 +1,38 @@
-"""Recall grid against a served model (adapter): data files, tokenizer, the client, JSON/JSONL and heatmaps.
+"""Recall grid against a served model (adapter): data files, tokenizer, the paced client, JSON/JSONL and heatmaps.
 
 Output directory:
-    prompts.jsonl        one line per prompt: grid position, messages, expected values, measured placement
-    answers.jsonl        raw answers from quantgate.evals.client (resumable: a re-run only asks what is missing)
-    requests.jsonl       per request: prompt fields (no messages) + output, error, found, recall, exact
-    cells.json           grid, overall, by kind, by language and per-cell recall (the numbers behind heatmap.png)
+    prompts.jsonl        one line per needle: grid position, request, haystack, messages, expected values, placement
+    answers.jsonl        raw answers per request (quantgate.recall.client; resumable: a re-run asks only what is
+                         missing or failed)
+    requests.jsonl       one line per needle (one paired observation): its fields (no messages) + the answer of
+                         its request, error, found, recall, exact
+    cells.json           status ("complete" only when every needle has an answer), cost (cells, haystacks,
+                         requests, needles, prompt tokens, the server's prefix-cache hits), grid, overall, by kind,
+                         by language and per-cell recall (the numbers behind heatmap.png)
     heatmap.png          recall per (depth, length), one panel per kind
-    delta.json, delta_heatmap.png   with a baseline directory: candidate minus baseline, paired by prompt id
+    delta.json, delta_heatmap.png   with a baseline directory: candidate minus baseline, paired by needle id
+JSON files are written atomically: a reader sees the old file or the new one. `is_complete` is the cache's test.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.http import EndpointError, model_entry, read_results
+from quantgate.base.fileio import write_json
+from quantgate.base.http import EndpointError, get, model_entry, read_results
 from quantgate.base.paths import EVAL_SETS
 from quantgate.base.yamlconfig import load_model
-from quantgate.evals.client import ClientConfig, Request, run
-from quantgate.recall import needle as nd, score as recall_score
+from quantgate.evals.client import ClientConfig, ErrorRateExceeded
+from quantgate.recall import client as sender, haystack as hs, needle as nd, score as recall_score
+from quantgate.recall.haystack import Ask
 from quantgate.recall.needle import NeedleData, RecallPrompt, TokenCounter
+from quantgate.recall.pace import Pacer
 
 NEEDLES = EVAL_SETS / "recall_needles.yaml"
 FILLER = EVAL_SETS / "recall_filler.txt"
@@ -85,9 +96,14 @@ def served_max_model_len(endpoint: str, model: str, api_key: str | None, timeout
 
 
 def _write_jsonl(path: Path, records: Sequence[dict]) -> None:
-    with path.open("w", encoding="utf-8") as fh:
+    """Atomically: a reader (or a kill) never sees half of the file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
         for r in records:
             fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -99,7 +115,7 @@ def score_answers(prompts: Sequence[RecallPrompt], answers: dict[str, dict]) -> 
     out = []
     for p in prompts:
         rec = {k: v for k, v in p.record().items() if k != "messages"}
-        ans = answers.get(p.id) or {"output": None, "error": "no answer"}
+        ans = answers.get(p.request) or {"output": None, "error": "no answer"}
         usage = ans.get("usage") or {}
         rec.update(output=ans.get("output"), error=ans.get("error"), finish_reason=ans.get("finish_reason"),
                    served_prompt_tokens=usage.get("prompt_tokens"), latency_s=ans.get("latency_s"))
@@ -147,18 +163,21 @@ def heatmap(cell_rows: Sequence[dict], path: Path, title: str, *, value: str = "
 
 def build_checked_grid(tokenizer: Path, lengths: Sequence[int], depths: Sequence[int], kinds: Sequence[str], samples: int, *,
                        seed: int, max_model_len: int, max_answer_tokens: int, source: str = "max_model_len",
-                       needles: Path | None = None, filler: Path | None = None) -> tuple[list[RecallPrompt], dict]:
-    """The prompts of a grid, every one checked to fit `max_model_len` (from `source`) before anything is sent."""
+                       needles: Path | None = None, filler: Path | None = None,
+                       ask: Ask = "turns") -> tuple[list[RecallPrompt], dict]:
+    """The needles of a grid in layout `ask` (quantgate.recall.haystack), every request checked to fit
+    `max_model_len` (from `source`) with its answer cap before anything is sent."""
     data = load_needle_data(needles or NEEDLES)
     sentences = load_filler(filler or FILLER)
     counter, max_pos = load_tokenizer(tokenizer)
     if max_pos:
         nd.check_lengths(lengths, max_pos, max_answer_tokens, f"max_position_embeddings of {tokenizer}")
     nd.check_lengths(lengths, max_model_len, max_answer_tokens, source)
-    prompts = nd.build_grid(lengths, depths, kinds, samples, seed=seed, data=data, filler=sentences, counter=counter)
-    nd.check_fits(prompts, max_model_len, max_answer_tokens)
-    grid = {"lengths": list(lengths), "depths": list(depths), "kinds": list(kinds), "samples": samples, "seed": seed,
-            "max_model_len": max_model_len, "max_answer_tokens": max_answer_tokens, "tokenizer": str(tokenizer),
+    prompts = hs.build_grid(lengths, depths, kinds, samples, seed=seed, ask=ask, data=data, filler=sentences,
+                            counter=counter, max_answer_tokens=max_answer_tokens)
+    nd.check_fits(prompts, max_model_len)
+    grid = {"ask": ask, "lengths": list(lengths), "depths": list(depths), "kinds": list(kinds), "samples": samples,
+            "seed": seed, "max_model_len": max_model_len, "max_answer_tokens": max_answer_tokens, "tokenizer": str(tokenizer),
             "needles_version": data.version, "depth_tolerance_tokens": data.depth_tolerance_tokens}
     return prompts, grid
 
@@ -166,23 +185,76 @@ def build_checked_grid(tokenizer: Path, lengths: Sequence[int], depths: Sequence
 def compare_dirs(baseline: Path, candidate: Path, out: Path, model: str) -> dict:
     """Baseline vs candidate of two finished recall runs: copies the candidate's records into `out` with delta.json
     and the delta heatmap (the layout `quantgate recall --baseline` writes)."""
-    import shutil
-
     out.mkdir(parents=True, exist_ok=True)
     for name in ("requests.jsonl", "cells.json", "heatmap.png"):
         if (Path(candidate) / name).is_file():
             shutil.copy2(Path(candidate) / name, out / name)
-    delta = recall_score.compare(read_jsonl(Path(baseline) / "requests.jsonl"), read_jsonl(Path(candidate) / "requests.jsonl"))
+    delta = _delta(read_jsonl(Path(baseline) / "requests.jsonl"), read_jsonl(Path(candidate) / "requests.jsonl"),
+                   Path(baseline), out, model)
+    return delta
+
+
+def _delta(base_records: list[dict], records: list[dict], baseline: Path, out: Path, model: str) -> dict:
+    delta = recall_score.compare(base_records, records)
     delta["baseline"] = str(baseline)
-    (out / "delta.json").write_text(json.dumps(delta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(out / "delta.json", delta)
     heatmap(delta["cells"], out / "delta_heatmap.png", f"recall delta: {model} minus baseline", value="delta", delta=True)
     return delta
 
 
+def is_complete(out: Path) -> bool:
+    """Counts as done: cells.json says complete, and requests.jsonl holds that many needles, every one answered."""
+    try:
+        cells = json.loads((Path(out) / "cells.json").read_text(encoding="utf-8"))
+        records = read_jsonl(Path(out) / "requests.jsonl")
+    except (OSError, ValueError):
+        return False
+    return (isinstance(cells, dict) and cells.get("status") == "complete" and bool(records)
+            and len(records) == (cells.get("cost") or {}).get("needles") and all(r.get("error") is None for r in records))
+
+
+def prefix_cache_counters(endpoint: str, api_key: str | None) -> dict[str, float] | None:
+    """vLLM's prefix-cache counters from GET /metrics ({"queries", "hits"} in tokens, summed over engines), or None
+    when the server does not expose them."""
+    url = endpoint.rstrip("/").removesuffix("/v1") + "/metrics"
+    try:
+        resp = get(url, api_key, 10.0)
+    except QuantgateError:
+        return None
+    if resp.status_code != 200:
+        return None
+    out = {"queries": 0.0, "hits": 0.0}
+    seen = False
+    for line in resp.text.splitlines():
+        for key in out:
+            if line.startswith((f"vllm:prefix_cache_{key}_total", f"vllm:prefix_cache_{key}{{")):
+                out[key] += float(line.rsplit(" ", 1)[1])
+                seen = True
+    return out if seen else None
+
+
+def _cache_use(before: dict | None, after: dict | None) -> dict:
+    if before is None or after is None:
+        return {"prefix_cache_queries": None, "prefix_cache_hits": None, "prefix_cache_hit_rate": None}
+    q, h = after["queries"] - before["queries"], after["hits"] - before["hits"]
+    return {"prefix_cache_queries": int(q), "prefix_cache_hits": int(h), "prefix_cache_hit_rate": round(h / q, 4) if q else None}
+
+
+def jobs_of(prompts: Sequence[RecallPrompt]) -> list[sender.Job]:
+    """One job per request (quantgate.recall.client decides which one fills a haystack's prefix)."""
+    jobs: dict[str, sender.Job] = {}
+    for p in prompts:
+        if p.request not in jobs:
+            jobs[p.request] = sender.Job(p.request, p.messages, p.max_tokens, max(p.prompt_tokens - p.shared_tokens, 1),
+                                         p.haystack, p.prompt_tokens)
+    return list(jobs.values())
+
+
 def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: str, model: str, api_key: str | None,
-               grid: dict, max_answer_tokens: int, concurrency: int = 4, timeout_s: float = 300.0,
-               max_error_rate: float = 0.05, progress: bool = True, baseline: Path | None = None) -> dict:
-    """Ask every prompt (temperature 0), score, write the files above; returns cells.json's content."""
+               grid: dict, concurrency: int = 8, deadline_s: float = 300.0, max_error_rate: float = 0.05,
+               baseline: Path | None = None, log: Callable[[str], None] | None = None) -> dict:
+    """Ask every request (temperature 0, paced: quantgate.recall.pace), score each needle, write the files above;
+    returns cells.json's content. Failed requests leave the run "partial": a re-run asks them again."""
     base_records = None
     if baseline is not None:  # read before sending anything: a wrong path is bad input
         if not (Path(baseline) / "requests.jsonl").is_file():
@@ -192,18 +264,50 @@ def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: str, mod
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out / "prompts.jsonl", [p.record() for p in prompts])
-    cfg = ClientConfig(endpoint=endpoint, model=model, api_key=api_key, concurrency=concurrency, timeout_s=timeout_s,
-                       max_error_rate=max_error_rate, progress=progress)
-    run([Request(p.id, p.messages, max_answer_tokens) for p in prompts], out / "answers.jsonl", cfg)
+    cfg = ClientConfig(endpoint=endpoint, model=model, api_key=api_key, max_error_rate=max_error_rate, progress=False)
+    pacer = Pacer(budget_s=deadline_s, max_requests=concurrency)
+    before, t0, failure = prefix_cache_counters(endpoint, api_key), time.monotonic(), None
+    try:
+        stats = sender.run(jobs_of(prompts), out / "answers.jsonl", cfg, pacer, log)
+    except ErrorRateExceeded as exc:  # the answers so far are kept and scored; the run stays partial
+        stats, failure = None, exc
+    run_cost = {"wall_s": round(time.monotonic() - t0, 2), **_cache_use(before, prefix_cache_counters(endpoint, api_key)),
+                **({k: getattr(stats, k) for k in ("skipped", "answered", "failed", "timeouts", "most_in_flight",
+                                                   "most_tokens_in_flight", "rate")} if stats else {})}
+    if run_cost.get("prefix_cache_hits") == 0 and any(p.shared_tokens for p in prompts):
+        run_cost["note"] = ("the server's prefix cache served no token although the questions share their haystack: "
+                            "serve with prefix caching on (vLLM: --enable-prefix-caching, its default)")
+    summary = _finish(prompts, out, model, endpoint, grid, run_cost)
+    if base_records is not None:
+        summary["delta"] = _delta(base_records, read_jsonl(out / "requests.jsonl"), Path(baseline), out, model)
+    if failure is not None:
+        raise failure
+    return summary
+
+
+def _finish(prompts: Sequence[RecallPrompt], out: Path, model: str, endpoint: str, grid: dict, run_cost: dict) -> dict:
     records = score_answers(prompts, read_results(out / "answers.jsonl"))
     _write_jsonl(out / "requests.jsonl", records)
-    summary = {"model": model, "endpoint": endpoint, "grid": grid, **recall_score.cells(records)}
-    (out / "cells.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    scored = recall_score.cells(records)
+    status = "complete" if scored["overall"]["n_error"] == 0 else "partial"
+    summary = {"status": status, "model": model, "endpoint": endpoint, "grid": grid,
+               "cost": {**hs.cost(prompts), "run": run_cost,
+                        "completion_tokens": sum(((r.get("usage") or {}).get("completion_tokens") or 0)
+                                                 for r in read_results(out / "answers.jsonl").values())},
+               **scored}
+    write_json(out / "cells.json", summary)
     heatmap(summary["cells"], out / "heatmap.png", f"recall: {model}")
-    if base_records is not None:
-        delta = recall_score.compare(base_records, records)
-        delta["baseline"] = str(baseline)
-        (out / "delta.json").write_text(json.dumps(delta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        heatmap(delta["cells"], out / "delta_heatmap.png", f"recall delta: {model} minus baseline", value="delta", delta=True)
-        summary["delta"] = delta
     return summary
+
+
+def costs(folders: dict[str, Path | None]) -> dict[str, dict]:
+    """{variant: cells.json's cost and status}, for a release's summary (variants without a recall run are left out)."""
+    out = {}
+    for name, folder in folders.items():
+        try:
+            cells = json.loads((Path(folder) / "cells.json").read_text(encoding="utf-8")) if folder else None
+        except (OSError, ValueError):
+            cells = None
+        if isinstance(cells, dict):
+            out[name] = {"status": cells.get("status"), **(cells.get("cost") or {})}
+    return out

@@ -5,9 +5,17 @@ Diacritics are kept (dropping them is a recall error). A value matches as a whol
 touching it); values written in CJK characters match as a substring. A numeric value also matches when
 written with single separators between digits ("4 821 337", "4,821,337").
 
-Per request: `recall` = share of expected values found, `exact` = all of them found; `others_found` counts
-values of facts not asked about (multi) in the answer, reported, not penalized. Failed requests (error) are
-counted per cell and left out of the means.
+Per needle (one paired observation, whatever request asked it): `recall` = share of its expected values found,
+`exact` = all of them found; `others_found` counts values of facts not asked about (the haystack's other needles,
+unasked multi facts) in the answer, reported, not penalized. Failed requests (error) are counted per cell and left
+out of the means.
+
+Needles that share a haystack are not fully independent observations. `cluster_effect` measures how much they
+move together (the intra-haystack correlation of a per-needle value, one-way ANOVA estimator), the design effect
+1 + (m - 1) x ICC for m needles per haystack, and the effective number of independent observations n / deff:
+`cells` reports it for the recall outcomes, `compare` for the paired differences the gate tests. Values are
+centred on their (length, kind) mean first: a kind or length that is hard for every haystack is a property of the
+grid's cells, there in any layout, not a dependence that sharing a haystack adds.
 """
 
 from __future__ import annotations
@@ -50,6 +58,38 @@ def score(output: str, expected: Sequence[str], others: Sequence[str] = ()) -> d
             "others_found": sum(found(v, output) for v in others)}
 
 
+def cluster_effect(groups: Iterable[Sequence[float]]) -> dict:
+    """ICC of values grouped by cluster, the design effect and the effective n (None where nothing varies)."""
+    gs = [list(g) for g in groups if len(g)]
+    n, k = sum(len(g) for g in gs), len(gs)
+    none = {"n": n, "clusters": k, "icc": None, "design_effect": None, "n_effective": None}
+    if k < 2 or n <= k:
+        return none
+    grand = sum(map(sum, gs)) / n
+    means = [sum(g) / len(g) for g in gs]
+    msb = sum(len(g) * (m - grand) ** 2 for g, m in zip(gs, means)) / (k - 1)
+    msw = sum((x - m) ** 2 for g, m in zip(gs, means) for x in g) / (n - k)
+    m0 = (n - sum(len(g) ** 2 for g in gs) / n) / (k - 1)
+    if msb + (m0 - 1) * msw <= 0:
+        return none
+    icc = max(0.0, (msb - msw) / (msb + (m0 - 1) * msw))
+    deff = 1 + (n / k - 1) * icc
+    return {**none, "icc": round(icc, 4), "design_effect": round(deff, 4), "n_effective": round(n / deff, 1)}
+
+
+def _by(records: Iterable[dict], key: str, value: str) -> list[list[float]]:
+    """`value` of each record, centred on its (length, kind) mean, grouped by `key` (the haystack)."""
+    records = list(records)
+    strata: dict[tuple, list[float]] = defaultdict(list)
+    for r in records:
+        strata[(r.get("length"), r.get("kind"))].append(float(r[value]))
+    mean = {k: sum(v) / len(v) for k, v in strata.items()}
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        groups[r.get(key) or r["id"]].append(float(r[value]) - mean[(r.get("length"), r.get("kind"))])
+    return list(groups.values())
+
+
 def _summary(recs: Sequence[dict]) -> dict:
     ok = [r for r in recs if r.get("error") is None]
     n = len(ok)
@@ -68,8 +108,12 @@ def cells(records: Iterable[dict]) -> dict:
         groups[(r["length"], r["depth"], r["kind"])].append(r)
         by_kind[r["kind"]].append(r)
         by_lang[r["lang"]].append(r)
+    ok = [r for r in records if r.get("error") is None]
     return {
         "overall": _summary(records),
+        "observations": {"needles": len(records), "requests": len({r.get("request") or r["id"] for r in records}),
+                         "haystacks": len({r.get("haystack") or r["id"] for r in records}),
+                         "recall_within_haystack": cluster_effect(_by(ok, "haystack", "recall"))},
         "by_kind": {k: _summary(v) for k, v in sorted(by_kind.items())},
         "by_language": {k: _summary(v) for k, v in sorted(by_lang.items())},
         "cells": [{"length": n, "depth": d, "kind": k, **_summary(v)} for (n, d, k), v in sorted(groups.items())],
@@ -96,8 +140,11 @@ def compare(base: Iterable[dict], cand: Iterable[dict]) -> dict:
                           "base": x["recall"], "cand": y["recall"], "delta": _delta(x["recall"], y["recall"]),
                           "base_exact": x["exact"], "cand_exact": y["exact"], "delta_exact": _delta(x["exact"], y["exact"])})
     ob, oc = bc["overall"], cc["overall"]
+    diffs = [{**c[i], "diff": float(c[i]["recall"]) - float(b[i]["recall"])} for i in both]
     return {
         "n_paired": len(both), "n_base_only": len(set(b) - set(c)), "n_cand_only": len(set(c) - set(b)),
+        "n_requests": len({c[i].get("request") or i for i in both}), "n_haystacks": len({c[i].get("haystack") or i for i in both}),
+        "paired_within_haystack": cluster_effect(_by(diffs, "haystack", "diff")),
         "n_error_excluded": len(common) - len(both),
         "overall": {"base": ob["recall"], "cand": oc["recall"], "delta": _delta(ob["recall"], oc["recall"]),
                     "base_exact": ob["exact"], "cand_exact": oc["exact"], "delta_exact": _delta(ob["exact"], oc["exact"])},

@@ -17,9 +17,15 @@ promotion is refused and the temporary folder removed. Entries made before this 
 the checkpoint folder instead (`copied: false`).
 
 Atomicity: the entry is built in a hidden sibling folder `.<version>.tmp-<pid>-<random>` and renamed into place in
-one step, so a crash at any point leaves no `<version>` folder (the hidden leftover is removed by the next
-promotion once its process is gone). Promoting the same checkpoint under the same version again returns the
-existing entry; another checkpoint under a taken version is refused.
+one step, so a crash at any point leaves no `<version>` folder. Promoting the same checkpoint under the same version
+again returns the existing entry; another checkpoint under a taken version is refused.
+
+Locks: a promotion holds the version's lock (`quantgate.base.fileio.lock`, the file
+`<registry>/.locks/<model>/<version>.lock`) from its first look at the entry to the rename, so two promotions of
+one version run one after the other and the second reuses or refuses the first's entry. A hidden leftover
+`.<version>.tmp-*` is stale exactly when that version's lock is free (its promotion ended or died: the kernel drops
+the lock with the process); the next promotion of any version of the model removes it. No decision is taken from
+a process id, which would be wrong on storage shared by several hosts.
 
 Publishing is off by default. `publish="hf://<owner>/<repo>"` uploads the entry with huggingface_hub (imported
 only then; credentials from the usual HF_TOKEN); any other URI (`s3://bucket/prefix`, `gs://...`, `file:///dir`)
@@ -38,13 +44,15 @@ from pathlib import Path
 from typing import Any
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import pid_alive, write_json
+from quantgate.base.fileio import is_locked, lock, write_json
 from quantgate.base.paths import results_dir
 from quantgate.target.catalogue import checkpoint_hash
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 MANIFEST = "manifest.json"
 STEPS = ("decision", "report", "checkpoint", "manifest", "rename")
+TMP_MARK = ".tmp-"  # .<version>.tmp-<pid>-<random>: an entry being built
+LOCK_TIMEOUT_S = 3600.0  # a promotion copies a checkpoint at most: a holder this slow is named in the error
 
 
 def _after_step(step: str) -> None:
@@ -55,12 +63,22 @@ def registry_root(root: Path | str | None = None) -> Path:
     return Path(root) if root else results_dir() / "registry"
 
 
-def _clean_stale(model_dir: Path) -> None:
-    """Remove temporary entries left by promotions whose process no longer exists."""
-    for d in model_dir.glob(".*.tmp-*-*"):
-        pid = d.name.rsplit("-", 2)[-2]
-        if pid.isdigit() and not pid_alive(int(pid)):
+def version_lock(model_dir: Path, version: str) -> Path:
+    """The path whose lock guards one version of a model: <registry>/.locks/<model>/<version> (the lock file is
+    that plus `.lock`; outside the model's folder, so an entry's folder holds entries only)."""
+    return model_dir.parent / ".locks" / model_dir.name / version
+
+
+def _clean_stale(model_dir: Path, held: str) -> list[str]:
+    """Remove temporary entries whose promotion is over: their version's lock is free, or it is `held`, the version
+    whose lock the caller holds (then nobody else can be building it). Returns what was removed."""
+    removed = []
+    for d in sorted(model_dir.glob(f".*{TMP_MARK}*")):
+        version = d.name[1:].rsplit(TMP_MARK, 1)[0]
+        if d.is_dir() and (version == held or not is_locked(version_lock(model_dir, version))):
             shutil.rmtree(d, ignore_errors=True)
+            removed.append(d.name)
+    return removed
 
 
 def read_entry(folder: Path) -> dict[str, Any] | None:
@@ -181,7 +199,7 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
     The checkpoint's files go into the entry (<entry>/checkpoint): hard-linked, or copied where linking fails;
     copy_checkpoint=True always copies. The evaluated hash is `expected_sha256`, else the run's evidence
     (evaluated_hash); the checkpoint must match it before anything is written, and the entry's files, re-hashed
-    from their bytes, must match it before the entry is renamed into place."""
+    from their bytes, must match it before the entry is renamed into place. Runs under the version's lock."""
     d = _decision_dict(decision)
     checkpoint = Path(checkpoint)
     evaluated = _check_inputs(d, model, version, checkpoint, run, expected_sha256)
@@ -192,44 +210,55 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
     existing = read_entry(target)
     if existing is not None:
         return _reuse(existing, target, want, d)
-    if sha != want:
+    if sha != want:  # refused before anything is written (the lock file included)
         raise _mismatch(f"checkpoint {checkpoint}", sha, want, checkpoint)
-    model_dir.mkdir(parents=True, exist_ok=True)
-    _clean_stale(model_dir)
-    tmp = model_dir / f".{version}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        write_json(tmp / "decision.json", d)
-        _after_step("decision")
-        report_copy = None
-        if report is not None and Path(report).is_file():
-            report_copy = f"report{Path(report).suffix}"
-            shutil.copy2(report, tmp / report_copy)
-        _after_step("report")
-        how = _materialize(checkpoint, tmp / "checkpoint", copy_checkpoint)
-        got = checkpoint_hash(tmp / "checkpoint", use_cache=False)  # every byte, no cache: what the entry serves
-        if got != want:
-            raise _mismatch("the copied checkpoint", got, want, checkpoint)
-        _after_step("checkpoint")
-        manifest = _manifest(d, model, version, checkpoint, got, evaluated, how, report, report_copy, run)
-        write_json(tmp / MANIFEST, manifest)
-        _after_step("manifest")
+    with lock(version_lock(model_dir, version), timeout=LOCK_TIMEOUT_S, what=f"promote {model} {version}"):
+        existing = read_entry(target)  # again: a promotion that held the lock before us may have made it
+        if existing is not None:
+            return _reuse(existing, target, want, d)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        _clean_stale(model_dir, held=version)
+        tmp = model_dir / f".{version}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
         try:
-            os.rename(tmp, target)
-        except OSError:  # another promotion won the race: keep its entry if it is the same one
-            other = read_entry(target)
-            if other is None:
-                raise
+            manifest = _build(tmp, d, model, version, checkpoint, want, evaluated, report, run, copy_checkpoint)
+            try:
+                os.rename(tmp, target)
+            except OSError:  # an entry appeared without taking the lock (an older quantgate): keep it if the same
+                other = read_entry(target)
+                if other is None:
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+                return _reuse(other, target, want, d)
+            _after_step("rename")
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-            return _reuse(other, target, want, d)
-        _after_step("rename")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            raise
     result = manifest | {"path": str(target), "reused": False}
     if publish:
         result["published"] = publish_entry(target, publish, model=model, version=version)
     return result
+
+
+def _build(tmp: Path, d: dict, model: str, version: str, checkpoint: Path, want: str, evaluated: str | None,
+           report: Path | str | None, run: Path | str | None, copy_checkpoint: bool) -> dict[str, Any]:
+    """Fill the hidden folder `tmp` with the entry: decision, report copy, checkpoint files (verified), manifest."""
+    write_json(tmp / "decision.json", d)
+    _after_step("decision")
+    report_copy = None
+    if report is not None and Path(report).is_file():
+        report_copy = f"report{Path(report).suffix}"
+        shutil.copy2(report, tmp / report_copy)
+    _after_step("report")
+    how = _materialize(checkpoint, tmp / "checkpoint", copy_checkpoint)
+    got = checkpoint_hash(tmp / "checkpoint", use_cache=False)  # every byte, no cache: what the entry serves
+    if got != want:
+        raise _mismatch("the copied checkpoint", got, want, checkpoint)
+    _after_step("checkpoint")
+    manifest = _manifest(d, model, version, checkpoint, got, evaluated, how, report, report_copy, run)
+    write_json(tmp / MANIFEST, manifest)
+    _after_step("manifest")
+    return manifest
 
 
 def verify_entry(entry: Path | str) -> dict[str, Any]:

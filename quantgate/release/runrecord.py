@@ -112,18 +112,21 @@ def step(run: Path, name: str, inputs: dict[str, Any]) -> Iterator[dict[str, Any
 
 
 @contextmanager
-def timed(run: Path, name: str) -> Iterator[None]:
-    """Append {step, seconds, status} to <run>/timings.json when the block ends (also when it fails)."""
-    start, status = time.monotonic(), "ok"
+def timed(run: Path, name: str) -> Iterator[dict[str, Any]]:
+    """Append {step, seconds, status, start, end} to <run>/timings.json when the block ends (also when it fails);
+    start/end are Unix times (steps run concurrently: the overlaps and the critical path show). The block may add
+    fields to the yielded dict (e.g. whether a server was started)."""
+    start, wall, status, extra = time.monotonic(), time.time(), "ok", {}
     try:
-        yield
+        yield extra
     except BaseException:
         status = "failed"
         raise
     finally:
         with lock(run / "timings.json", what=f"timing {name}"):  # read, append, write: steps in parallel lose none
             rows = timings(run)
-            rows.append({"step": name, "seconds": round(time.monotonic() - start, 1), "status": status})
+            rows.append({"step": name, "seconds": round(time.monotonic() - start, 1), "status": status,
+                         "start": round(wall, 2), "end": round(time.time(), 2), **extra})
             write_json(run / "timings.json", rows)
 
 

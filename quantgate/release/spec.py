@@ -3,9 +3,10 @@
     version: 1                      # schema version of this file
     name: demo                      # run ids and registry entries start with it
     model: demo                     # catalogue id (releases/models.yaml) or a checkpoint folder
-    hardware: x86-cpu               # profile id in quant_recipes/hardware.yaml
+    hardware: x86-cpu               # profile id in quant_recipes/hardware.yaml, or auto (this machine's CPU profile)
     workload: latency               # latency | throughput | fit
     schemes: [w4a16-gptq]           # candidate schemes, each must run on the hardware
+    skip_unsupported: false         # true: drop (and log) the schemes this machine's serving build cannot run
     ladder: false                   # true: try the schemes in order, stop at the first PROMOTE
     eval_sets: [../eval_sets/default.jsonl]
     judge: {serve: demo, limit: 50} # or {endpoint: https://host/v1, model: NAME, api_key_env: VAR}
@@ -13,6 +14,7 @@
     quantization: {calibration: {samples: 64, max_seq_length: 256}}
     serving: {dtype: float32}
     eval: {limit: 50}
+    perf: {slo: {ttft_ms: 500}}     # the `workload` profile's probe (quant_recipes/workloads.yaml); fields override it
 
 Relative paths are relative to the spec file's folder. Cross-field checks (the hardware exists and runs each
 scheme, referenced files exist) happen at load time and name the field and line.
@@ -23,15 +25,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from quantgate.base.errors import QuantgateError, did_you_mean
 from quantgate.base.paths import JUDGES
 from quantgate.base.yamlconfig import item_error, load_model
 from quantgate.judge.run import load_judge
+from quantgate.perf.models import ProbeSettings
+from quantgate.perf.workloads import PerfOverrides
+from quantgate.perf.workloads import settings as probe_settings
 from quantgate.quantize.calibration import CalibrationSpec
 from quantgate.quantize.recipes import RecipeOverrides
-from quantgate.target.hardware import get_profile
+from quantgate.serving.cpu_kernels import resolve_hardware, split_schemes
+from quantgate.target.hardware import AUTO, get_profile
 
 
 class ServingSpec(BaseModel):
@@ -113,34 +119,41 @@ class EvalSpec(BaseModel):
 
 
 class RecallSpec(BaseModel):
-    """Long-context needle grid (quantgate recall); every length plus the answer must fit `context`."""
+    """Long-context needle grid (quantgate recall); every length plus the answer must fit `context`.
+    `ask` is the layout (quantgate/recall/haystack.py): turns packs a needle per depth into one haystack per
+    (length, kind, sample) and asks each in its own request over the shared haystack (prefix caching)."""
     model_config = ConfigDict(extra="forbid")
 
     lengths: list[int] = Field(default_factory=lambda: [1024, 2048], min_length=1)
     depths: list[int] = Field(default_factory=lambda: [0, 25, 50, 75, 100], min_length=1)
     kinds: list[Literal["number", "name", "multilingual", "multi"]] = Field(
         default_factory=lambda: ["number", "name", "multilingual", "multi"], min_length=1)
-    samples: int = Field(1, ge=1, description="prompts per (length, depth, kind) cell")
+    samples: int = Field(2, ge=1, description="needles per (length, depth, kind) cell (haystacks per length and kind)")
+    ask: Literal["turns", "together", "single"] = Field("turns", description="layout: a question per needle over a "
+                                                        "shared haystack, one question for all, or one needle per haystack")
     seed: int = 0
-    max_answer_tokens: int = Field(32, ge=1)
+    max_answer_tokens: int = Field(32, ge=1, description="answer cap per needle; each request gets what its needles need")
+    deadline_s: float = Field(300.0, gt=0, description="the work in flight must fit this at the measured prefill rate")
 
     @field_validator("depths")
     @classmethod
     def _percent(cls, v: list[int]) -> list[int]:
         if any(d < 0 or d > 100 for d in v):
             raise ValueError("depths are percentages from 0 to 100")
+        if len(set(v)) != len(v):
+            raise ValueError("each depth once: the needles of one haystack sit at distinct depths")
         return v
 
 
-class PerfSpec(BaseModel):
-    """Serving performance probe (quantgate perf, vLLM's own benchmark client): same workload for every variant."""
-    model_config = ConfigDict(extra="forbid")
+class PerfSpec(PerfOverrides):
+    """Serving performance probe (quantgate perf, vLLM's own benchmark client), the same work for every variant.
+    What it measures comes from the spec's `workload` profile (quant_recipes/workloads.yaml) and the hardware's
+    budget there; a field set here overrides them: `concurrency` (levels), `sweep`, `slo: {ttft_ms, tpot_ms,
+    attainment}`, `repeats`, `num_prompts`, `input_len`, `output_len`, `range_ratio`, `budget_s`."""
 
-    concurrency: list[int] = Field(default_factory=lambda: [1, 8], min_length=1)
-    num_prompts: int = Field(32, ge=1)
-    input_len: int = Field(128, ge=1)
-    output_len: int = Field(32, ge=1)
-    repeats: int = Field(2, ge=1, description="medians over this many runs per level")
+    def settings(self, workload: str, hardware: str, concurrency: int) -> ProbeSettings:
+        """The probe this spec asks for (quantgate.perf.workloads.settings)."""
+        return probe_settings(workload, get_profile(hardware), self, concurrency=concurrency)
 
 
 class FidelitySpec(BaseModel):
@@ -230,12 +243,16 @@ class ReleaseSpec(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100,
                       description="run ids (<name>-<time>-<random>, at most 128 characters) start with it")
     model: str = Field(description="catalogue id or checkpoint folder")
-    hardware: str
+    serving: ServingSpec = Field(default_factory=ServingSpec)  # before `hardware`: `auto` probes serving.python
+    hardware: str = Field(description="profile id in quant_recipes/hardware.yaml, or `auto`: the profile of this "
+                                      "machine's CPU as its serving build runs it (quantgate.serving.cpu_kernels)")
     gpus: int | None = Field(None, ge=1, description="devices to use per node; default: all of the profile's")
     nodes: int = Field(1, ge=1)
     workload: Literal["latency", "throughput", "fit"] = "latency"
     context: int = Field(4096, ge=128, description="tokens per request for the capacity estimate")
     concurrency: int = Field(8, ge=1, description="concurrent requests the deployment must hold")
+    skip_unsupported: bool = Field(False, description="true: schemes this machine's serving build cannot run (the "
+                                   "kernel probe, for CPU profiles) are dropped with a logged reason; false: refused")
     schemes: list[str] = Field(min_length=1)
     ladder: bool = Field(False, description="true: `schemes` is a preference order; try one at a time, stop at the "
                                             "first PROMOTE. false: evaluate and gate every scheme")
@@ -243,7 +260,6 @@ class ReleaseSpec(BaseModel):
     judge: JudgeSpec | None = Field(None, description="LLM judge step; null: none (a policy requiring it rejects)")
     policy: Path | None = None
     quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
-    serving: ServingSpec = Field(default_factory=ServingSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     recall: RecallSpec | None = Field(default_factory=RecallSpec, description="null: no recall run (a policy requiring it rejects)")
     perf: PerfSpec | None = Field(default_factory=PerfSpec, description="null: no performance probe")
@@ -283,11 +299,34 @@ class ReleaseSpec(BaseModel):
             raise ValueError("the judge compares answers to the first of `eval_sets`: list at least one eval set")
         return v
 
+    _machine: list[str] = PrivateAttr(default_factory=list)  # what `auto` and skip_unsupported decided, and why
+
+    @property
+    def machine_notes(self) -> list[str]:
+        """What `hardware: auto` resolved to and which schemes `skip_unsupported` dropped, each with its reason."""
+        return list(self._machine)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _note_machine(cls, data, handler):
+        spec = handler(data)
+        raw = data if isinstance(data, dict) else {}
+        notes = []
+        if str(raw.get("hardware", "")).strip().lower() == AUTO:
+            notes.append(resolve_hardware(AUTO, spec.serving.python)[1])
+        dropped = [s for s in raw.get("schemes") or [] if isinstance(s, str) and s not in spec.schemes]
+        if dropped:
+            why = split_schemes(spec.hardware, dropped, spec.serving.python)[1]
+            notes += [f"scheme {s} skipped (skip_unsupported): {why.get(s, 'does not run here')}" for s in dropped]
+        spec._machine = notes
+        return spec
+
     @field_validator("hardware")
     @classmethod
-    def _known_hardware(cls, v: str) -> str:
+    def _known_hardware(cls, v: str, info: ValidationInfo) -> str:
+        serving = info.data.get("serving")
         try:
-            return get_profile(v).id
+            return get_profile(resolve_hardware(v, serving.python if serving else None)[0]).id
         except QuantgateError as exc:
             raise ValueError(f"{exc.message}; {exc.fix}") from None
 
@@ -297,17 +336,29 @@ class ReleaseSpec(BaseModel):
         hardware = info.data.get("hardware")
         if hardware is None:  # the hardware field already failed; its error says why
             return v
-        profile = get_profile(hardware)
-        unsupported = [s for s in v if s not in profile.schemes]
-        if unsupported:
-            hints = "".join(f"; {s!r}{hint}" for s in unsupported if (hint := did_you_mean(s, profile.schemes)))
-            raise item_error(v.index(unsupported[0]), f"{unsupported} do not run on {profile.id} ({profile.name}); "
-                             f"it runs: {', '.join(profile.schemes)}{hints}")
         twice = sorted({s for s in v if v.count(s) > 1})
         if twice:
             raise item_error(v.index(twice[0], v.index(twice[0]) + 1), f"{twice} listed more than once")
-        return v
-
+        profile, serving = get_profile(hardware), info.data.get("serving")
+        python = serving.python if serving else None
+        try:
+            kept, why = split_schemes(hardware, v, python) if info.data.get("skip_unsupported") else (v, {})
+        except QuantgateError as exc:
+            raise ValueError(f"{exc.message}; {exc.fix}") from None
+        if not kept:
+            raise ValueError(f"none of the schemes runs on {profile.id} here: {'; '.join(f'{s}: {r}' for s, r in why.items())}"
+                             f" (`quantgate schemes --hardware {profile.id}` lists what does)")
+        unsupported = [s for s in v if s in kept and s not in profile.schemes]
+        if unsupported:
+            hints = "".join(f"; {s!r}{hint}" for s in unsupported if (hint := did_you_mean(s, profile.schemes)))
+            try:  # the probe's finding, where it explains the table (e.g. AVX2: no cpu_gemm_wna16)
+                found = split_schemes(hardware, unsupported, python)[1] if profile.kind == "cpu" else {}
+            except QuantgateError:
+                found = {}
+            probe = "".join(f"; {s}: {found[s]}" for s in unsupported if "vLLM build" in found.get(s, ""))
+            raise item_error(v.index(unsupported[0]), f"{unsupported} do not run on {profile.id} ({profile.name}); "
+                             f"it runs: {', '.join(profile.schemes)}{hints}{probe}")
+        return kept
 
     @model_validator(mode="after")
     def _recall_fits_context(self) -> "ReleaseSpec":

@@ -19,14 +19,14 @@ promoted (quantgate.release.ladder); schemes never reached have no folder and ar
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from quantgate.base import progress
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import write_json
+from quantgate.base.fileio import is_locked, lock, lock_holder, write_json
 from quantgate.base.paths import results_dir
 from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.evals.run import compare_dirs, run_eval
@@ -34,24 +34,27 @@ from quantgate.gate.evidence import gate_run, overall
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizing import sizing
 from quantgate.gate.sizing import warnings as size_warnings
-from quantgate.parity.engine import run_parity
+from quantgate.parity.engine import passed as parity_passed, run_parity
 from quantgate.perf.compare import compare as perf_compare
-from quantgate.perf.probe import load_result, probe
+from quantgate.perf.probe import load_result, run_probe
+from quantgate.plan.slots import Slot
 from quantgate.recall import run as recall
-from quantgate.recall.run import build_checked_grid, run_recall
+from quantgate.recall.run import build_checked_grid, is_complete as recall_complete, run_recall
 from quantgate.release import fidelity_step, registry
+from quantgate.release.cachelayout import (cache_key, eval_complete, eval_dir, perf_dir, perf_ok, perf_runs_done,
+                                           perf_settings, recall_dir)
 from quantgate.release.judge_step import api_key, failure, judge_candidates
 from quantgate.release.ladder import describe, next_rung, rungs
 from quantgate.release.runrecord import git_state, new_run_id, package_versions, run_dir
 from quantgate.release.spec import ReleaseSpec
-from quantgate.release.variants import (Evidence, Log, Variant, baseline_variant, make_server, policy_path,
-                                        quantize_variant, server_config)
+from quantgate.release.variants import (Evidence, Log, ServingFailure, Variant, baseline_variant, failed_evidence,
+                                        failed_row, make_server, policy_path, quantize_variant, server_config)
 from quantgate.report.page import write_report
 from quantgate.report.store import Store, default_path
 from quantgate.serving.env import serve_python, vllm_version
-from quantgate.target.catalogue import checkpoint_hash, resolve_model
+from quantgate.target.catalogue import resolve_model
 
-__all__ = ["resolve_model"]
+__all__ = ["baseline_variant", "quantize_variant", "resolve_model"]  # the flow calls them as steps
 
 
 def start_run(spec: ReleaseSpec, spec_path: str | Path, run_id: str | None) -> Path:
@@ -60,7 +63,7 @@ def start_run(spec: ReleaseSpec, spec_path: str | Path, run_id: str | None) -> P
         api_key(spec.judge)  # and a judge API key that is not there
     run = run_dir(new_run_id(spec.name) if run_id is None else run_id)  # '' is refused, not replaced
     write_json(run / "run.json", {"spec_file": str(spec_path), "spec": spec.model_dump(mode="json"), "git": git_state(),
-                                  "packages": package_versions()})
+                                  "packages": package_versions(), "machine": spec.machine_notes})
     return run
 
 
@@ -109,105 +112,103 @@ def widen(spec: ReleaseSpec, decisions: list) -> ReleaseSpec | None:
     return spec.model_copy(update=update) if update else None
 
 
-def _cache_key(variant: Variant, config, engine: str) -> str:
-    blob = {"model": variant.content_hash, "args": config.args, "env": config.env, "engine": engine}
-    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def _eval_dir(cache: Path, evalset: Path, limit: int | None) -> Path:
-    digest = hashlib.sha256(evalset.read_bytes()).hexdigest()[:12]
-    return cache / "evals" / f"{evalset.stem}-{digest}-{limit or 'all'}"
-
-
-def _recall_dir(cache: Path, spec: ReleaseSpec) -> Path | None:
-    if spec.recall is None:
-        return None
-    digest = hashlib.sha256(spec.recall.model_dump_json().encode()).hexdigest()[:12]
-    return cache / "recall" / digest
-
-
 def _run_recall(spec: ReleaseSpec, variant: Variant, srv, out: Path) -> None:
     r = spec.recall
-    prompts, grid = build_checked_grid(variant.path, r.lengths, r.depths, r.kinds, r.samples, seed=r.seed,
+    prompts, grid = build_checked_grid(variant.path, r.lengths, r.depths, r.kinds, r.samples, seed=r.seed, ask=r.ask,
                                        max_model_len=spec.context, max_answer_tokens=r.max_answer_tokens, source="spec context")
     run_recall(prompts, out, endpoint=srv.base_url, model=variant.name, api_key=srv.api_key, grid=grid,
-               max_answer_tokens=r.max_answer_tokens, concurrency=spec.eval.concurrency,
-               max_error_rate=spec.eval.max_error_rate, progress=False)
-
-
-def _perf_dir(cache: Path, spec: ReleaseSpec) -> Path | None:
-    if spec.perf is None:
-        return None
-    return cache / "perf" / hashlib.sha256(spec.perf.model_dump_json().encode()).hexdigest()[:12]
+               concurrency=spec.eval.concurrency, deadline_s=r.deadline_s, max_error_rate=spec.eval.max_error_rate)
 
 
 def _run_perf(spec: ReleaseSpec, variant: Variant, srv, out: Path, folder: Path, tokenizer: Path) -> None:
-    p = spec.perf
-    probe(srv.base_url, variant.name, out, concurrency=p.concurrency, num_prompts=p.num_prompts, input_len=p.input_len,
-          output_len=p.output_len, repeats=p.repeats, tokenizer=tokenizer, api_key=srv.api_key, checkpoint=variant.path,
-          server_log=srv.log_path, plan=folder / "plan.json", python=srv.config.python)
-
-
-def _perf_ok(folder: Path) -> bool:
-    try:
-        return json.loads((folder / "perf.json").read_text()).get("status") == "ok"
-    except (OSError, ValueError):
-        return False
-
-
-def _complete(eval_dir: Path) -> bool:
-    try:
-        return json.loads((eval_dir / "manifest.json").read_text()).get("status") == "complete"
-    except (OSError, ValueError):
-        return False
+    run_probe(srv.base_url, variant.name, out, perf_settings(spec), tokenizer=tokenizer, api_key=srv.api_key,
+              checkpoint=variant.path, server_log=srv.log_path, plan=folder / "plan.json", python=srv.config.python)
 
 
 def _measure(spec: ReleaseSpec, variant: Variant, srv, cache: Path, evals: dict[str, Path], todo: list[str],
              recall: Path | None, perf: Path | None, fidelity: Mapping[str, Path], *, parity_dtype: str | None,
-             tokenizer: Path, reference: Mapping[str, Path], log: Log) -> None:
+             tokenizer: Path, reference: Mapping[str, Path], log: Log,
+             reference_ready: Callable[[], None] | None = None) -> None:
     """Everything measured on one running server: engine parity, the eval sets, teacher-forced fidelity (of the
     baseline's answers: `reference` holds its eval folders), the recall grid, the perf probe."""
     if parity_dtype:
-        report = run_parity(variant.path, srv.base_url, srv.api_key, variant.name, cache, dtype=parity_dtype)
+        with progress.reporting(f"{variant.name}: engine parity", log):
+            report = run_parity(variant.path, srv.base_url, srv.api_key, variant.name, cache, dtype=parity_dtype)
         log(f"{variant.name}: engine parity {report.verdict}: {report.reason}")
     for name in todo:
         log(f"{variant.name}: eval set {name} ({spec.eval.limit or 'all'} samples)")
-        run_eval(next(p for p in spec.eval_sets if p.stem == name), srv.base_url, variant.name, evals[name],
-                 concurrency=spec.eval.concurrency, limit=spec.eval.limit, api_key=srv.api_key,
-                 model_hash=variant.content_hash, max_error_rate=spec.eval.max_error_rate, progress=False)
-    if fidelity:
-        fidelity_step.measure(spec, variant.name, srv, fidelity, fidelity_step.sequences(spec, reference, tokenizer), log)
+        with progress.reporting(f"{variant.name}: eval {name}", log):  # counts, rate, ETA (quantgate.base.progress)
+            run_eval(next(p for p in spec.eval_sets if p.stem == name), srv.base_url, variant.name, evals[name],
+                     concurrency=spec.eval.concurrency, limit=spec.eval.limit, api_key=srv.api_key,
+                     model_hash=variant.content_hash, max_error_rate=spec.eval.max_error_rate, progress=False)
     if recall is not None:
         r = spec.recall
         log(f"{variant.name}: long-context recall, lengths {r.lengths} x depths {r.depths} x {r.kinds}")
-        _run_recall(spec, variant, srv, recall)
+        with progress.reporting(f"{variant.name}: recall", log):
+            _run_recall(spec, variant, srv, recall)
     if perf is not None:
-        log(f"{variant.name}: performance probe at concurrency {spec.perf.concurrency} (vllm bench serve)")
-        _run_perf(spec, variant, srv, perf, srv.log_path.parent, tokenizer)
+        ps = perf_settings(spec)
+        log(f"{variant.name}: {spec.workload} performance probe at concurrency {ps.levels}, {ps.repeats} repeats, "
+            f"budget {ps.budget_s:g} s (vllm bench serve)")
+        with progress.reporting(f"{variant.name}: perf runs", log), \
+                progress.watch(len(ps.levels) * ps.repeats, lambda: perf_runs_done(perf)):
+            _run_perf(spec, variant, srv, perf, srv.log_path.parent, tokenizer)
+    if fidelity:  # last: a candidate served beside the baseline needs the baseline's answers (reference_ready)
+        if reference_ready is not None:
+            reference_ready()
+        with progress.reporting(f"{variant.name}: fidelity", log):
+            fidelity_step.measure(spec, variant.name, srv, fidelity, fidelity_step.sequences(spec, reference, tokenizer), log)
 
 
 def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity: bool, tokenizer: Path | None = None,
-                       reference: Mapping[str, Path] | None = None, log: Log = print) -> Evidence:
+                       reference: Mapping[str, Path] | None = None, log: Log = print, slot: Slot | None = None,
+                       reference_ready: Callable[[], None] | None = None) -> Evidence:
     """Serve one variant under its plan and measure it. `tokenizer` (default: the variant's) makes the perf probe
     and the fidelity sequences the same for every variant: pass the baseline's. `reference`: the baseline's eval
     folders, whose answers every candidate scores for fidelity (default: this variant's own: the baseline).
 
     The activation dtype is the plan's (or serving.dtype): on CPU the unquantized baseline runs FP32 (BF16 fails
     engine parity there) while quantized kernels need BF16 ("cpu_gemm_wna16 not implemented for 'Float'"), so the
-    summary notes when a candidate's activations differ from the baseline's."""
+    summary notes when a candidate's activations differ from the baseline's.
+
+    `slot` (quantgate.release.schedule): the devices or cores to serve on (the caller pins the thread to them, so the
+    server's processes stay there); None: the plan's first replica. `reference_ready` blocks until the baseline's answers are complete (before fidelity)."""
 
     folder = run / variant.name
-    config = server_config(spec, variant, folder)
+    config = server_config(spec, variant, folder, slot)
     engine = vllm_version(serve_python(config.python))
-    cache = results_dir() / "cache" / "variants" / _cache_key(variant, config, engine)
-    evals = {p.stem: _eval_dir(cache, p, spec.eval.limit) for p in spec.eval_sets}
+    cache = results_dir() / "cache" / "variants" / cache_key(variant, config, engine)
+    if is_locked(cache):  # another release measures this very variant: wait, then reuse what it finished
+        h = lock_holder(cache) or {}
+        log(f"{variant.name}: waiting for pid {h.get('pid')} on {h.get('host')} ({h.get('what')}) to finish {cache}")
+    try:
+        with lock(cache, timeout=None, what=f"measure {variant.name} for run {run.name}"):
+            return _measure_cached(spec, variant, run, folder, config, cache, parity=parity, tokenizer=tokenizer,
+                                   reference=reference, log=log, reference_ready=reference_ready)
+    except ServingFailure as exc:  # a candidate's server that cannot start or dies: its failure, the others go on
+        return failed_evidence(variant, folder, cache, _arg(config.args, "--dtype", None), exc, log, baseline=parity)
+
+
+def planned_evals(spec: ReleaseSpec, variant: Variant, run: Path, slot: Slot | None) -> dict[str, Path]:
+    """The eval folders serve_and_evaluate will fill for `variant` on a slot of this size, known before it runs:
+    candidates served beside the baseline are given the baseline's as their fidelity reference."""
+    config = server_config(spec, variant, run / variant.name, slot)
+    cache = results_dir() / "cache" / "variants" / cache_key(variant, config, vllm_version(serve_python(config.python)))
+    return {p.stem: eval_dir(cache, p, spec.eval.limit) for p in spec.eval_sets}
+
+
+def _measure_cached(spec: ReleaseSpec, variant: Variant, run: Path, folder: Path, config, cache: Path, *,
+                    parity: bool, tokenizer: Path | None, reference: Mapping[str, Path] | None, log: Log,
+                    reference_ready: Callable[[], None] | None = None) -> Evidence:
+    """serve_and_evaluate's work, under the cache key's lock: what is not finished in `cache` is measured."""
+    evals = {p.stem: eval_dir(cache, p, spec.eval.limit) for p in spec.eval_sets}
     parity_file = cache / "parity.json"
-    todo = [name for name, d in evals.items() if not _complete(d)]
-    need_parity = parity and not parity_file.is_file()
-    recall = _recall_dir(cache, spec)
-    need_recall = recall is not None and not (recall / "cells.json").is_file()
-    perf = _perf_dir(cache, spec)
-    need_perf = perf is not None and not _perf_ok(perf)
+    todo = [name for name, d in evals.items() if not eval_complete(d)]
+    need_parity = parity and not parity_passed(cache)  # a failed check is run again, never reused
+    recall = recall_dir(cache, spec)
+    need_recall = recall is not None and not recall_complete(recall)
+    perf = perf_dir(cache, spec)
+    need_perf = perf is not None and not perf_ok(perf)
     fid = fidelity_step.dump_dirs(cache, spec, reference or evals, baseline=reference is None) if spec.fidelity else {}
     need_fid = bool(fid) and not fidelity_step.done(fid)
     server = make_server(config, folder)
@@ -223,7 +224,8 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity
             try:
                 _measure(spec, variant, srv, cache, evals, todo, recall if need_recall else None, perf if need_perf else None,
                          fid if need_fid else {}, parity_dtype=_arg(config.args, "--dtype", "float32") if need_parity
-                         else None, tokenizer=tokenizer or variant.path, reference=reference or evals, log=log)
+                         else None, tokenizer=tokenizer or variant.path, reference=reference or evals, log=log,
+                         reference_ready=reference_ready)
             except Exception:
                 srv.raise_if_dead()  # a dead server explains the failure better than a refused connection
                 raise
@@ -246,6 +248,8 @@ def _arg(args: list[str], flag: str, default: str | None) -> str | None:
 
 
 def compare_variants(baseline: Evidence, candidate: Evidence, run: Path) -> dict[str, Any]:
+    if candidate.failure is not None:  # its server failed: nothing to compare (the gate reads <candidate>/error.json)
+        return {}
     out = {name: compare_dirs(baseline.evals[name], candidate.evals[name]) for name in baseline.evals}
     write_json(run / "compare" / f"{candidate.variant.name}.json", out)
     if baseline.recall is not None and candidate.recall is not None:
@@ -263,7 +267,8 @@ def judge(spec: ReleaseSpec, run: Path, baseline: Evidence, candidates: list[Evi
     the gate); one judge server for all of them when the judge is served. Failures are recorded for the gate, then
     raised (quantgate.release.judge_step)."""
 
-    return judge_candidates(spec, run, baseline, candidates, log=log)
+    served = [c for c in candidates if c.failure is None]  # a candidate whose server failed has no answers
+    return judge_candidates(spec, run, baseline, served, log=log) if served else {}
 
 
 def next_schemes(spec: ReleaseSpec, decisions: list) -> list[str]:
@@ -320,7 +325,7 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidenc
     summary = {
         "release": spec.name, "run": run.name, "model": spec.model, "hardware": spec.hardware,
         "baseline": {"size_bytes": base.variant.size_bytes, "parity": base.parity and {k: base.parity[k] for k in ("verdict", "reason")}},
-        "candidates": {c.variant.name: {**_summary_row(base, c, comparisons[c.variant.name]),
+        "candidates": {c.variant.name: {**(failed_row(c) or _summary_row(base, c, comparisons[c.variant.name])),
                                         "decision": by_name[c.variant.name].decision,
                                         "reasons": by_name[c.variant.name].reasons,
                                         "registry": promotions.get(c.variant.name, {}).get("path")} for c in cands},
@@ -330,9 +335,12 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidenc
                   "its deltas include the engine's numerics at that dtype, not only the quantized weights"
                   for c in cands if c.dtype != base.dtype],
         "policy": decisions[0].policy if decisions else None,
+        "recall_cost": recall.costs({e.variant.name: e.recall for e in (base, *cands)}),
     }
     summary["notes"] += [f"the judge failed for {c.variant.name}: {err}" for c in cands
                          if (err := failure(run, c.variant.name))]
+    summary["notes"] += [f"{c.variant.name} was not measured: {r['failure']} ({r['error']})" for c in cands
+                         if (r := failed_row(c))] + spec.machine_notes
     if spec.ladder:
         summary["ladder"] = _rungs(spec, decisions)
         summary["notes"].append(describe(summary["ladder"]))

@@ -119,3 +119,46 @@ def trend(series: dict[str, list[tuple[str, float | None, float | None, float | 
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="best")
     return _uri(fig)
+
+
+def perf_curves(curves: Sequence[dict]) -> str | None:
+    """Goodput and latency against concurrency, one line per variant (quantgate.report.sections.perf_curve), with
+    the SLO drawn: left, requests/s within the SLO (dotted: all requests/s would need the SLO met); right, TTFT p95
+    (solid) and TPOT p95 (dashed) in ms, the SLO limits as horizontal lines. None when nothing is plottable."""
+    curves = [c for c in curves if c and c.get("levels")]
+    if not curves:
+        return None
+    plt = _plt()
+    fig, (ga, la) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, c in enumerate(curves):
+        color = colors[i % len(colors)]
+        xs = [lv["concurrency"] for lv in c["levels"]]
+        good = [lv["goodput_rps"] for lv in c["levels"]]
+        if any(g is not None for g in good):
+            ga.plot(xs, [g if g is not None else float("nan") for g in good], "o-", color=color, label=c["name"])
+        for key, style, what in (("ttft_p95_ms", "o-", "TTFT p95"), ("tpot_p95_ms", "s--", "TPOT p95")):
+            ys = [lv[key] for lv in c["levels"]]
+            if any(y is not None for y in ys):
+                la.plot(xs, [y if y is not None else float("nan") for y in ys], style, color=color, label=f"{c['name']} {what}")
+    slo = next((c["slo"] for c in curves if c.get("slo")), None)
+    if slo:
+        for key, style, what in (("ttft_ms", "-", "TTFT SLO"), ("tpot_ms", "--", "TPOT SLO")):
+            if slo.get(key) is not None:
+                la.axhline(slo[key], color="#b22", lw=1, ls=style, label=f"{what} {slo[key]:g} ms")
+    ticks = sorted({lv["concurrency"] for c in curves for lv in c["levels"]})
+    for ax in (ga, la):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_xlabel("concurrency")
+    ga.set_ylim(bottom=0)
+    if not any(lv["goodput_rps"] is not None for c in curves for lv in c["levels"]):
+        ga.text(0.5, 0.5, "no SLO: no goodput", ha="center", va="center", transform=ga.transAxes)
+    ga.set_ylabel("goodput, requests/s within the SLO")
+    ga.set_title("goodput vs concurrency", fontsize=10)
+    la.set_yscale("log")
+    la.set_ylabel("ms (log)")
+    la.set_title("latency vs concurrency", fontsize=10)
+    ga.legend(fontsize=7, loc="best")
+    la.legend(fontsize=6, loc="best")
+    return _uri(fig)

@@ -2,13 +2,22 @@
 (<results>/dashboard/index.html) with trends per model across releases, filters and links to the reports.
 
 Served (`serve`) on 127.0.0.1 only, from the results folder, so the index's relative links work the same from disk.
+What is served is the dashboard page, each run's report (runs/<run>/report.html, report.md), charts, and the JSON
+evidence files the reports link to (under runs/ and cache/): nothing else, so not quantgate.db, logs, checkpoints,
+answer files (JSONL), the human review's answer key, lock files, hidden files or folder listings (`servable`). A
+request whose Host header is not 127.0.0.1, localhost or the bound address (with the bound port, if a port is
+given) is refused with 421, a request without one with 400: a page on another site cannot read the dashboard by
+pointing its own host name at 127.0.0.1 (DNS rebinding).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import defaultdict
-from pathlib import Path
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path, PurePosixPath
+from urllib.parse import unquote, urlsplit
 
 from quantgate.report import charts
 from quantgate.report.page import TEMPLATES, _env, write_report
@@ -82,14 +91,86 @@ def render(store: Store, results: Path, out_dir: Path) -> str:
         results=str(results), n_runs=len(store.runs()))
 
 
-def serve(results: Path | str, port: int = 8765):
-    """An HTTP server for the results folder on 127.0.0.1 (call serve_forever(); port 0 picks a free one)."""
-    import functools
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+REPORT_FILES = frozenset({"report.html", "report.md"})
+CHART_SUFFIXES = frozenset({".png", ".svg"})
+EVIDENCE_SUFFIXES = frozenset({".json"})
+NEVER_SERVED = frozenset({"review_key.json"})  # the blinded human review's answer key
+LOCAL_NAMES = ("127.0.0.1", "localhost")
 
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, format, *args):  # noqa: A002  (the base class's signature)
-            pass
 
-    handler = functools.partial(Quiet, directory=str(results))
-    return ThreadingHTTPServer(("127.0.0.1", port), handler)
+def _allowed_name(parts: list[str]) -> bool:
+    """Whether a path (split into its parts under the results folder) names a report file by its place and kind."""
+    name = parts[-1]
+    suffix = PurePosixPath(name).suffix.lower()
+    if name in NEVER_SERVED:
+        return False
+    if parts[0] == "dashboard":
+        return len(parts) == 2 and (name == "index.html" or suffix in CHART_SUFFIXES)
+    if parts[0] == "runs":
+        return len(parts) >= 3 and ((len(parts) == 3 and name in REPORT_FILES) or suffix in CHART_SUFFIXES
+                                    or suffix in EVIDENCE_SUFFIXES)
+    return parts[0] == "cache" and suffix in EVIDENCE_SUFFIXES
+
+
+def servable(results: Path | str, url_path: str) -> Path | None:
+    """The file under `results` that a request for `url_path` may read, or None: report files only (module
+    docstring), no hidden part, no '..', and a real path (symlinks followed) that stays inside its top folder."""
+    parts = [p for p in unquote(urlsplit(url_path).path).split("/") if p]
+    if not parts or any(p.startswith(".") or "\\" in p or "\0" in p for p in parts) or not _allowed_name(parts):
+        return None
+    top = Path(results).resolve() / parts[0]
+    real = (top.parent / Path(*parts)).resolve()
+    return real if top in real.parents and real.is_file() else None
+
+
+def host_problem(host: str | None, allowed: set[str], port: int) -> tuple[int, str] | None:
+    """(HTTP status, why) when a Host header is missing, malformed or names another host or port; None when it
+    names this server ('127.0.0.1:8765', 'localhost', ...)."""
+    if not host or not host.strip():
+        return 400, "no Host header"
+    h = host.strip().lower()
+    if h.startswith("["):  # an IPv6 literal: [::1]:8765
+        name, _, rest = h[1:].partition("]")
+        name = f"[{name}]"
+        given = rest[1:] if rest.startswith(":") else rest
+    else:
+        name, _, given = h.partition(":")
+    if given and not given.isdigit():
+        return 400, f"malformed Host header {host!r}"
+    if name not in allowed or (given and int(given) != port):
+        return 421, f"Host {host!r} is not this server (it answers to {', '.join(sorted(allowed))} on port {port})"
+    return None
+
+
+class _ReportHandler(SimpleHTTPRequestHandler):
+    """GET/HEAD of report files only, for requests addressed to this server by name (module docstring)."""
+    results: Path = Path(".")
+
+    def log_message(self, format, *args):  # noqa: A002  (the base class's signature)
+        pass
+
+    def send_head(self):
+        host, port = self.server.server_address[:2]
+        bad = host_problem(self.headers.get("Host"), {*LOCAL_NAMES, str(host)}, int(port))
+        if bad is not None:
+            self.send_error(*bad)
+            return None
+        if urlsplit(self.path).path in ("/", "/dashboard", "/dashboard/"):
+            self.send_response(302)
+            self.send_header("Location", "/dashboard/index.html")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        real = servable(self.results, self.path)
+        if real is None:
+            self.send_error(404, "not a report file")
+            return None
+        self.path = "/" + real.relative_to(Path(self.results).resolve()).as_posix()
+        return super().send_head()
+
+
+def serve(results: Path | str, port: int = 8765) -> ThreadingHTTPServer:
+    """An HTTP server for the results folder's reports on 127.0.0.1 (call serve_forever(); port 0 picks a free one)."""
+    root = Path(results).resolve()
+    handler = type("ReportHandler", (_ReportHandler,), {"results": root})
+    return ThreadingHTTPServer(("127.0.0.1", port), functools.partial(handler, directory=str(root)))

@@ -115,7 +115,7 @@ def _perf(view: RunView, c: Candidate) -> dict:
     return {"size_ratio": size_ratio(view, c.name),
             "ratios": {k: _num(p.get(k)) for k in ("throughput_ratio", "request_throughput_ratio", "ttft_ratio", "itl_ratio",
                                                    "kv_tokens_ratio") if k in p},
-            "concurrency": p.get("concurrency"),
+            "concurrency": p.get("concurrency"), "pay_off": sections.pay_off(c.pay_off),
             "quant": None if q is None else {"wall_s": _num(_d(q.get("timings_s")).get("wall")), "reused": q.get("reused"),
                                              "weights_bytes": q.get("weights_bytes"), "compression": _num(q.get("compression_ratio"))}}
 
@@ -157,6 +157,8 @@ def context(view: RunView, out_dir: Path, link_root: Path) -> dict:
                "deltas": [(f"{r['set']}/{r['metric']}", r["delta"], r["ci_low"], r["ci_high"])
                           for r in c["deltas"] if r["category"] == "all"]} for c in cands]
     trade = _section(view, "chart: quality vs size vs speed", lambda: charts.trade_off(points))
+    curves = _section(view, "chart: goodput and latency vs concurrency", lambda: charts.perf_curves(
+        [sections.perf_curve(n, v.perf) for n, v in view.variants.items()]))
     policy = _d(dec.get("policy") or _d(view.summary).get("policy"))
     parity = _d(_d(view.variants[BASELINE].evidence).get("parity"))
     notes = _d(view.summary).get("notes") or []
@@ -168,7 +170,7 @@ def context(view: RunView, out_dir: Path, link_root: Path) -> dict:
         "policy": policy, "git": _d(run.get("git")), "packages": _d(run.get("packages")),
         "parity": {"verdict": parity.get("verdict"), "reason": parity.get("reason")} if parity else None,
         "notes": [str(n) for n in notes] if isinstance(notes, list) else [],
-        "candidates": cands, "trade_off": trade, "gaps": list(view.gaps), "files": _evidence_files(view, link),
+        "candidates": cands, "trade_off": trade, "perf_curves": curves, "gaps": list(view.gaps), "files": _evidence_files(view, link),
     }
 
 

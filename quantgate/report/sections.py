@@ -205,3 +205,48 @@ def fidelity(doc: dict | None, floor: dict | None) -> dict | None:
             "floor_n_samples": _int(d(floor).get("n_samples")), "has_floor": floor is not None,
             "level": levels[0] if levels else None, "measures": _measures(s, floor),
             "categories": _categories(s, floor), "worst": _worst(s)}
+
+
+# --- serving performance: curves per variant and the workload profile's pay-off figures -----------------------------
+
+PERF_CURVE_KEYS = ("output_tok_s", "goodput_rps", "slo_attainment", "ttft_p95_ms", "tpot_p95_ms", "itl_p95_ms")
+
+
+def perf_curve(name: str, perf: dict | None) -> dict | None:
+    """One variant's probe as plain values: per concurrency level the medians the charts draw, its SLO and cost."""
+    if perf is None:
+        return None
+    levels = [{"concurrency": _int(m.get("concurrency")), **{k: num(m.get(k)) for k in PERF_CURVE_KEYS}}
+              for m in need(perf.get("medians") or [], list, f"{name}: medians") if isinstance(m, dict)]
+    w, sweep = d(perf.get("workload")), d(perf.get("sweep"))
+    slo = d(w.get("slo"))
+    return {"name": name, "levels": [lv for lv in levels if lv["concurrency"] is not None],
+            "profile": w.get("profile") if isinstance(w.get("profile"), str) else None,
+            "slo": {k: num(slo.get(k)) for k in ("ttft_ms", "tpot_ms", "attainment")} if slo else None,
+            "seconds": num(perf.get("seconds")), "budget_s": num(sweep.get("budget_s")),
+            "stopped": sweep.get("stopped") if isinstance(sweep.get("stopped"), str) else None,
+            "skipped": len(sweep.get("skipped") or []) if isinstance(sweep.get("skipped"), list) else 0,
+            "engine": {k: num(d(perf.get("engine_metrics")).get(k)) for k in ("kv_usage_max", "preemptions", "prefix_hit_rate")}}
+
+
+def pay_off(doc: dict | None) -> dict | None:
+    """The workload profile's pay-off figures of a comparison (pay_off.json): ratio, interval and speed."""
+    if doc is None or "decide" not in doc:
+        return None
+    rows = []
+    for r in need(doc.get("decide"), list, "pay_off.json: decide"):
+        r, ci = need(r, dict, "pay_off.json: decide row"), d(need(r, dict, "decide row").get("ratio"))
+        lower = r.get("lower_is_better") is True
+        value, low, high = num(ci.get("value")), num(ci.get("low")), num(ci.get("high"))
+
+        def spd(x: float | None) -> float | None:
+            return None if x is None else (x if not lower else (math.inf if x == 0 else 1 / x))
+
+        ends = sorted(v for v in (spd(low), spd(high)) if v is not None)
+        rows.append({"figure": r.get("figure"), "concurrency": _int(r.get("concurrency")), "baseline": num(r.get("baseline")),
+                     "candidate": num(r.get("candidate")), "ratio": value, "low": low, "high": high,
+                     "level": num(ci.get("level")), "speed": spd(value), "speed_low": ends[0] if ends else None,
+                     "speed_high": ends[-1] if ends else None})
+    slo_c = d(doc.get("slo_concurrency"))
+    return {"workload": doc.get("workload") if isinstance(doc.get("workload"), str) else None, "rows": rows,
+            "slo_concurrency": {k: _int(v) for k, v in slo_c.items()}}

@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import child_env
 from quantgate.base.paths import REPO
 
 LAUNCHER = Path(__file__).with_name("vllm_launcher.py")
@@ -36,7 +37,8 @@ def serve_python(configured: str | Path | None = None) -> Path:
 @lru_cache(maxsize=8)
 def vllm_version(python: Path) -> str:
     """Version of vLLM in that environment, as vLLM reports it (e.g. '0.32.0+cpu'); checks that it imports."""
-    proc = subprocess.run([str(python), str(LAUNCHER), "--version"], capture_output=True, text=True, timeout=180)
+    proc = subprocess.run([str(python), str(LAUNCHER), "--version"], capture_output=True, text=True, timeout=600,
+                          env=child_env())
     lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
     if proc.returncode != 0 or not lines:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])

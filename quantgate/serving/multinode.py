@@ -34,10 +34,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import log_tail
+from quantgate.base.fileio import child_env, log_tail
+from quantgate.base.procs import TAG_VAR, tag_env
 from quantgate.serving.env import serve_python
-from quantgate.serving.server import (free_port, is_ready, plan_args, port_holder, port_is_free, spawn, stop_group,
-                                      wait_port_free)
+from quantgate.serving.server import (free_port, is_ready, plan_args, port_holder, port_is_free, report_leftovers, spawn,
+                                      stop_group, wait_port_free)
+from quantgate.serving.watchdog import STALL_S, Watchdog
 
 JOINED = re.compile(r"\brank (\d+) in world size (\d+) is assigned as")
 ADDR_FLAGS = ("--master-addr", "--data-parallel-address")
@@ -70,6 +72,8 @@ class MultiNodeConfig(BaseModel):
     python: Path | None = None
     startup_timeout_s: float = 900.0
     join_timeout_s: float = 300.0
+    stall_timeout_s: float | None = Field(STALL_S, description="stop every node and name the head when requests are in "
+                                                               "flight and nothing progressed this long (None: off)")
 
     @property
     def env(self) -> dict[str, str]:
@@ -124,7 +128,7 @@ def probe(addr: str, port: int, prefix: list[str] | None = None, timeout_s: floa
         code = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()\n"
                 "except Exception as e:\n print(type(e).__name__, e); sys.exit(1)")
         r = subprocess.run([*prefix, sys.executable, "-c", code, addr, str(port), str(timeout_s)], capture_output=True,
-                           text=True, timeout=timeout_s + 10)
+                           text=True, timeout=timeout_s + 10, env=child_env())
         return None if r.returncode == 0 else _why(r.stdout.strip() or r.stderr.strip(), addr, port, timeout_s)
     try:
         socket.create_connection((addr, port), timeout=timeout_s).close()
@@ -156,6 +160,8 @@ class MultiNodeServer:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._log_start: dict[int, int] = {}
+        self._watchdog: Watchdog | None = None
+        self.tag = tag_env()  # marks every node's processes: stop() finds any of them left
 
     @property
     def base_url(self) -> str:
@@ -209,18 +215,29 @@ class MultiNodeServer:
         t0 = time.monotonic()
         try:
             for node in self.config.nodes:  # head first: it owns the store the workers connect to
-                env = {**node.env, **({"VLLM_API_KEY": self.api_key} if node.role == "head" else {})}
+                env = {**node.env, **self.tag, **({"VLLM_API_KEY": self.api_key} if node.role == "head" else {})}
                 log = self.node_log(node)
                 self._log_start[node.rank] = log.stat().st_size if log.exists() else 0
                 self.procs[node.rank] = spawn(python, self.node_command(node), env, self.node_log(node), prefix=node.prefix)
             self._wait_ready(t0)
         except BaseException:
-            self.stop()
+            self.stop(raising=False)  # the start-up error says more than anything left behind
             raise
         self.startup_s = time.monotonic() - t0
         self._watcher = threading.Thread(target=self._watch, name="multinode-watch", daemon=True)
         self._watcher.start()
+        if self.config.stall_timeout_s:
+            self._watchdog = Watchdog(self.base_url, self.log_path, self.procs[self.config.nodes[0].rank].pid, self._on_stall,
+                                      stall_s=self.config.stall_timeout_s, what="multi-node server (head)").start()
         return self
+
+    def _on_stall(self, error: QuantgateError) -> None:
+        """The watchdog's verdict: stop every node (waiting clients fail now) and keep it for raise_if_dead."""
+        self._stop.set()  # the node watcher must not report the nodes stopped here as died
+        if self._watcher is not None:
+            self._watcher.join(timeout=60)
+        self._stop_nodes()
+        self.failure = error
 
     def joined(self, node: NodeSpec) -> bool:
         try:
@@ -311,14 +328,27 @@ class MultiNodeServer:
         for t in threads:
             t.join()
 
-    def stop(self) -> None:
+    def stop(self, raising: bool = True) -> None:
+        """Stop every node, then prove it: no process of any node's group or of this server's tag is left, and
+        neither the API port nor the master (torch TCPStore) port listens; what is, is SIGKILLed, and what
+        survives that raises (or is logged when `raising` is False)."""
         self._stop.set()
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(timeout=60)
-        if self.procs:
-            self._stop_nodes()
-            wait_port_free(self.config.host, self.port)
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
+        procs = dict(self.procs)
+        if not procs:
+            return
+        self._stop_nodes()
+        wait_port_free(self.config.host, self.port)
         self.procs = {}
+        head = self.config.nodes[0]
+        ports = [self.port] + ([p] if not head.prefix and (p := master_of(head.argv)[1]) else [])
+        for rank, proc in procs.items():
+            report_leftovers(f"multi-node server {self.base_url}, node {rank}", proc.pid, None, [], raising)
+        report_leftovers(f"multi-node server {self.base_url}", None, self.tag[TAG_VAR], ports, raising)
 
     def alive(self) -> bool:
         return bool(self.procs) and self.failure is None and all(p.poll() is None for p in self.procs.values())
@@ -333,5 +363,5 @@ class MultiNodeServer:
     def __enter__(self) -> "MultiNodeServer":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.stop(raising=exc_type is None)  # never hide the exception that ends the block

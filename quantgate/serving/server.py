@@ -11,6 +11,7 @@ until the port is free again: on normal exit, on exceptions and on Ctrl-C.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
@@ -24,8 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base import http
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import log_tail
+from quantgate.base.fileio import child_env, log_tail
+from quantgate.base.procs import TAG_VAR, group_members, guarded, tag_env, verify_gone
 from quantgate.serving.env import LAUNCHER, serve_python
+from quantgate.serving.watchdog import STALL_S, Watchdog
+
+log = logging.getLogger(__name__)
+# beyond child_env's own list: a preloaded allocator or OpenMP runtime (vLLM's CPU docs suggest one)
+SERVE_ENV_KEEP = ("LD_PRELOAD",)
 
 
 class ServerConfig(BaseModel):
@@ -40,6 +47,8 @@ class ServerConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     python: Path | None = Field(None, description="serving interpreter; None: see quantgate.serving.env")
     startup_timeout_s: float = 600.0
+    stall_timeout_s: float | None = Field(STALL_S, description="stop the server and name it when requests are in flight "
+                                                               "and nothing progressed this long (None: no watchdog)")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -94,30 +103,21 @@ def kill_tree(pid: int, grace_s: float = 15.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group."""
-    out = []
-    for p in psutil.process_iter(["pid", "status"]):
-        try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.info["pid"]) == pgid:
-                out.append(p.info["pid"])
-        except (ProcessLookupError, psutil.Error):
-            pass
-    return out
-
-
 def spawn(python: Path, command: list[str], env: dict[str, str], log_path: Path, prefix: list[str] | None = None) -> subprocess.Popen:
-    """Start `vllm ...` (command[0] == "vllm") through the launcher, in its own session, output to `log_path`.
+    """Start `vllm ...` (command[0] == "vllm") through the launcher, under the process guard (quantgate.base.procs:
+    the server's whole group dies with this process, even a SIGKILLed one), in its own session, output to
+    `log_path`. The child gets `child_env(env)`: the variables vLLM needs, not the parent's other credentials.
 
-    `prefix` wraps the launch (e.g. `ip netns exec NS`, which execs in place, so the pid stays the server's)."""
+    `prefix` wraps the launch (e.g. `ip netns exec NS`, which execs in place, so the guard's parent stays us)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "QUANTGATE_PARENT_PID": str(os.getpid())}
+    full = child_env({**env, "PYTHONUNBUFFERED": "1"}, keep=SERVE_ENV_KEEP)
     with open(log_path, "ab") as log:
         log.write(f"$ {' '.join(command)}\n".encode())
         log.flush()
         # own session: Ctrl-C in the terminal reaches us, and we stop the server tree ourselves
-        return subprocess.Popen([*(prefix or []), str(python), str(LAUNCHER), *command[1:]], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full, start_new_session=True)
+        return subprocess.Popen([*(prefix or []), *guarded([str(python), str(LAUNCHER), *command[1:]], python=python)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full,
+                                start_new_session=True)
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -130,8 +130,22 @@ def stop_group(proc: subprocess.Popen) -> None:
         pass
     proc.wait(timeout=10)
     deadline = time.monotonic() + 15
-    while _group_members(proc.pid) and time.monotonic() < deadline:
+    while group_members(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
+
+
+def report_leftovers(what: str, pgid: int | None, tag: str | None, ports: list[int], raising: bool = True) -> None:
+    """The end of every stop(): nothing of the server may be left (quantgate.base.procs.verify_gone). What had to
+    be killed is logged; what survives SIGKILL raises, or is logged when `raising` is False (an exception is
+    already on its way and must not be hidden)."""
+    try:
+        warning = verify_gone(what, pgid, tag, ports)
+    except QuantgateError as exc:
+        if raising:
+            raise
+        warning = exc.render()
+    if warning:
+        log.warning(warning)
 
 
 def wait_port_free(host: str, port: int, timeout_s: float = 30) -> None:
@@ -157,6 +171,9 @@ class VLLMServer:
         self.api_key = secrets.token_urlsafe(24)
         self.port = config.port or free_port(config.host)
         self.proc: subprocess.Popen | None = None
+        self.tag = tag_env()  # marks the server and all it starts: stop() finds any of them left
+        self.stalled: QuantgateError | None = None
+        self._watchdog: Watchdog | None = None
 
     @property
     def base_url(self) -> str:
@@ -172,13 +189,25 @@ class VLLMServer:
         python = serve_python(self.config.python)
         if not port_is_free(self.config.host, self.port):
             raise QuantgateError(f"port {self.port} on {self.config.host} is in use{port_holder(self.port)}", fix="pick another port or leave it unset for a free one")
-        self.proc = spawn(python, self.command, {**self.config.env, "VLLM_API_KEY": self.api_key}, self.log_path)
+        self.stalled = None
+        self.proc = spawn(python, self.command, {**self.config.env, **self.tag, "VLLM_API_KEY": self.api_key}, self.log_path)
         try:
             self._wait_ready()
         except BaseException:
-            self.stop()
+            self.stop(raising=False)  # the start-up error says more than anything left behind
             raise
+        if self.config.stall_timeout_s:
+            self._watchdog = Watchdog(self.base_url, self.log_path, self.proc.pid, self._on_stall,
+                                      stall_s=self.config.stall_timeout_s).start()
         return self
+
+    def _on_stall(self, error: QuantgateError) -> None:
+        """The watchdog's verdict: keep it for raise_if_dead, and kill the server so that waiting clients fail now."""
+        self.stalled = error
+        log.error(error.render())
+        proc = self.proc
+        if proc is not None:
+            stop_group(proc)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
@@ -198,18 +227,27 @@ class VLLMServer:
             fix="raise serving.startup_timeout_s if the machine is slow, else read the log",
         )
 
-    def stop(self) -> None:
+    def stop(self, raising: bool = True) -> None:
+        """Stop the server's whole tree, then prove it: no process of its group or tag and nothing on its port is
+        left (what is, is SIGKILLed; what survives that raises, or is logged when `raising` is False)."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         if self.proc is None:
             return
+        pgid = self.proc.pid
         stop_group(self.proc)
         wait_port_free(self.config.host, self.port)
         self.proc = None
+        report_leftovers(f"vLLM server {self.base_url}", pgid, self.tag[TAG_VAR], [self.port], raising)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def raise_if_dead(self) -> None:
-        """Turn a server that died under load into one clear error with its exit code and log tail."""
+        """Turn a server that died (or was stopped as stalled) under load into one clear error with its log tail."""
+        if self.stalled is not None:
+            raise self.stalled
         if self.proc is not None and self.proc.poll() is not None:
             raise QuantgateError(
                 f"vLLM server for {self.config.model} died (exit code {self.proc.returncode}); last log lines:\n{log_tail(self.log_path)}",
@@ -220,8 +258,8 @@ class VLLMServer:
     def __enter__(self) -> "VLLMServer":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.stop(raising=exc_type is None)  # never hide the exception that ends the block
 
 
 def config_from_plan(plan, model: Path, name: str, *, replica: int = 0, dtype: str | None = None,

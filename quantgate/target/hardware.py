@@ -1,6 +1,9 @@
 """Hardware profiles: what a target device has (memory, links) and which quantization schemes it runs.
 
-The data is `quant_recipes/hardware.yaml`; this module only types and looks it up.
+The data is `quant_recipes/hardware.yaml`; this module types and looks it up. For CPU targets the profile's table is
+narrowed by what the serving environment's vLLM build really runs: `KernelProbe` is what
+quantgate.serving.cpu_kernels found there (kernel library, ops, CPU flags), and `missing_kernels`, `refine` and
+`profile_for` (pure) turn it into the schemes a profile supports and the profile `hardware: auto` means.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ HARDWARE_FILE = RECIPES / "hardware.yaml"
 
 Interconnect = Literal["nvlink", "xgmi", "pcie", "none"]
 FAST_LINKS = {"nvlink", "xgmi"}
+AUTO = "auto"  # `hardware: auto` / `--hardware auto`: the CPU profile of this machine's serving build
 
 
 class HardwareProfile(BaseModel):
@@ -36,6 +40,8 @@ class HardwareProfile(BaseModel):
     interconnect: Interconnect = Field(description="link between devices inside a node")
     schemes: list[str] = Field(description="scheme ids this hardware runs (see quant_recipes/README.md)")
     kv_cache_dtypes: list[str] = Field(default_factory=lambda: ["auto"])
+    kernel_builds: list[str] = Field(default_factory=list, description="CPU: the vLLM kernel libraries (as "
+                                     "KernelProbe.build names them) for which `hardware: auto` picks this profile")
     notes: str = ""
 
     @property
@@ -56,6 +62,8 @@ class HardwareCatalogue(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     vllm_version: str = Field(description="vLLM release whose published support table the data reflects")
+    cpu_kernels: dict[str, list[str]] = Field(default_factory=dict, description="scheme id -> the vLLM ops "
+                                              "(torch.ops._C) it needs on a CPU profile")
     source: str
     profiles: list[HardwareProfile]
 
@@ -67,6 +75,14 @@ def load_catalogue(path: Path = HARDWARE_FILE) -> HardwareCatalogue:
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise ConfigError(f"duplicate hardware id(s): {', '.join(dupes)}", where=str(path), fix="give each profile a unique id")
+    if AUTO in ids:
+        raise ConfigError(f"'{AUTO}' is not a profile id: it means the detected CPU profile", where=str(path),
+                          fix="rename that profile")
+    builds = [b for p in cat.profiles for b in p.kernel_builds]
+    twice = sorted({b for b in builds if builds.count(b) > 1})
+    if twice:
+        raise ConfigError(f"kernel build(s) {', '.join(twice)} listed by more than one profile", where=str(path),
+                          fix="`hardware: auto` must find one profile per build: list each build once")
     return cat
 
 
@@ -75,9 +91,71 @@ def get_profile(hardware_id: str, path: Path = HARDWARE_FILE) -> HardwareProfile
     profiles = {p.id: p for p in load_catalogue(path).profiles}
     found = profiles.get(hardware_id.strip().lower())
     if found is None:
+        auto = " ('auto' is resolved by quantgate.serving.cpu_kernels.detect_profile, not here)" \
+            if hardware_id.strip().lower() == AUTO else ""
         raise ConfigError(
-            f"unknown hardware '{hardware_id}'",
+            f"unknown hardware '{hardware_id}'{auto}",
             where=str(path),
-            fix=f"use one of: {', '.join(sorted(profiles))} (or add a profile to {path.name})",
+            fix=f"use one of: {', '.join(sorted(profiles))}, or auto (or add a profile to {path.name})",
         )
+    return found
+
+
+class KernelProbe(BaseModel):
+    """What the serving environment's vLLM loads on this CPU (quantgate.serving.cpu_kernels writes and caches it)."""
+    model_config = ConfigDict(extra="forbid")
+
+    arch: str = Field(description="platform.machine() of the serving interpreter, e.g. x86_64, aarch64")
+    build: str | None = Field(description="kernel library loaded: avx512-bf16 (_C), avx512 (_C_AVX512), avx2 "
+                                          "(_C_AVX2), arm (_C on Arm); None when none loaded")
+    library: str | None = Field(None, description="file name of the loaded kernel library")
+    ops: dict[str, bool] = Field(default_factory=dict, description="op name -> present in torch.ops._C")
+    flags: dict[str, bool] = Field(default_factory=dict, description="avx2, avx512f, avx512_bf16, amx (cpuinfo)")
+    cpu_model: str = ""
+    vllm: str = ""
+    python: str = ""
+    override: str | None = Field(None, description="$QUANTGATE_CPU_KERNELS when it forced the library (tests)")
+    error: str | None = Field(None, description="why vLLM's kernels could not be imported, when they could not")
+
+    def describe(self) -> str:
+        """How a reason names the build: "this CPU's vLLM build (AVX2, _C_AVX2.abi3.so)"."""
+        what = (self.build or "no kernel library").upper().replace("-", "+")
+        lib = f", {self.library}" if self.library else ""
+        forced = f", forced by QUANTGATE_CPU_KERNELS={self.override}" if self.override else ""
+        return f"this CPU's vLLM build ({what}{lib}{forced})"
+
+
+def missing_kernels(profile: HardwareProfile, probe: KernelProbe, cpu_kernels: dict[str, list[str]]) -> dict[str, str]:
+    """Scheme -> why the probed serving build cannot run it, for the schemes a CPU profile lists (GPU profiles: {})."""
+    if profile.kind != "cpu":
+        return {}
+    out = {}
+    for scheme in profile.schemes:
+        if probe.error:
+            out[scheme] = f"{probe.describe()} did not load its kernels: {probe.error}"
+            continue
+        absent = [op for op in cpu_kernels.get(scheme, []) if not probe.ops.get(op, False)]
+        if absent:
+            out[scheme] = f"{probe.describe()} has no {', '.join(absent)} kernel"
+    return out
+
+
+def refine(profile: HardwareProfile, probe: KernelProbe, cpu_kernels: dict[str, list[str]]) -> tuple[HardwareProfile, dict[str, str]]:
+    """The profile with only the schemes the probed build runs, and scheme -> reason for those it dropped."""
+    dropped = missing_kernels(profile, probe, cpu_kernels)
+    if not dropped:
+        return profile, {}
+    kept = [s for s in profile.schemes if s not in dropped]
+    return profile.model_copy(update={"schemes": kept}), dropped
+
+
+def profile_for(probe: KernelProbe, catalogue: HardwareCatalogue) -> HardwareProfile:
+    """The profile `hardware: auto` means: the one whose kernel_builds list the probed build."""
+    found = next((p for p in catalogue.profiles if probe.build and probe.build in p.kernel_builds), None)
+    if found is None:
+        why = probe.error or f"no profile in hardware.yaml lists kernel build {probe.build!r}"
+        raise ConfigError(f"hardware 'auto' found no profile for {probe.describe()} on {probe.arch}: {why}",
+                          where=str(HARDWARE_FILE),
+                          fix="name the hardware profile in the spec (or --hardware), or add `kernel_builds: "
+                              f"[{probe.build}]` to the profile that describes this machine")
     return found

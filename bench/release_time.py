@@ -1,0 +1,203 @@
+"""How long the demo release takes, where the time goes, and how busy the cores are: first run, unchanged re-run,
+and the same release with one more candidate.
+
+    .venv/bin/python bench/release_time.py [--spec releases/demo.yaml] [--add int8-w8a8] [--keep DIR]
+
+Starts from a state where the environments and the demo model are cached (QUANTGATE_HOME) and nothing else is: the
+results go to a fresh temporary folder (QUANTGATE_RESULTS), so every checkpoint is quantized and every variant is
+served and measured. Then:
+  1. `quantgate release SPEC` (first run)
+  2. the same command again (unchanged re-run: everything from the cache)
+  3. SPEC with one more candidate in `schemes` (--add) and `ladder: false`, so that it is tried: what adding a
+     candidate costs
+For each run it prints the per-step table (start, seconds, served or cached), the critical path (the chain of steps
+that the wall time waited on), the cores kept busy (CPU seconds of the whole process tree / wall seconds, over the
+run and over the serve-and-measure windows, sampled from /proc with psutil every second) and the prompt tokens each
+variant's steps sent (from the answers' usage and the perf runs). Ratios are from this one run; the machine may be
+shared, so say so next to the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class TreeCpu:
+    """CPU seconds of a process and all its descendants, sampled every `every_s`: (time, cumulative) pairs.
+    A process that ends between samples loses at most its last interval."""
+
+    def __init__(self, pid: int, every_s: float = 1.0):
+        self.pid, self.every_s = pid, every_s
+        self.last: dict[tuple[int, float], float] = {}
+        self.total = 0.0
+        self.samples: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _tick(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                key = (p.pid, p.create_time())
+            except psutil.Error:
+                continue
+            now = t.user + t.system
+            self.total += max(0.0, now - self.last.get(key, 0.0))
+            self.last[key] = now
+        self.samples.append((time.time(), self.total))
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            self._tick()
+
+    def __enter__(self) -> TreeCpu:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def between(self, t0: float, t1: float) -> float:
+        """CPU seconds spent between two Unix times (from the nearest samples)."""
+        before = max((c for t, c in self.samples if t <= t0), default=0.0)
+        after = max((c for t, c in self.samples if t <= t1), default=before)
+        return after - before
+
+
+def release(spec: Path, run_id: str, env: dict) -> tuple[int, float, TreeCpu, str]:
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "quantgate.cli.main", "release", str(spec), "--run-id", run_id],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    with TreeCpu(proc.pid) as cpu:
+        out, _ = proc.communicate()
+    return proc.returncode, time.time() - t0, cpu, out
+
+
+def critical_path(rows: list[dict], slack_s: float = 2.0) -> list[dict]:
+    """Back from the step that ended last: each time, the step that ended last before this one began."""
+    left = sorted(rows, key=lambda r: r["end"])
+    path = [left[-1]] if left else []
+    while True:
+        start = path[-1]["start"]
+        before = [r for r in left if r["end"] <= start + slack_s and r is not path[-1] and r not in path]
+        if not before:
+            return list(reversed(path))
+        path.append(max(before, key=lambda r: r["end"]))
+
+
+def prompt_tokens(folder: Path) -> int:
+    """Prompt tokens in a measurement folder: answers' usage.prompt_tokens, and the perf runs' total_input_tokens."""
+    total = 0
+    for f in folder.rglob("*.jsonl"):
+        for line in f.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            usage = rec.get("usage") if isinstance(rec, dict) else None
+            if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+                total += usage["prompt_tokens"]
+            elif isinstance(rec, dict) and isinstance(rec.get("prompt_tokens"), int):
+                total += rec["prompt_tokens"]
+    for f in folder.rglob("raw/*.json"):
+        try:
+            total += int(json.loads(f.read_text()).get("total_input_tokens") or 0)
+        except (OSError, ValueError, AttributeError):
+            pass
+    return total
+
+
+def tokens_by_step(run: Path) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for ev_file in sorted(run.glob("*/evidence.json")):
+        ev = json.loads(ev_file.read_text())
+        cache = Path(ev["cache"])
+        parts = {"evals": cache / "evals", "fidelity": cache / "fidelity", "recall": Path(ev["recall"]) if ev.get("recall") else None,
+                 "perf": Path(ev["perf"]) if ev.get("perf") else None}
+        out[ev["variant"]["name"]] = {k: prompt_tokens(p) for k, p in parts.items() if p is not None and p.exists()}
+    return out
+
+
+def show(label: str, spec: Path, results: Path, run_id: str, env: dict) -> float:
+    rc, wall, cpu, out = release(spec, run_id, env)
+    print(f"\n== {label}: `quantgate release {spec.name}` exit {rc}, {wall:.1f} s wall, "
+          f"{cpu.total:.0f} CPU s, cores busy {cpu.total / wall:.2f}")
+    run = results / "runs" / run_id
+    try:
+        rows = json.loads((run / "timings.json").read_text())
+    except OSError:
+        print(out[-4000:])
+        return wall
+    t0 = min(r["start"] for r in rows)
+    print(f"  {'start':>7}  {'seconds':>8}  {'cores':>5}  step")
+    for r in rows:
+        busy = cpu.between(r["start"], r["end"]) / max(r["end"] - r["start"], 1e-9)
+        note = {True: " (served)", False: " (from cache)"}.get(r.get("served"), "")
+        print(f"  {r['start'] - t0:7.1f}  {r['seconds']:8.1f}  {busy:5.2f}  {r['step']}{note}" + (f" [{r['slot']}]" if r.get("slot") else ""))
+    path = critical_path(rows)
+    print("  critical path: " + " -> ".join(f"{r['step']} ({r['seconds']:.0f} s)" for r in path))
+    serve = [r for r in rows if r["step"].startswith("serve and measure") and r.get("served")]
+    if serve:
+        a, b = min(r["start"] for r in serve), max(r["end"] for r in serve)
+        print(f"  serve-and-measure window {b - a:.0f} s: cores busy {cpu.between(a, b) / (b - a):.2f}")
+    for variant, parts in tokens_by_step(run).items():
+        print(f"  prompt tokens, {variant}: " + ", ".join(f"{k} {v:,}" for k, v in parts.items()))
+    if rc not in (0, 3, 4):
+        print(out[-4000:])
+    return wall
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", type=Path, default=REPO / "releases" / "demo.yaml")
+    ap.add_argument("--add", default="int8-w8a8", help="the candidate added for the third run")
+    ap.add_argument("--keep", type=Path, default=None, help="results folder to use and keep (default: a temporary one)")
+    a = ap.parse_args()
+    cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout.strip()
+    print(f"{cpu}; {os.cpu_count()} logical CPUs; load average {os.getloadavg()[0]:.2f} at start (the machine may be shared)")
+    with tempfile.TemporaryDirectory(prefix="release-time-") as tmp:
+        results = a.keep or Path(tmp) / "results"
+        if results.exists() and any(results.iterdir()):
+            raise SystemExit(f"{results} is not empty: the first run must start with nothing cached")
+        env = {**os.environ, "QUANTGATE_RESULTS": str(results), "PREFECT_HOME": str(Path(tmp) / "prefect"),
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        spec = yaml.safe_load(a.spec.read_text())
+        first = show("first run (environments and model cached, nothing else)", a.spec, results, "first", env)
+        again = show("unchanged re-run", a.spec, results, "again", env)
+        print(f"  re-run / first: {again / first:.1%}")
+        # beside the spec, so that its relative paths (eval sets, policy) mean the same; removed at the end
+        added_spec = a.spec.with_name(f".{a.spec.stem}-added-{os.getpid()}.yaml")
+        spec["schemes"] = [*dict.fromkeys([*spec["schemes"], a.add])]
+        spec["ladder"] = False  # every scheme is tried: a ladder that promoted the first would never reach the new one
+        added_spec.write_text(yaml.safe_dump(spec, sort_keys=False))
+        try:
+            added = show(f"with one more candidate ({a.add})", added_spec, results, "added", env)
+        finally:
+            added_spec.unlink(missing_ok=True)
+        print(f"  adding a candidate / first run: {added / first:.1%}")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

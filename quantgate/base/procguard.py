@@ -1,0 +1,153 @@
+"""Guard a child process so that it never outlives the process that started it (stdlib only, run by file path).
+
+    PYTHON -I -S procguard.py PARENT_PID GRACE_S -- COMMAND ARG...
+
+quantgate starts every long-lived child (vLLM servers and their ranks, the quantization child, the benchmark
+driver) through this guard, in a session of its own (quantgate.base.procs.guarded). The guard
+
+- asks the kernel to signal it when its parent dies (PR_SET_PDEATHSIG), and also polls its parent id, so even a
+  SIGKILLed parent is noticed within a second;
+- forks COMMAND as its only child, with PR_SET_PDEATHSIG(SIGKILL) set between fork and exec: if the guard itself
+  is SIGKILLed, COMMAND dies at once (its own children are then left to the parent's stop(), which sweeps the
+  process group);
+- when the parent dies: SIGTERM to the whole process group, SIGKILL to what is left after GRACE_S, and exit;
+- when COMMAND exits: the same sweep of its leftovers (engine cores, workers), then exit with COMMAND's status
+  (a signal death is re-raised, so the parent sees the same return code as without the guard);
+- on SIGTERM/SIGINT: forwards SIGTERM to COMMAND and waits for it, as above.
+
+No quantgate imports: the serving environment runs it too. `set_parent_death_signal` is also used in-process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+PARENT_DIED = signal.SIGUSR2  # the guard's own parent-death signal: catchable, so it can sweep the group first
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send `sig` to this process when the thread that forked it exits (Linux prctl).
+    False where prctl is unavailable (then only the parent-id poll protects)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def group_members(pgid: int, exclude: int = 0) -> list[int]:
+    """Live (not zombie) processes whose process group or session is `pgid`, read from /proc."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == exclude:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != b"Z" and pgid in (int(fields[2]), int(fields[3])):
+            out.append(int(name))
+    return out
+
+
+def sweep(grace_s: float) -> None:
+    """SIGTERM every other member of this process group, SIGKILL those left after `grace_s`."""
+    me, pgid = os.getpid(), os.getpgid(0)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        members = group_members(pgid, exclude=me)
+        if not members:
+            return
+        for pid in members:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while group_members(pgid, exclude=me) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+class _ParentDied(Exception):
+    pass
+
+
+def _start(command: list[str], parent: int) -> int:
+    pid = os.fork()
+    if pid == 0:  # the child: dies with the guard, then becomes COMMAND
+        try:
+            set_parent_death_signal(signal.SIGKILL)
+            if os.getppid() != parent:
+                os._exit(1)
+            os.execvp(command[0], command)
+        except BaseException:  # noqa: BLE001 - exec failed: say why, never fall back into the guard's code
+            print(f"procguard: cannot run {command[0]}: {sys.exc_info()[1]}", file=sys.stderr, flush=True)
+        os._exit(127)
+    return pid
+
+
+def _exit_like(status: int) -> None:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        time.sleep(1)
+        os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 5 or argv[3] != "--" or not argv[1].isdigit():
+        print("usage: procguard.py PARENT_PID GRACE_S -- COMMAND ARG...", file=sys.stderr)
+        os._exit(2)
+    parent, grace_s, command = int(argv[1]), float(argv[2]), argv[4:]
+
+    def parent_died(*_: object) -> None:
+        signal.signal(PARENT_DIED, signal.SIG_IGN)  # once is enough (see _sweep_uninterrupted)
+        raise _ParentDied
+
+    signal.signal(PARENT_DIED, parent_died)
+    set_parent_death_signal(PARENT_DIED)
+    if os.getppid() != parent:  # the parent died before the kernel watch was set
+        os._exit(1)
+    child = _start(command, os.getpid())
+
+    def forward(*_: object) -> None:
+        try:
+            os.kill(child, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    try:
+        while True:
+            done, status = os.waitpid(child, os.WNOHANG)
+            if done:
+                break
+            if os.getppid() != parent:
+                raise _ParentDied
+            time.sleep(0.5)
+    except _ParentDied:
+        _sweep_uninterrupted(grace_s)
+        os._exit(1)
+    _sweep_uninterrupted(grace_s)  # COMMAND is reaped: nothing to forward to any more
+    _exit_like(status)
+
+
+def _sweep_uninterrupted(grace_s: float) -> None:
+    """The final sweep, deaf to SIGTERM (it SIGTERMs the group, the guard included) and to further parent-death
+    signals: the kernel sends one again each time an orphan's new parent (a subreaper) exits."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(PARENT_DIED, signal.SIG_IGN)
+    sweep(grace_s)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,83 @@
+"""Where a variant's cached evidence lives (results/cache/variants/<key>/...) and when it counts as done.
+
+The key is the checkpoint's content hash, the exact serving arguments and environment (placement-free: the slot
+counts by size) and the engine version. Under it: evals/<set>-<digest>-<limit>/, recall/<digest>/, perf/<digest>/.
+A folder counts as done only when its own status says complete (evals), ok (perf), or recall's `is_complete`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from quantgate.base.errors import QuantgateError
+from quantgate.base.paths import results_dir
+from quantgate.perf.models import ProbeSettings
+from quantgate.perf.workloads import write_requests
+from quantgate.plan.build import load_planner_policy
+from quantgate.plan.slots import placement_free
+from quantgate.release.spec import ReleaseSpec
+from quantgate.release.variants import Variant
+
+def cache_key(variant: Variant, config, engine: str) -> str:
+    """Checkpoint, serving arguments, environment and engine; the slot counts by its size, not by which devices or
+    cores it is (quantgate.plan.slots.placement_free): a variant measured on slot 1 is reused on slot 0."""
+    env = placement_free(config.env, list(load_planner_policy().visible_devices_env.values()))
+    blob = {"model": variant.content_hash, "args": config.args, "env": env, "engine": engine}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def eval_dir(cache: Path, evalset: Path, limit: int | None) -> Path:
+    digest = hashlib.sha256(evalset.read_bytes()).hexdigest()[:12]
+    return cache / "evals" / f"{evalset.stem}-{digest}-{limit or 'all'}"
+
+
+def recall_dir(cache: Path, spec: ReleaseSpec) -> Path | None:
+    if spec.recall is None:
+        return None
+    digest = hashlib.sha256(spec.recall.model_dump_json().encode()).hexdigest()[:12]
+    return cache / "recall" / digest
+
+
+def perf_settings(spec: ReleaseSpec) -> ProbeSettings:
+    """The probe of the spec's workload profile on its hardware, with the spec's `perf` overrides; with `lengths:
+    eval_sets`, the first eval set's prompts and max_tokens (a file named by the set's content: the cache key)."""
+    s = spec.perf.settings(spec.workload, spec.hardware, spec.concurrency)  # type: ignore[union-attr]
+    if spec.perf.lengths == "eval_sets":  # type: ignore[union-attr]
+        if not spec.eval_sets:
+            raise QuantgateError("perf.lengths is eval_sets but the spec lists no eval set", where="perf.lengths",
+                                 fix="list an eval set in `eval_sets`, or use `lengths: given`")
+        es = spec.eval_sets[0]
+        name = f"{es.stem}-{hashlib.sha256(es.read_bytes()).hexdigest()[:12]}-{spec.eval.limit or 'all'}.json"
+        s = s.model_copy(update={"requests": str(write_requests(es, results_dir() / "cache" / "perf-requests" / name,
+                                                                spec.eval.limit))})
+    return s
+
+
+def perf_dir(cache: Path, spec: ReleaseSpec) -> Path | None:
+    if spec.perf is None:
+        return None
+    return cache / "perf" / hashlib.sha256(perf_settings(spec).model_dump_json().encode()).hexdigest()[:12]
+
+
+def perf_runs_done(folder: Path) -> int:
+    """Benchmark runs the probe has finished, failed or skipped so far (its raw/ files), for the progress display."""
+    raw = folder / "raw"
+    names = {f.name.removesuffix(".error") for f in raw.glob("c*-r*.json*") if not f.name.endswith(".go")} \
+        if raw.is_dir() else set()
+    return len(names)
+
+
+def perf_ok(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "perf.json").read_text()).get("status") == "ok"
+    except (OSError, ValueError):
+        return False
+
+
+def eval_complete(eval_dir: Path) -> bool:
+    try:
+        return json.loads((eval_dir / "manifest.json").read_text()).get("status") == "complete"
+    except (OSError, ValueError):
+        return False

@@ -1,0 +1,254 @@
+"""A candidate whose vLLM server cannot start or dies is that candidate's failure, not the release's.
+
+Fast: the gate rejects a candidate with <run>/<candidate>/error.json (the reason and the log tail), whatever its
+other evidence, and the other candidates are gated as before; the summary and the report show it.
+Slow (real vLLM, real llmcompressor, real Prefect): a vLLM server that cannot load its model is a ServingFailure
+with its log; a release whose first candidate's server is SIGKILLed (as a W4A16 server dies by itself on an AVX2
+CPU) in the middle of its measurement still measures and gates the second one and writes decision.json, summary.json and the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from _gate_fixtures import make_run
+
+from quantgate.base.errors import QuantgateError
+from quantgate.base.paths import REPO, RELEASES
+from quantgate.gate.evidence import CANDIDATE_ERROR, gate_run
+from quantgate.release import steps as rel
+from quantgate.release.spec import load_spec
+from quantgate.release.variants import ServingFailure, WatchedServer, failed_evidence, make_server
+from quantgate.serving.server import ServerConfig, VLLMServer
+
+POLICY = RELEASES / "policies" / "default.yaml"
+LOG = ["INFO loading model", "ERROR EngineCore failed to start.", "AttributeError: '_C' object has no attribute "
+       "'cpu_gemm_wna16'"]
+SPEC = "version: 1\nname: t\nmodel: demo\nhardware: x86-cpu\nschemes: [w4a16-gptq, int8-w8a8]\nrecall: null\n"
+
+
+def failure(run: Path, name: str, phase: str = "start") -> rel.Evidence:
+    """A recorded server failure of candidate `name`, through the release's own recorder (failed_evidence)."""
+    log = run / name / "server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("\n".join(LOG) + "\n")
+    server = VLLMServer(ServerConfig(model=run / "ckpt", name=name), log_path=log)  # never started
+    cause = QuantgateError(f"vLLM server for {run / 'ckpt'} exited with code 1 while starting; last log lines:\n"
+                           + "\n".join(LOG), where=str(log))
+    variant = rel.Variant(name=name, path=run / "ckpt", scheme=name, content_hash="0" * 64, size_bytes=1)
+    return failed_evidence(variant, run / name, run / "cache", "bfloat16", ServingFailure(phase, cause, server),
+                           log=lambda s: None)
+
+
+def test_a_failed_candidate_is_rejected_with_its_reason_and_the_other_is_still_gated(tmp_path):
+    run = make_run(tmp_path)  # w4a16-gptq: complete evidence the default policy promotes
+    ev = failure(run, "int8-w8a8")
+    err = json.loads((run / "int8-w8a8" / CANDIDATE_ERROR).read_text())
+    assert err["phase"] == "start" and err["log_tail"][-1] == LOG[-1] and err["server_log"].endswith("server.log")
+    assert ev.failure == err["error"] and ev.failure.startswith("the vLLM server of int8-w8a8 could not start: ")
+    decisions, path = gate_run(run, POLICY, ["w4a16-gptq", "int8-w8a8"])
+    by = {d.candidate: d for d in decisions}
+    assert by["w4a16-gptq"].decision == "PROMOTE" and by["int8-w8a8"].decision == "REJECT"
+    serving = by["int8-w8a8"].checks[0]
+    assert (serving.name, serving.outcome, serving.measured) == ("serving", "fail", "start")
+    assert serving.evidence_file == str(run / "int8-w8a8" / CANDIDATE_ERROR)
+    assert "no attribute 'cpu_gemm_wna16'" in serving.reason  # the log line that says why
+    assert by["int8-w8a8"].reasons[0] == f"serving: {serving.reason}"
+    doc = json.loads(path.read_text())
+    assert doc["decision"] == "PROMOTE" and doc["candidates"]["int8-w8a8"]["decision"] == "REJECT"
+    assert json.loads((run / "int8-w8a8" / "decision.json").read_text())["decision"] == "REJECT"
+
+
+def test_a_server_that_died_rejects_even_a_candidate_whose_other_evidence_passes(tmp_path):
+    run = make_run(tmp_path)
+    failure(run, "w4a16-gptq", phase="measure")
+    (decision,), _ = gate_run(run, POLICY, ["w4a16-gptq"])
+    assert decision.decision == "REJECT" and decision.checks[0].measured == "measure"
+    assert [r.split(":")[0] for r in decision.reasons] == ["serving"]  # its other checks pass: the failure is why
+    assert all(c.outcome == "pass" for c in decision.checks[1:] if c.required)
+
+
+def test_an_unreadable_error_record_still_rejects(tmp_path):
+    run = make_run(tmp_path)
+    (run / "w4a16-gptq" / CANDIDATE_ERROR).write_text("{not json")
+    (decision,), _ = gate_run(run, POLICY, ["w4a16-gptq"])
+    assert decision.decision == "REJECT" and "error record is unreadable" in decision.reasons[0]
+
+
+def test_summary_and_report_show_the_failed_candidate(tmp_path):
+    from quantgate.report.page import write_report
+
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    spec = load_spec(tmp_path / "spec.yaml")
+    run = make_run(tmp_path)
+    (run / "run.json").write_text(json.dumps({"spec": spec.model_dump(mode="json")}))
+    failed = failure(run, "int8-w8a8")
+    assert rel.compare_variants(failed, failed, run) == {} and not (run / "compare" / "int8-w8a8.json").exists()
+    decisions = rel.gate(spec, run, ["w4a16-gptq", "int8-w8a8"])
+    evidence = json.loads((run / "w4a16-gptq" / "evidence.json").read_text())
+    good = rel.Evidence(variant=rel.Variant(name="w4a16-gptq", path=tmp_path, scheme="w4a16-gptq",
+                                            content_hash="1" * 64, size_bytes=400),
+                        folder=run / "w4a16-gptq", cache=tmp_path, serve_command=[], dtype=None,
+                        evals=evidence["evals"], served=False)
+    base = good.model_copy(update={"variant": good.variant.model_copy(update={"name": "baseline", "size_bytes": 1000}),
+                                   "folder": run / "baseline"})
+    comparisons = {"w4a16-gptq": json.loads((run / "compare" / "w4a16-gptq.json").read_text()), "int8-w8a8": {}}
+    summary = rel.finish_run(spec, run, base, [good, failed], comparisons, decisions, {})
+    row = summary["candidates"]["int8-w8a8"]
+    assert row["decision"] == "REJECT" and row["failure"] == failed.failure and row["error"].endswith(CANDIDATE_ERROR)
+    assert summary["candidates"]["w4a16-gptq"]["decision"] == "PROMOTE" and summary["decision"] == "PROMOTE"
+    assert any(n.startswith("int8-w8a8 was not measured: the vLLM server of int8-w8a8 could not start")
+               for n in summary["notes"])
+    html, md = write_report(run)
+    assert "int8-w8a8" in md.read_text() and "could not start" in md.read_text()
+
+
+def test_the_baseline_failing_is_the_release_failing(tmp_path):
+    with pytest.raises(ServingFailure):
+        exc = ServingFailure("start", QuantgateError("exited"), VLLMServer(ServerConfig(model=tmp_path),
+                                                                             log_path=tmp_path / "l.log"))
+        failed_evidence(rel.Variant(name="baseline", path=tmp_path, content_hash="0", size_bytes=1), tmp_path,
+                        tmp_path, None, exc, baseline=True)
+    assert not (tmp_path / CANDIDATE_ERROR).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_server_that_exits_at_start_is_a_serving_failure_with_its_log(tmp_path):
+    """A real vLLM process that cannot load its model: the start-up error comes back as ServingFailure("start")."""
+    bad = tmp_path / "not-a-model"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    server = make_server(ServerConfig(model=bad, name="broken", args=["--max-model-len", "256"],
+                                      env={"VLLM_CPU_KVCACHE_SPACE": "1"}), tmp_path)
+    assert isinstance(server, WatchedServer)
+    with pytest.raises(ServingFailure) as err:
+        with server:
+            pytest.fail("a server without a model answered")
+    assert err.value.phase == "start" and err.value.log_path == tmp_path / "server.log"
+    assert "exited with code" in err.value.message and "no-such-architecture" in err.value.message
+    assert err.value.command[:2] == ["vllm", "serve"] and not server.alive()
+
+
+# --- a real release whose first candidate's server is killed -------------------------------------------------
+
+# Both candidates quantize only layer 0 (the rest stays BF16): a minute or two of llmcompressor instead of many.
+LAYER0 = r"{ignore: ['re:model\.layers\.([1-9]|[12][0-9])\..*']}"
+RELEASE = """\
+version: 1
+name: failover
+model: demo
+hardware: x86-cpu
+context: 1024
+concurrency: 2
+schemes: [w4a16-gptq, int8-w8a8]
+eval_sets: [EVALSET]
+quantization:
+  calibration: {samples: 4, max_seq_length: 32}
+  overrides: {w4a16-gptq: LAYER0, int8-w8a8: LAYER0}
+eval: {limit: 8, concurrency: 4}
+recall: null
+perf: null
+fidelity: {limit: 4}
+policy: POLICY
+""".replace("LAYER0", LAYER0)
+
+
+class Killer(threading.Thread):
+    """SIGKILLs the vLLM server that the release process `root` (and only it: its own descendants) starts for a
+    checkpoint under `folder` whose name contains `marker`, once its log (`log`) shows the first request: a server
+    that dies in the middle of its measurement, as a W4A16 server does by itself on an AVX2 CPU."""
+
+    def __init__(self, root: int, folder: Path, marker: str, log: Path):
+        super().__init__(daemon=True)
+        self.root, self.folder, self.marker, self.log = root, str(folder), marker, log
+        self.killed: list[int] = []
+        self.stop = threading.Event()
+
+    def _answering(self) -> bool:
+        try:
+            return "POST /v1/" in self.log.read_text(errors="replace")
+        except OSError:
+            return False
+
+    def _servers(self) -> list[psutil.Process]:
+        found = []
+        try:
+            mine = psutil.Process(self.root).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        for proc in mine:
+            with contextlib.suppress(psutil.Error):
+                cmd = proc.cmdline()  # the server itself: `python .../vllm_launcher.py serve CHECKPOINT ...`
+                if (len(cmd) > 3 and cmd[1].endswith("vllm_launcher.py") and cmd[2] == "serve"
+                        and cmd[3].startswith(self.folder) and self.marker in Path(cmd[3]).name):
+                    found.append(proc)
+        return found
+
+    def run(self) -> None:
+        """Each server once: killed at its first request (pid), or found dead by then (-pid: it died by itself)."""
+        while not self.stop.wait(0.5):
+            for proc in self._servers():
+                if proc.pid in self.killed or -proc.pid in self.killed:
+                    continue
+                deadline = time.monotonic() + 1200
+                while proc.is_running() and time.monotonic() < deadline and not self._answering():
+                    time.sleep(0.2)
+                try:
+                    proc.send_signal(signal.SIGKILL)
+                    self.killed.append(proc.pid)
+                except psutil.NoSuchProcess:
+                    self.killed.append(-proc.pid)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # two quantizations and three servers: many minutes on 2 shared cores
+def test_a_release_whose_first_candidate_server_is_killed_gates_the_second(tmp_path):
+    """The W4A16 candidate's vLLM server is SIGKILLed at its first request; the release must record that failure
+    with the log tail, REJECT the candidate for it, still measure and gate INT8 W8A8 (which serves on AVX2 and
+    AVX-512 builds alike), and write decision.json, summary.json and the report: a decision, not a failed flow."""
+    results = tmp_path / "results"
+    spec = tmp_path / "failover.yaml"
+    spec.write_text(RELEASE.replace("EVALSET", str(REPO / "eval_sets" / "default.jsonl")).replace("POLICY", str(POLICY)))
+    env = {**os.environ, "QUANTGATE_RESULTS": str(results), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1"}
+    t0 = time.monotonic()
+    with subprocess.Popen([sys.executable, "-m", "quantgate.cli.main", "release", str(spec), "--run-id", "failover"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO) as p:
+        killer = Killer(p.pid, results, "-w4a16-gptq-", results / "runs" / "failover" / "w4a16-gptq" / "server.log")
+        killer.start()
+        try:
+            out = p.communicate(timeout=3300)[0]
+        finally:
+            killer.stop.set()
+            if p.poll() is None:
+                p.kill()
+    run = results / "runs" / "failover"
+    assert len(killer.killed) == 1, "the W4A16 server never started: " + out[-3000:]  # -pid: it died by itself
+    assert p.returncode in (0, 3, 4), out[-6000:]  # a decision, not a failed step (1)
+    err = json.loads((run / "w4a16-gptq" / CANDIDATE_ERROR).read_text())
+    assert err["phase"] == "measure" and err["log_tail"] and "died" in err["error"], err
+    decision = json.loads((run / "decision.json").read_text())
+    first = decision["candidates"]["w4a16-gptq"]
+    assert first["decision"] == "REJECT" and first["checks"][0]["name"] == "serving"
+    assert first["reasons"][0].startswith("serving: the vLLM server of w4a16-gptq ")
+    second = decision["candidates"]["int8-w8a8"]  # measured and gated on its own evidence
+    assert second["checks"][0]["name"] != "serving" and (run / "compare" / "int8-w8a8.json").is_file()
+    assert [c for c in second["checks"] if c["name"].startswith("error_rate:int8-w8a8") and c["outcome"] == "pass"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["candidates"]["w4a16-gptq"]["failure"] == err["error"]
+    assert "metrics" in summary["candidates"]["int8-w8a8"] and (run / "report.html").is_file()
+    assert p.returncode == {"PROMOTE": 0, "REJECT": 3, "INCONCLUSIVE": 4}[summary["decision"]]
+    print(json.dumps({"killed": killer.killed, "phase": err["phase"], "w4a16-gptq": err["error"],
+                      "int8-w8a8": second["decision"], "int8 reasons": second["reasons"][:2],
+                      "wall_s": round(time.monotonic() - t0)}, indent=1))
