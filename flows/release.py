@@ -149,6 +149,7 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
         logger.warning(note)
     model_dir = prepare_model(s, run)
     pool = schedule.release_pool(s, model_dir, log=logger.info)
+    schedule.preload_libraries()  # before any job thread imports them
     base_ev, variants, cand_ev, comparisons, decisions = None, {}, [], {}, []
     while rung := rel.next_schemes(s, decisions):
         measured_base, evidence = measure(s, run, pool, model_dir, rung, baseline=base_ev is None)

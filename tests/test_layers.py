@@ -25,7 +25,7 @@ LAYERS = ["base", "target", "plan", "quantize", "serving", "evals", "recall", "p
 # Pure modules: computation only, no I/O; table-driven unit tests cover them.
 PURE = {"base.errors", "base.stats", "plan.planner", "plan.commands", "plan.models", "plan.slots", "evals.compare", "recall.needle",
         "recall.score", "parity.core", "perf.compare", "perf.models", "perf.intervals", "perf.sweep", "perf.metrics",
-        "gate.payoff", "judge.core", "judge.corrupt", "judge.report",
+        "gate.payoff", "gate.sizeratio", "judge.core", "judge.corrupt", "judge.report",
         "gate.checks", "gate.models", "gate.statistical", "gate.sizing", "release.ladder", "fidelity.core",
         "report.sections"}
 IO_LIBS = {"subprocess", "socket", "shutil", "sqlite3", "asyncio", "urllib", "http", "httpx", "openai", "prefect",

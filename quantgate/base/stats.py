@@ -99,3 +99,9 @@ def holm(pvalues: Mapping[str, float], alpha: float) -> dict[str, bool]:
 def holm_level(rank: int, m: int, alpha: float) -> float:
     """The level Holm applies to the hypothesis of the given rank (0 = smallest p) among m."""
     return alpha / (m - rank)
+
+
+def num(x: object) -> float | None:
+    """A JSON value as a number: ints and floats (NaN excluded) as float; bools, strings, None and the rest as None.
+    Evidence files are read with it, so a missing or mistyped figure is a gap, never a silent coercion."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) else None

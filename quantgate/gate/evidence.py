@@ -26,19 +26,20 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
+from quantgate.base.stats import num as _num
 from quantgate.evals.compare import paired_stats
 from quantgate.fidelity.core import SampleFidelity, summarize
 from quantgate.gate.checks import evaluate
 from quantgate.gate.models import (Check, Decision, FidelityEvidence, Gap, GateEvidence, Interval, JudgeEvidence,
                                    ParityEvidence, RateEvidence, Ratio, Stat)
 from quantgate.gate.policy import load_policy
+from quantgate.gate.sizeratio import size_ratio
 from quantgate.perf.models import PayOffFigures
 
 BASELINE = "baseline"
@@ -58,10 +59,6 @@ def _read(path: Path) -> Any:
         raise _Bad(f"cannot read {path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise _Bad(f"corrupt JSON in {path}: {exc.msg} at line {exc.lineno}") from None
-
-
-def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) else None
 
 
 def _stat(d: Mapping, higher: bool, file: Path, binary: bool = False) -> Stat:
@@ -153,19 +150,15 @@ def _scheme_and_size(run: Path, cand: str, base_ev: dict | None, cand_ev: dict |
     ev["scheme"] = cv.get("scheme") or (quant or {}).get("scheme")
     if ev["scheme"]:
         ev["gaps"].pop("scheme", None)
-    cs, bs = _num(cv.get("size_bytes")), _num(bv.get("size_bytes"))
-    if cs and bs:
-        ev["size_ratio"] = Ratio(value=cs / bs, file=str(run / cand / "evidence.json"))
-        return
     try:
-        row = _read(run / "summary.json")["candidates"][cand]
-        if _num(row.get("size_ratio")):
-            ev["size_ratio"] = Ratio(value=_num(row["size_ratio"]), file=str(run / "summary.json"))
-            return
-    except (_Bad, KeyError, TypeError):
-        pass
-    if quant and _num(quant.get("compression_ratio")):
-        ev["size_ratio"] = Ratio(value=1 / _num(quant["compression_ratio"]), file=str(run / cand / "quantization.json"))
+        stated = _read(run / "summary.json")["candidates"][cand].get("size_ratio")
+    except (_Bad, KeyError, TypeError, AttributeError):
+        stated = None
+    found = size_ratio(cv.get("size_bytes"), bv.get("size_bytes"), stated, (quant or {}).get("compression_ratio"))
+    if found is not None:
+        files = {"sizes": run / cand / "evidence.json", "stated": run / "summary.json",
+                 "compression": run / cand / "quantization.json"}
+        ev["size_ratio"] = Ratio(value=found[0], file=str(files[found[1]]))
         return
     _gap(ev, "size", "no checkpoint sizes in evidence.json, summary.json or quantization.json", str(run / cand))
 

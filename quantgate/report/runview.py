@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantgate.base.stats import num as _num
+from quantgate.gate.sizeratio import size_ratio as size_ratio_of
+
 BASELINE = "baseline"
 _STAMP = re.compile(r"(\d{8}T\d{6}Z)(?:-[0-9a-f]{6})?$")
 
@@ -84,32 +87,22 @@ class RunView:
         return default
 
 
-def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x else None
-
-
 def size_ratio(view: RunView, name: str) -> float | None:
-    """Candidate / baseline checkpoint size: summary.json, else both evidence.json sizes, else the perf ratios,
-    else 1 / the quantization manifest's compression ratio."""
+    """Candidate / baseline checkpoint size, by the gate's precedence (quantgate.gate.sizeratio): both evidence.json
+    sizes, then a stated ratio (summary.json, else the flow's pay-off figures), then 1 / the compression ratio."""
     c = view.candidates.get(name)
     row = (c.summary if c and isinstance(c.summary, dict) else None) or {}
-    if _num(row.get("size_ratio")):
-        return _num(row["size_ratio"])
+    pay = (c.pay_off if c and isinstance(c.pay_off, dict) else None) or {}
 
-    def size(v: str) -> float | None:
+    def size(v: str) -> Any:
         ev = view.variants[v].evidence if v in view.variants else None
         var = (ev or {}).get("variant")
-        return _num(var.get("size_bytes")) if isinstance(var, dict) else None
+        return var.get("size_bytes") if isinstance(var, dict) else None
 
-    cs, bs = size(name), size(BASELINE)
-    if cs and bs:
-        return cs / bs
-    pay = (c.pay_off if c and isinstance(c.pay_off, dict) else None) or {}
-    if _num(pay.get("size_ratio")):
-        return _num(pay["size_ratio"])
     q = view.variants[name].quantization if name in view.variants else None
-    comp = _num((q or {}).get("compression_ratio"))
-    return 1 / comp if comp else None
+    stated = row.get("size_ratio") if _num(row.get("size_ratio")) else pay.get("size_ratio")
+    found = size_ratio_of(size(name), size(BASELINE), stated, (q if isinstance(q, dict) else {}).get("compression_ratio"))
+    return found[0] if found else None
 
 
 def _read(view: RunView, path: Path, what: str, *, required: bool = True, kind: type = dict) -> Any:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from quantgate.base.stats import num
+
 MAX_REGRESSIONS = 40   # flips shown per kind (the counts cover them all)
 MAX_GAINS = 40
 MAX_WORST = 10         # worst fidelity samples shown
@@ -19,10 +21,6 @@ OUTCOMES = ("pass", "fail", "inconclusive", "skipped")
 FIDELITY_MEASURES = (("kl", "KL", "KL(baseline || candidate), nats/token", "sig"),  # key, short, label, format
                      ("top1", "top-1", "top-1 agreement", "pct"),
                      ("dnll", "NLL increase", "NLL increase of the baseline's tokens, nats/token", "sig"))
-
-
-def num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) else None
 
 
 def d(x: Any) -> dict:
