@@ -204,7 +204,7 @@ def test_a_crashing_child_reports_its_log_and_leaves_no_output(tiny, tmp_path):
     with pytest.raises(QuantgateError) as err:
         quantize(req(tiny, tmp_path, scheme="fp8-dynamic"))
     assert "child failed" in err.value.render() and "last lines of the log" in err.value.render()
-    assert list(tmp_path.iterdir()) == [tiny]
+    assert _outputs(tmp_path) == [tiny]
 
 
 @pytest.mark.slow
@@ -310,7 +310,7 @@ def test_demo_model_quantized(demo_model, vllm_server, checkpoints, scheme, requ
 
     # only AWQ reaches the pinning, and only a machine without an accelerator needs the workaround
     assert bool(m["workarounds"]) is (scheme == "w4a16-awq" and not torch.accelerator.is_available())
-    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folders left
+    assert not [p for p in _outputs(out.parent) if p.name.startswith(".")]  # no temporary folders left
     # the serving environment's vLLM loads the compressed-tensors checkpoint and answers (CPU kernels: BF16 activations).
     # FP8 is not a CPU scheme (x86-cpu profile): vLLM 0.32 CPU loads it by a fallback but hung on the first request here.
     if not get_profile("x86-cpu").supports(scheme) or scheme in SERVED_BY_THE_RELEASE_TEST:
