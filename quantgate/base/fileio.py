@@ -1,6 +1,6 @@
 """Small shared helpers for files, processes and secrets (no quantgate imports beyond errors).
 
-- `write_json`: atomic and durable (temp file + fsync + rename + fsync of the folder).
+- `write_json` / `write_text`: atomic and durable (temp file + fsync + rename + fsync of the folder).
 - `lock(path)`: an exclusive `flock` on `<path>.lock`, which names its holder (pid, host, thread) while held.
 - `child_env`: the environment a child process gets: the variables it needs, not every secret of the parent.
 """
@@ -38,14 +38,19 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically and durably: readers see the old file or the new one, never half of one, and after
+    """Write JSON atomically and durably (write_text).
+    The text is made before any file is touched, so data that does not serialize leaves the old file alone."""
+    write_text(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def write_text(path: Path | str, text: str) -> None:
+    """Write a text file atomically and durably: readers see the old file or the new one, never half of one, and after
     a crash the new one is there once this returned.
 
     The temp file is private to this call (pid, thread id and a random suffix in its name), so threads and processes
     writing the same file never write into each other's temp file; the last rename wins. A temp file is removed when
     the write fails; only a killed process leaves one (`.<name>.<pid>.<thread>.<random>.tmp`, never read)."""
     path = Path(path)
-    text = json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"  # fails before any file exists
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
     try:

@@ -16,14 +16,13 @@ failed ids again and keeps the answered ones. Above the limit the run stops with
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import write_json
+from quantgate.base.fileio import write_json, write_text
 from quantgate.base.http import EndpointError, api_base, get_json, model_entry, read_results
 from quantgate.evals import scoring
 from quantgate.evals.client import ClientConfig, ErrorRateExceeded, Request, run
@@ -103,26 +102,13 @@ def _claim(out: Path, manifest: dict[str, Any]) -> Path:
     return path
 
 
-def _replace_text(path: Path, text: str) -> None:
-    """Replace a text file in one rename: a reader (another release sharing the cache) sees the old or the new file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _score(out: Path, samples, metrics: list[str]) -> dict[str, Any]:
     """Score the answered samples into scores.jsonl and summarize them into summary.json; returns the summary."""
     records = read_results(out / "results.jsonl")
     wanted = {s.id for s in samples}
     outputs = {i: r["output"] for i, r in records.items() if i in wanted and r.get("error") is None}
     scores = scoring.score_samples(samples, outputs)
-    _replace_text(out / "scores.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scores))
+    write_text(out / "scores.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scores))
     failed = len(samples) - len(outputs)
     summary = {"n_samples": len(samples), "n_answered": len(outputs), "n_failed": failed,
                "error_rate": failed / len(samples) if samples else 0.0, "metrics": summarize(scores, metrics)}

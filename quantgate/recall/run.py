@@ -17,14 +17,13 @@ JSON files are written atomically: a reader sees the old file or the new one. `i
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import write_json
+from quantgate.base.fileio import write_json, write_text
 from quantgate.base.http import EndpointError, get, model_entry, read_results
 from quantgate.base.paths import EVAL_SETS
 from quantgate.base.yamlconfig import load_model
@@ -96,14 +95,8 @@ def served_max_model_len(endpoint: str, model: str, api_key: str | None, timeout
 
 
 def _write_jsonl(path: Path, records: Sequence[dict]) -> None:
-    """Atomically: a reader (or a kill) never sees half of the file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for r in records:
-            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Atomically and durably (base.fileio.write_text): a reader (or a kill) never sees half of the file."""
+    write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 def read_jsonl(path: Path) -> list[dict]:
