@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 PYTEST_ARGS ?= --durations=20
 
-.PHONY: demo test setup model browser clean-envs release-time
+.PHONY: demo test setup lmeval model browser clean-envs release-time gpu-wheels gpu-check
 
 # A release that runs to a REJECT (3) or INCONCLUSIVE (4) decision is a result for the demo, not a failure.
 # `python -m` rather than the console script: it runs the checkout's code even where the environment was built for
@@ -17,7 +17,7 @@ demo: setup model
 release-time: setup model
 	$(PY) bench/release_time.py
 
-test: setup model browser
+test: setup lmeval model browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The report/dashboard tests open pages in a real headless Chromium (Debian's package).
@@ -28,8 +28,21 @@ browser:
 setup:
 	scripts/setup.sh all
 
+# lm-evaluation-harness in its own environment (.venv-lmeval): the `lm_eval:` eval kind runs it as a child process.
+# The test suite runs a real lm-eval task, so `make test` builds it; a release builds it on first use.
+lmeval:
+	scripts/setup.sh lmeval
+
 model: setup
 	.venv/bin/quantgate models demo >/dev/null
 
+# The GPU path on an NVIDIA machine (scripts/gpu_check.sh): `make gpu-wheels` where PyPI is reachable, then carry
+# .gpu-wheels/ with the checkout and run `make gpu-check` there (no network needed; exits 2 without a GPU).
+gpu-wheels:
+	scripts/gpu_check.sh --prepare
+
+gpu-check:
+	scripts/gpu_check.sh
+
 clean-envs:
-	rm -rf "$${QUANTGATE_HOME:-$$HOME/.cache/quantgate}/envs" .venv .venv-serve
+	rm -rf "$${QUANTGATE_HOME:-$$HOME/.cache/quantgate}/envs" .venv .venv-serve .venv-lmeval

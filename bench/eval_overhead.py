@@ -6,7 +6,7 @@ max_tokens, no stop strings) and the same number of requests in flight:
   raw       a ~20-line httpx script: read the JSONL, post the chat requests, count the 200s
   quantgate `python -m quantgate.cli.main eval` into a fresh run directory (scores and writes everything it normally does)
   lmeval    lm-evaluation-harness's `local-chat-completions` backend with `--apply_chat_template`, on the task in
-            bench/lmeval/ (one copy per distinct max_tokens), from the separate `.venv-bench` (scripts/setup.sh bench)
+            bench/lmeval/ (one copy per distinct max_tokens), from the separate `.venv-lmeval` (scripts/setup.sh lmeval)
 Every run is a fresh process, so start-up counts. One discarded warm-up run of each side comes first (server caches,
 OS file cache, `datasets` cache); then the order rotates every repeat. After each run the server's own request
 counter (/metrics, vllm:request_success_total) must have grown by N: proof that every side sent N requests to it.
@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each side")
     ap.add_argument("--api-key-env", default=None, help="environment variable holding the server's API key")
     ap.add_argument("--sides", default="raw,quantgate,lmeval", help="comma-separated; raw is always run")
-    ap.add_argument("--lm-eval", type=Path, default=REPO / ".venv-bench" / "bin" / "lm-eval")
+    ap.add_argument("--lm-eval", type=Path, default=REPO / ".venv-lmeval" / "bin" / "lm-eval")
     args = ap.parse_args()
 
     key = os.environ[args.api_key_env] if args.api_key_env else None
@@ -151,7 +151,7 @@ def main() -> None:
     if unknown := set(sides) - {"raw", "quantgate", "lmeval"}:
         sys.exit(f"--sides: unknown {', '.join(sorted(unknown))}; choose from raw, quantgate, lmeval")
     if "lmeval" in sides and not args.lm_eval.is_file():
-        print(f"lm-eval: {args.lm_eval} missing (build it: scripts/setup.sh bench); that side is left out")
+        print(f"lm-eval: {args.lm_eval} missing (build it: scripts/setup.sh lmeval); that side is left out")
         sides.remove("lmeval")
     work = Path(tempfile.mkdtemp(prefix="qg-bench-"))
     subset, rows, default_max = write_subset(args.evalset, args.n, work)

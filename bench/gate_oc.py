@@ -6,9 +6,13 @@ fidelity_evidence) -> quantgate.gate.checks.evaluate with a real policy file. On
 simulated; every statistic and decision is the gate's.
 
 Shapes:
-- demo: the samples of eval_sets/default.jsonl (300: their categories and metrics) and a 60-cell recall grid, as
-  in `make demo`; fidelity over 100 of the samples at about 70 tokens each;
-- r500: 500 samples drawn from the same set (new ids) and 60 recall cells.
+- demo: the samples of eval_sets/default.jsonl (300: their categories and metrics) and the recall grid of
+  releases/demo.yaml (3 lengths x 4 kinds x 2 samples = 24 haystacks, a needle at each of 5 depths: 120 needles,
+  as `make demo` asks them); fidelity over 100 of the samples at about 70 tokens each;
+- r500: 500 samples drawn from the same set (new ids) and the same recall grid.
+Recall needles that share a haystack are not independent: each haystack draws its own difficulty (the baseline's
+chance of recalling its needles varies around RECALL_RATE with intra-haystack correlation RECALL_ICC), so the
+simulated evidence has the clustering a real grid has, and the gate's per-needle test is judged on it.
 Scenarios (per scheme family, each with its own limits in the policy):
 - lossless-F: accuracy unchanged, F of the samples flip (half right->wrong, half wrong->right), fidelity at the floor;
 - kl-2x-limit: fidelity at twice the family's KL limit, accuracy unchanged (5% flips);
@@ -38,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from quantgate.base.paths import EVAL_SETS, RELEASES
 from quantgate.evals.compare import compare_runs
@@ -53,7 +58,16 @@ from quantgate.gate.policy import GatePolicy, load_policy
 RATES = {"exact_match": 0.45, "contains": 0.55, "numeric_match": 0.30, "choice_accuracy": 0.50, "chrf": 0.35,
          "bleu": 0.15, "token_f1": 0.45, "rouge_l": 0.30}
 BINARY = {"exact_match", "contains", "numeric_match", "choice_accuracy"}
-RECALL_CELLS, RECALL_RATE = 60, 0.5
+RECALL_RATE, RECALL_ICC = 0.5, 0.10  # baseline recall per needle; correlation of needles within one haystack
+
+
+def recall_grid(spec: Path = RELEASES / "demo.yaml") -> tuple[int, int]:
+    """(haystacks, needles per haystack) of a release spec's recall grid, layout `turns` or `together`."""
+    r = yaml.safe_load(spec.read_text(encoding="utf-8"))["recall"]
+    return len(r["lengths"]) * len(r["kinds"]) * r["samples"], len(r["depths"])
+
+
+HAYSTACKS, NEEDLES_PER_HAYSTACK = recall_grid()
 FIDELITY_SAMPLES, TOKENS_PER_SAMPLE = 100, 70
 FLOOR_KL = 0.0005            # per-token KL of the baseline against itself on another execution path
 FAMILY_SCHEME = {"fp8": "fp8-dynamic", "int8": "int8-w8a8", "w4a16": "w4a16-gptq"}
@@ -110,10 +124,16 @@ def simulate_runs(rng: np.random.Generator, samples: list[dict], sc: Scenario) -
 
 
 def simulate_recall(rng: np.random.Generator, sc: Scenario) -> Stat:
+    """Per-needle (baseline, candidate) recall over the grid; a haystack's needles share its difficulty: a beta
+    draw with mean RECALL_RATE whose spread gives intra-haystack correlation RECALL_ICC."""
+    a = RECALL_RATE * (1 / RECALL_ICC - 1)
+    b_ = (1 - RECALL_RATE) * (1 / RECALL_ICC - 1)
     pairs = []
-    for _ in range(RECALL_CELLS):
-        b = float(rng.random() < RECALL_RATE)
-        pairs.append((b, _candidate_recall(rng, b, sc)))
+    for _ in range(HAYSTACKS):
+        rate = float(rng.beta(a, b_))
+        for _ in range(NEEDLES_PER_HAYSTACK):
+            b = float(rng.random() < rate)
+            pairs.append((b, _candidate_recall(rng, b, sc)))
     bm, cm = sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs)
     return Stat(n=len(pairs), base=bm, cand=cm, delta=cm - bm, **paired_harm(pairs, binary=False))
 
@@ -229,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         RATES.update(json.loads(args.rates.read_text()))
     policy = load_policy(args.policy)
     print(f"# gate operating characteristics: policy {args.policy} ({policy.name}), {args.trials} trials per cell, "
-          f"seed {args.seed}; CPU {_cpu()} (a simulation: the figures do not depend on it)")
+          f"seed {args.seed}; recall grid {HAYSTACKS} haystacks x {NEEDLES_PER_HAYSTACK} needles "
+          f"(intra-haystack correlation {RECALL_ICC}); CPU {_cpu()} (a simulation: the figures do not depend on it)")
     met_all = True
     for shape in args.shape:
         t0 = time.time()

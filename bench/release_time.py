@@ -33,6 +33,9 @@ import psutil
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # this checkout's quantgate, whichever checkout the environment was installed from
+
+from quantgate.serving.cpu_kernels import resolve_hardware, split_schemes  # noqa: E402
 
 
 class TreeCpu:
@@ -104,20 +107,30 @@ def critical_path(rows: list[dict], slack_s: float = 2.0) -> list[dict]:
         path.append(max(before, key=lambda r: r["end"]))
 
 
+# One file per kind of record, so that no request is counted twice: a recall run keeps the same requests in
+# prompts.jsonl, answers.jsonl and requests.jsonl; an eval run its answers in results.jsonl (scores.jsonl repeats them).
+COUNTED = {"results.jsonl", "answers.jsonl", "logprobs.jsonl"}
+
+
+def _record_tokens(rec: dict) -> int:
+    """Prompt tokens of one record: an answer's usage.prompt_tokens, or a fidelity dump's token ids."""
+    usage = rec.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+        return usage["prompt_tokens"]
+    return len(rec["ids"]) if isinstance(rec.get("ids"), list) else 0
+
+
 def prompt_tokens(folder: Path) -> int:
-    """Prompt tokens in a measurement folder: answers' usage.prompt_tokens, and the perf runs' total_input_tokens."""
+    """Prompt tokens a measurement folder sent: answers' usage (evals, recall), fidelity's scored sequences and
+    the perf runs' total_input_tokens. Tokens served from vLLM's prefix cache count too: this is the work asked."""
     total = 0
-    for f in folder.rglob("*.jsonl"):
+    for f in (f for f in folder.rglob("*.jsonl") if f.name in COUNTED):
         for line in f.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            usage = rec.get("usage") if isinstance(rec, dict) else None
-            if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-                total += usage["prompt_tokens"]
-            elif isinstance(rec, dict) and isinstance(rec.get("prompt_tokens"), int):
-                total += rec["prompt_tokens"]
+            total += _record_tokens(rec) if isinstance(rec, dict) else 0
     for f in folder.rglob("raw/*.json"):
         try:
             total += int(json.loads(f.read_text()).get("total_input_tokens") or 0)
@@ -166,10 +179,17 @@ def show(label: str, spec: Path, results: Path, run_id: str, env: dict) -> float
     return wall
 
 
+def runs_here(scheme: str, spec: dict) -> bool:
+    """Whether `scheme` is kept for this machine by the spec's hardware profile and the kernel probe."""
+    hardware = resolve_hardware(spec["hardware"], None)[0]
+    return scheme in split_schemes(hardware, [scheme], None)[0]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", type=Path, default=REPO / "releases" / "demo.yaml")
-    ap.add_argument("--add", default="int8-w8a8", help="the candidate added for the third run")
+    ap.add_argument("--add", default="w4a16-gptq", help="the candidate added for the third run (it must run on this "
+                                                        "machine: W4A16 needs an AVX-512 CPU)")
     ap.add_argument("--keep", type=Path, default=None, help="results folder to use and keep (default: a temporary one)")
     a = ap.parse_args()
     cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout.strip()
@@ -188,6 +208,9 @@ def main() -> int:
         # beside the spec, so that its relative paths (eval sets, policy) mean the same; removed at the end
         added_spec = a.spec.with_name(f".{a.spec.stem}-added-{os.getpid()}.yaml")
         spec["schemes"] = [*dict.fromkeys([*spec["schemes"], a.add])]
+        if not runs_here(a.add, spec):
+            print(f"\n== with one more candidate: skipped, {a.add} does not run on this machine (see `quantgate schemes`)")
+            return 0
         spec["ladder"] = False  # every scheme is tried: a ladder that promoted the first would never reach the new one
         added_spec.write_text(yaml.safe_dump(spec, sort_keys=False))
         try:

@@ -7,10 +7,12 @@
                                                 baseline, scoring the baseline's answers for fidelity last
             (all schemes at once, or one at a time with `ladder: true`; everything cached)
          -> compare with the baseline -> judge (spec.judge) -> gate (policy); a ladder stops at the first PROMOTE
-         -> promote -> report (HTML, Markdown artifact, results DB)
+         -> promote -> publish (spec.publish, PROMOTE entries) -> report (HTML, Markdown artifact, results DB)
+         -> notify (spec.notify: the decision to each webhook)
 
 The flow run ends Failed when no candidate is promoted, named "Rejected" (harm detected) or "Inconclusive" (too
-little evidence to decide), so pipelines can branch on its state.
+little evidence to decide), so pipelines can branch on its state; a promotion whose publishing or notification
+failed ends Failed too, named "Publish failed" (the entry stays promoted).
 
 Orchestration only: every step is a call into `quantgate`. Jobs are submitted to Prefect's thread-pool task runner
 and each waits for a slot of the release's SlotPool, so at most one job per slot computes at a time. Run it with
@@ -32,10 +34,12 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from quantgate.base import progress
 from quantgate.base.errors import QuantgateError
-from quantgate.release import judge_cache, schedule
+from quantgate.release import judge_cache, publishing, schedule, webhook
+from quantgate.release.autoschemes import at_flow_start
 from quantgate.release import steps as rel
 from quantgate.release.runrecord import timed
 from quantgate.release.spec import ReleaseSpec, load_spec
+from quantgate.release.stopping import on_stop_signals
 
 WORKERS = 16  # threads for submitted jobs; the SlotPool, not this, limits how many compute at once
 
@@ -51,8 +55,14 @@ def prepare_model(spec: ReleaseSpec, run: Path) -> Path:
 def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path, pool: schedule.SlotPool) -> rel.Variant:
     """llmcompressor in a child process, pinned to a CPU slot; an artifact with the same inputs is reused."""
     log = get_run_logger().info
-    with pool.take_for_quantize(f"quantize {scheme}") as slot, schedule.pinned(slot), timed(run, f"quantize {scheme}"):
-        return rel.quantize_variant(spec, model_dir, scheme, run, log=log)
+    try:
+        with pool.take_for_quantize(f"quantize {scheme}", then=scheme) as slot, schedule.pinned(slot), \
+                timed(run, f"quantize {scheme}") as row:
+            row.update(slot=slot.label if slot else None)
+            return rel.quantize_variant(spec, model_dir, scheme, run, log=log)
+    except BaseException:
+        pool.withdraw(f"quantize {scheme}", scheme)  # its server will not come: lend its slot to the others
+        raise
 
 
 # log_prints off: dill (under `datasets`) disassembles functions with print() into a captured stdout, which
@@ -70,10 +80,10 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parit
         def ready() -> None:
             schedule.wait_for_reference(reference, baseline_failed, log)
     rank = schedule.BASELINE if parity else schedule.CANDIDATE
-    with pool.take(variant.name, rank) as slot, schedule.pinned(slot), progress.reporting(variant.name, log=log), \
-            timed(run, f"serve and measure {variant.name}") as row:
+    with pool.take_for(variant.name, rank, variant.endpoint is not None) as slot, schedule.pinned(slot), \
+            progress.reporting(variant.name, log=log), timed(run, f"serve and measure {variant.name}") as row:
         ev = rel.serve_and_evaluate(spec, variant, run, parity=parity, tokenizer=tokenizer, reference=reference,
-                                    log=log, slot=slot, reference_ready=ready)
+                                    log=log, slot=slot, reference_ready=ready, lender=pool)
         row.update(served=ev.served, slot=slot.label if slot else None)
         return ev
 
@@ -111,6 +121,21 @@ def promote(spec: ReleaseSpec, run: Path, decision, variant: rel.Variant) -> dic
 
 
 @task(cache_policy=NO_CACHE)
+def publish(spec: ReleaseSpec, run: Path, promotions: dict) -> list[dict]:
+    """Every promoted entry to the spec's `publish:` targets (<run>/publish.json); a failure is recorded, not raised,
+    and never un-does the promotion."""
+    with timed(run, "publish"):
+        return publishing.publish_run(spec.publish, run, promotions)
+
+
+@task(cache_policy=NO_CACHE)
+def notify(spec: ReleaseSpec, run: Path, summary: dict) -> list[dict]:
+    """The decision POSTed to the spec's `notify:` webhooks (<run>/notify.json); failures recorded, not raised."""
+    with timed(run, "notify"):
+        return webhook.notify_run(spec.notify, run, summary)
+
+
+@task(cache_policy=NO_CACHE)
 def report(run: Path) -> str:
     """report.html + report.md in the run folder, a row in the results database; the Markdown for the artifact."""
     with timed(run, "report"):
@@ -119,14 +144,39 @@ def report(run: Path) -> str:
 
 def measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path, candidates: list,
             baseline: bool = True) -> tuple[rel.Evidence | None, list[rel.Evidence]]:
-    """Serve and measure the baseline and the candidates (Variants, or scheme ids to quantize first) side by side
-    on the pool's slots, the baseline submitted first so that it takes the first free slot. With one slot the
-    candidates wait for the baseline (they score its answers)."""
-    base = rel.baseline_variant(model_dir)
+    """Serve and measure the baseline and the candidates (Variants, scheme ids to quantize first, or names of the
+    spec's `candidates`) side by side on the pool's slots, the baseline submitted first so that it takes the first
+    free slot. With one slot the candidates wait for a served baseline (they score its answers). An endpoint takes
+    no slot: it is measured where it runs, beside whatever the slots hold."""
+    base = rel.baseline_for(s, model_dir)
     reference = rel.planned_evals(s, base, run, pool.sample)  # first: it also asks vLLM its version, once
+    candidates = [c if not isinstance(c, str) or c in s.schemes else rel.external_variant(s, c, model_dir, run)
+                  for c in candidates]
+    coming = _slot_jobs(pool, base if baseline else None, candidates)
+    pool.announce(*coming)  # no slot is lent to a variant's extra server while these still have to take theirs
+    try:
+        return _measure(s, run, pool, model_dir, base, reference, candidates, baseline)
+    finally:
+        pool.withdraw(*coming)
+
+
+def _slot_jobs(pool: schedule.SlotPool, base: rel.Variant | None, candidates: list) -> list[str]:
+    """The pool jobs (names as they take their slots) that measuring these variants will start."""
+    jobs = [base.name] if base is not None and base.endpoint is None else []
+    for c in candidates:
+        if isinstance(c, str):  # a scheme: its quantization (on a CPU slot only), then its server
+            jobs += [f"quantize {c}", c] if pool.kind == "cpu" else [c]
+        elif c.endpoint is None:
+            jobs.append(c.name)
+    return jobs
+
+
+def _measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path, base: rel.Variant,
+             reference: Mapping[str, Path], candidates: list, baseline: bool
+             ) -> tuple[rel.Evidence | None, list[rel.Evidence]]:
     base_job = serve_and_evaluate.submit(s, base, run, parity=True, pool=pool) if baseline else None
     candidates = [quantize.submit(s, model_dir, c, run, pool) if isinstance(c, str) else c for c in candidates]
-    after = [base_job] if base_job is not None and pool.width == 1 else None
+    after = [base_job] if base_job is not None and pool.width == 1 and base.endpoint is None else None
     jobs = [serve_and_evaluate.submit(s, c, run, parity=False, pool=pool, tokenizer=model_dir, reference=reference,
                                       baseline_failed=_failed(base_job), wait_for=after) for c in candidates]
     base_ev = base_job.result() if base_job is not None else None
@@ -148,6 +198,7 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
     for note in s.machine_notes:  # `hardware: auto` and skip_unsupported: what was decided for this machine, and why
         logger.warning(note)
     model_dir = prepare_model(s, run)
+    s = at_flow_start(s, model_dir, run, log=logger.info)  # `schemes: auto`: ranked with the model's size
     pool = schedule.release_pool(s, model_dir, log=logger.info)
     schedule.preload_libraries()  # before any job thread imports them
     base_ev, variants, cand_ev, comparisons, decisions = None, {}, [], {}, []
@@ -177,14 +228,30 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
             cand_ev = [c for c in cand_ev if c.variant.name not in undecided] + redo
             decisions = gate(s, run, list(variants))
     promotions = {d.candidate: promote(s, run, d, variants[d.candidate]) for d in decisions if d.promoted}
+    published = publish(s, run, promotions) if s.publish and promotions else None  # PROMOTE entries only
     summary = rel.finish_run(s, run, base_ev, cand_ev, comparisons, decisions, promotions)
+    return conclude(s, run, summary, published)
+
+
+def conclude(s: ReleaseSpec, run: Path, summary: dict, published: list[dict] | None):
+    """After the summary: the publish records into it, the report artifact, the webhooks, the flow run's state."""
+    logger = get_run_logger()
+    if published is not None:
+        summary = publishing.add_to_summary(run, summary, "publish", published)
     create_markdown_artifact(key=f"release-{s.name}", markdown=report(run),
                              description=f"quantgate release {s.name}: {summary['decision']} ({run / 'report.html'})")
+    if s.notify:  # every decision, after the gate and the report
+        summary = publishing.add_to_summary(run, summary, "notify", notify(s, run, summary))
     message = f"{summary['decision']}: {run / 'summary.json'}"
+    for failure in publishing.failures(summary):
+        logger.error(failure)
     if summary["promoted"]:
+        if publishing.failures(summary):  # promoted and registered, but it did not all go out
+            return Failed(name="Publish failed", message=message, data=summary)
         return Completed(message=message, data=summary)
     return Failed(name="Rejected" if summary["decision"] == "REJECT" else "Inconclusive", message=message, data=summary)
 
 
 if __name__ == "__main__":
-    release(sys.argv[1] if len(sys.argv) > 1 else "releases/demo.yaml")
+    with on_stop_signals():  # SIGTERM/SIGHUP stop every server and child of the release, as `quantgate release` does
+        release(sys.argv[1] if len(sys.argv) > 1 else "releases/demo.yaml")

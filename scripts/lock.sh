@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Regenerate requirements/*.lock from requirements/*.in by resolving each in a scratch venv and freezing it.
-#   scripts/lock.sh pipeline|serve-cpu|bench
+#   scripts/lock.sh pipeline|serve-cpu|lmeval
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-name=${1:?usage: scripts/lock.sh pipeline|serve-cpu|bench}
+name=${1:?usage: scripts/lock.sh pipeline|serve-cpu|lmeval}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 python3 -m venv "$tmp/env"
 "$tmp/env/bin/python" -m pip install --quiet --upgrade pip==25.3

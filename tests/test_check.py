@@ -299,15 +299,20 @@ def test_auto_hardware_names_the_detected_profile_and_the_missing_kernel(tmp_pat
     assert "do not run on x86-avx2" in r.stderr and f"w4a16-gptq: {NO_WNA16}" in r.stderr
 
 
-def test_the_demo_drops_what_this_build_cannot_run_and_says_why():
-    r = quantgate("check", "releases/demo.yaml", env=AVX2)
+def test_the_demo_drops_what_this_build_cannot_run_and_says_why(tmp_path):
+    """The demo with W4A16 added (as its comment suggests): on AVX2 it is dropped with the probe's reason."""
+    text = (RELEASES / "demo.yaml").read_text().replace("schemes: [int8-w8a8]", "schemes: [w4a16-gptq, int8-w8a8]")
+    demo = tmp_path / "demo.yaml"
+    demo.write_text(text.replace("../eval_sets/default.jsonl", str(EVAL_SETS / "default.jsonl")))
+    r = quantgate("check", str(demo), env=AVX2)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "ok spec releases/demo.yaml" in r.stdout
-    assert "note spec releases/demo.yaml: hardware auto -> x86-avx2: this CPU's vLLM build (AVX2" in r.stderr
-    assert f"note spec releases/demo.yaml: scheme w4a16-gptq skipped (skip_unsupported): {NO_WNA16}" in r.stderr
-    spec = load_spec(RELEASES / "demo.yaml")  # this machine, unforced: the demo keeps what its build runs
+    assert f"ok spec {demo}" in r.stdout
+    assert f"note spec {demo}: hardware auto -> x86-avx2: this CPU's vLLM build (AVX2" in r.stderr
+    assert f"note spec {demo}: scheme w4a16-gptq skipped (skip_unsupported): {NO_WNA16}" in r.stderr
+    spec = load_spec(demo)  # this machine, unforced: the demo keeps what its build runs
     assert spec.hardware in ("x86-avx512", "x86-avx2") and "int8-w8a8" in spec.schemes
     assert ("w4a16-gptq" in spec.schemes) is (spec.hardware == "x86-avx512")
+    assert load_spec(RELEASES / "demo.yaml").schemes == ["int8-w8a8"]  # what it ships: runs on both kinds of CPU
 
 
 def test_schemes_command_refuses_a_scheme_whose_kernel_is_missing(demo_model):

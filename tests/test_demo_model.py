@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 import pytest
 
 from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import lock
 from quantgate.target.catalogue import MANIFEST, catalogue_entry, ensure_model, sha256_file, verify_checkpoint
 
 
@@ -31,7 +34,7 @@ def test_corrupt_gguf_is_refused_and_leaves_nothing_behind(tmp_path):
         ensure_model("demo", gguf=bad, root=root)
     assert "sha256" in err.value.message and "quantgate models demo" in err.value.fix
     assert not (root / catalogue_entry("demo").folder).exists()
-    assert [p for p in root.iterdir()] == []  # the temporary work folder is gone too
+    assert [p for p in root.iterdir() if p.name != ".locks"] == []  # the temporary work folder is gone too
 
 
 def test_missing_gguf_names_the_file(tmp_path):
@@ -84,6 +87,25 @@ def test_second_call_reuses_the_verified_copy(demo_model):
     before = (demo_model / "model.safetensors").stat().st_mtime_ns
     assert ensure_model("demo") == demo_model
     assert (demo_model / "model.safetensors").stat().st_mtime_ns == before
+
+
+@pytest.mark.slow
+def test_a_caller_waits_for_the_one_materializing_and_reuses_its_result(demo_model, tmp_path):
+    """Two releases asking for a model that is not there yet: the second waits on the lock and then takes the
+    first one's verified folder instead of converting again (its GGUF here is corrupt: converting would fail)."""
+    root = tmp_path / "models"
+    folder = catalogue_entry("demo").folder
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 100)
+    got: list = []
+    with lock(root / ".locks" / folder, what="the first release, converting"):
+        waiter = threading.Thread(target=lambda: got.append(ensure_model("demo", gguf=bad, root=root)))
+        waiter.start()
+        time.sleep(1.0)
+        assert waiter.is_alive() and not got  # blocked on the lock, not converting
+        (root / folder).symlink_to(demo_model)  # the first release's result appears, complete
+    waiter.join(timeout=120)
+    assert got == [root / folder]
 
 
 @pytest.mark.slow

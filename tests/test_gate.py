@@ -354,3 +354,19 @@ def test_sizing_flags_limits_below_the_detectable_drop_and_names_the_n_they_need
     assert "pooled limit 3.0%" in line and f"needs ~{pooled.needs}" in line and "n=300" in line
     big = sizing(pol, "w4a16", {"pooled": pooled.needs})
     assert not big[0].below and warnings(big) == []
+
+
+def test_sizing_command_prints_the_recall_checks_detectable_drop_per_needle_count():
+    from typer.testing import CliRunner
+
+    from quantgate.cli.main import app
+    from quantgate.gate.sizing import recall_sizing
+
+    pol = load_policy(RELEASES / "policies" / "default.yaml")
+    r = CliRunner().invoke(app, ["sizing", "--needles", "60", "--needles", "120", "--design-effect", "1.5"])
+    assert r.exit_code == 0, r.output
+    rows = {int(line.split("|")[1]): line for line in r.output.splitlines() if line.startswith("| 60 ") or line.startswith("| 120 ")}
+    at = {n: recall_sizing(pol, n, other_checks=5, design_effect=1.5) for n in (60, 120)}
+    assert f"{at[120].mdd:.1%}" in rows[120] and f"{at[60].mdd:.1%}" in rows[60]
+    assert at[120].mdd < at[60].mdd  # twice the needles detect a smaller drop
+    assert "design effect 1.5" in r.output and f"about {at[60].needs} needles" in r.output

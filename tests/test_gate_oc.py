@@ -4,6 +4,7 @@ operating-characteristic targets fails here (the bench itself runs the full coun
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -32,7 +33,10 @@ def test_default_policy_meets_its_targets_at_the_demo_size(oc):
                           seed=7)
     rows = oc.targets(counts, trials, families)
     assert len(rows) == 4 * len(families)
-    missed = [f"{what} = {value:.2f} (target {target})" for what, value, target, met in rows if not met]
+    # 25 trials estimate each probability within about +-0.06: a target counts as missed here only when the count is
+    # significantly on the wrong side of it (one-sided binomial test at 1%); the bench's 200 trials judge the targets
+    missed = [f"{what} = {value:.2f} (target {target})" for what, value, target, met in rows
+              if not met and _significantly_missed(value, target, trials)]
     assert not missed, missed
     # every statistical check states its minimum detectable drop, and the pooled test is the most sensitive binary one
     pooled = sorted(v[0] for v in mdds[("w4a16", "pooled:default")])
@@ -54,3 +58,16 @@ def test_a_gate_without_fidelity_cannot_promote_at_this_size(oc, tmp_path):
     counts, _ = oc.run(policy, "demo", ["int8"], scenario, 10, seed=3)
     c = counts[("int8", "lossless-5%")]
     assert c["PROMOTE"] == 0 and c["INCONCLUSIVE"] >= 8
+
+
+def _significantly_missed(rate: float, target: str, trials: int, level: float = 0.01) -> bool:
+    """Whether `rate` over `trials` is significantly below a '>= x' target or above a '<= x' one."""
+    op, value = target.split()
+    k, p = round(rate * trials), float(value)
+    tail = range(0, k + 1) if op == ">=" else range(k, trials + 1)  # as few (or as many) successes as seen, or fewer
+    return sum(math.comb(trials, i) * p ** i * (1 - p) ** (trials - i) for i in tail) < level
+
+
+def test_a_clear_miss_is_still_caught():
+    assert _significantly_missed(15 / 25, ">= 0.90", 25) and _significantly_missed(8 / 25, "<= 0.10", 25)
+    assert not _significantly_missed(22 / 25, ">= 0.90", 25) and not _significantly_missed(4 / 25, "<= 0.10", 25)

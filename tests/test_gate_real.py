@@ -37,7 +37,7 @@ eval: {{limit: 60, concurrency: 8}}
 recall: {{lengths: [256], depths: [0, 50, 100], kinds: [number, name], samples: 2}}
 perf: null
 fidelity: {{limit: 40, top_k: 10, concurrency: 8}}
-serving: {{extra_args: [{extra}]}}
+serving: {{{extra}}}
 """
 
 
@@ -87,7 +87,7 @@ def measured(tmp_path_factory, demo_model):
 
     base_spec = spec("")
     # another server with another batch limit: the candidate's requests are batched differently
-    cand_spec = spec('"--max-num-seqs", "4"')
+    cand_spec = spec("max_num_seqs: 4")  # a managed serving knob (quantgate.plan.knobs), no longer an extra arg
     run = rel.start_run(base_spec, root / "spec.yaml", "gate-real")
     base = rel.serve_and_evaluate(base_spec, rel.baseline_variant(demo_model), run, parity=True)
     aa = rel.serve_and_evaluate(cand_spec, _variant(demo_model, "w4a16-gptq", "w4a16-gptq"), run, parity=False,

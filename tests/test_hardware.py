@@ -71,6 +71,36 @@ def test_fp8_kv_cache_only_where_fp8_compute_exists():
         assert ("fp8" in p.kv_cache_dtypes) == p.supports("fp8-dynamic"), p.id
 
 
+def test_kv_cache_dtypes_are_knob_values_with_known_bytes():
+    """Every profile's kv_cache_dtypes is a value serving.kv_cache_dtype takes and the planner can size; ROCm
+    takes fp8 as e4m3 only (vLLM's cache config), so AMD profiles list no fp8_e5m2."""
+    from typing import get_args
+
+    from quantgate.plan.build import load_planner_policy
+    from quantgate.plan.knobs import KvCacheDtype
+
+    sized = set(load_planner_policy().kv_dtype_bytes) | {"auto"}
+    for p in load_catalogue().profiles:
+        assert "auto" in p.kv_cache_dtypes and set(p.kv_cache_dtypes) <= set(get_args(KvCacheDtype)) & sized, p.id
+        assert p.vendor != "amd" or "fp8_e5m2" not in p.kv_cache_dtypes, p.id
+
+
+def test_kv_cache_dtype_values_exist_in_the_installed_vllm():
+    """The knob's values are in the serving environment's vLLM CacheDType (vllm/config/cache.py), read as text."""
+    import re
+    from pathlib import Path
+    from typing import get_args
+
+    from quantgate.plan.knobs import KvCacheDtype
+
+    found = sorted(Path(__file__).parent.parent.glob(".venv-serve/lib/python*/site-packages/vllm/config/cache.py"))
+    if not found:
+        pytest.skip("no serving environment (.venv-serve) with vLLM's source")
+    block = re.search(r"CacheDType = Literal\[(.*?)\]", found[0].read_text(), re.S)
+    assert block, found[0]
+    assert set(get_args(KvCacheDtype)) <= set(re.findall(r'"([^"]+)"', block.group(1)))
+
+
 def test_cpu_profile_is_this_machine_two_workers():
     p = get_profile("x86-cpu")
     assert (p.kind, p.devices_per_node, p.interconnect) == ("cpu", 2, "none")

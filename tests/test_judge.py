@@ -24,7 +24,7 @@ from quantgate.judge.corrupt import (CalibrationConfig, calibration_pairs, chang
                                      truncate, untranslated)
 from quantgate.judge.client import JudgeClientConfig, JudgeJob, judge_all
 from quantgate.judge.core import Parsed
-from quantgate.judge.run import load_calibration_config, load_judge, run_judge
+from quantgate.judge.run import JudgeEndpoint, JudgeSettings, load_calibration_config, load_judge, run_judge
 from tests._fake_openai import FakeServer, kill_when
 from tests._judge_fakes import FakeJudge, prefer, write_run
 
@@ -254,9 +254,10 @@ def _runs(tmp_path, es, n=6):
 
 
 def _judge(url, es, tmp_path, b, c, **kw):
-    return run_judge(endpoint=url, model="fake-model", evalset=es.path, baseline=b, candidate=c, out=tmp_path / "j",
-                     calibration_per_type=2, concurrency=4,
-                     client={"backoff_s": 0.01, "backoff_max_s": 0.02}, **kw)
+    settings = JudgeSettings(calibration_per_type=2, concurrency=4, client={"backoff_s": 0.01, "backoff_max_s": 0.02},
+                             **kw)
+    return run_judge(JudgeEndpoint(url=url, model="fake-model"), settings, evalset=es.path, baseline=b, candidate=c,
+                     out=tmp_path / "j")
 
 
 def test_run_with_perfect_fake_judge_then_resume(tmp_path, es):
@@ -288,7 +289,7 @@ def test_unparsable_verdict_gets_one_retry_then_counts_invalid(tmp_path, es):
         return "hmm" if "Repeat this name" in messages[0]["content"] else perfect(messages, n)
 
     with FakeJudge(decide) as srv:
-        rep = _judge(srv.url, es, tmp_path, b, c, judge_not_stronger=True)
+        rep = _judge(srv.url, es, tmp_path, b, c, not_stronger=True)
     recs = [json.loads(x) for x in (tmp_path / "j" / "judgements.jsonl").read_text().splitlines()]
     retried = [r for r in recs if r["verdict_retry"]]
     assert retried and all(len(r["replies"]) == 2 and len(r["messages"]) == 1 for r in retried)
@@ -387,8 +388,9 @@ def test_demo_model_judges_itself(tmp_path, es, demo_model, demo_server):
     b = write_run(tmp_path / "base", es, base, "demo")  # the judged runs name the model that also judges them
     c = write_run(tmp_path / "cand", es, cand, "demo")
     srv = demo_server
-    rep = run_judge(endpoint=srv.base_url, model="demo", evalset=es.path, baseline=b, candidate=c,
-                    out=tmp_path / "j", api_key=srv.api_key, calibration_per_type=1, concurrency=8)
+    rep = run_judge(JudgeEndpoint(url=srv.base_url, model="demo", api_key=srv.api_key),
+                    JudgeSettings(calibration_per_type=1, concurrency=8), evalset=es.path, baseline=b, candidate=c,
+                    out=tmp_path / "j")
     print(json.dumps({"calibration": {k: rep["calibration"][k] for k in ("accuracy", "correct", "n", "reliable")},
                       "parse": rep["parse"], "consistency": rep["comparison"]["position_consistency"],
                       "overall": {k: rep["comparison"]["overall"][k]["rate"] for k in ("win", "tie", "loss")}}))

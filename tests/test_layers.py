@@ -23,7 +23,7 @@ LAYERS = ["base", "target", "plan", "quantize", "serving", "evals", "recall", "p
           "gate", "report", "release", "cli"]
 
 # Pure modules: computation only, no I/O; table-driven unit tests cover them.
-PURE = {"base.errors", "base.stats", "plan.planner", "plan.commands", "plan.models", "plan.slots", "evals.compare", "recall.needle",
+PURE = {"base.errors", "base.stats", "base.runfiles", "plan.knobs", "quantize.devices", "plan.planner", "plan.commands", "plan.models", "plan.slots", "evals.compare", "recall.needle",
         "recall.score", "parity.core", "perf.compare", "perf.models", "perf.intervals", "perf.sweep", "perf.metrics",
         "gate.payoff", "gate.sizeratio", "judge.core", "judge.corrupt", "judge.report",
         "gate.checks", "gate.models", "gate.statistical", "gate.sizing", "release.ladder", "fidelity.core",
@@ -133,3 +133,31 @@ def test_allowed_imports_pass():
     assert check_source("release.steps", "from quantgate.gate.checks import evaluate\nimport httpx\n") == []
     assert check_source("cli.plan", "from quantgate.cli.main import app\n") == []
     assert check_source("evals.run", "def f():\n    import torch\n") == []
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def size_problems(name: str, source: str) -> list[str]:
+    """A module over MAX_MODULE_LINES lines, and each function over MAX_FUNCTION_LINES (decorators excluded)."""
+    out = [f"{name}: {n} lines > {MAX_MODULE_LINES}"] if (n := len(source.splitlines())) > MAX_MODULE_LINES else []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                out.append(f"{name}:{node.lineno} {node.name}() has {length} lines > {MAX_FUNCTION_LINES}")
+    return out
+
+
+def test_modules_and_functions_stay_small():
+    """Read in an afternoon: no module over 400 lines, no function over 60 (quantgate/ and flows/)."""
+    files = [*PKG.rglob("*.py"), *(PKG.parent / "flows").rglob("*.py")]
+    problems = [p for f in files for p in size_problems(str(f.relative_to(PKG.parent)), f.read_text(encoding="utf-8"))]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_size_rule_catches_a_long_function_and_a_long_module():
+    long_fn = "def f():\n" + "    x = 1\n" * 60
+    assert [p for p in size_problems("m", long_fn) if "f() has 61 lines" in p]
+    assert [p for p in size_problems("m", "x = 1\n" * 401) if "401 lines > 400" in p]
+    assert size_problems("m", "def f():\n" + "    x = 1\n" * 59) == []

@@ -11,7 +11,7 @@ from aiohttp import web
 from typer.testing import CliRunner
 
 from quantgate.base.errors import ConfigError, QuantgateError
-from quantgate.cli.main import app
+from quantgate.cli.main import app, user_error
 from quantgate.perf.compare import compare, first_error, level_medians, ratio
 from quantgate.perf.models import EngineMemory, PerfResult, RunResult, Workload, parse_engine_log, run_from_bench
 from quantgate.perf.probe import check_endpoint, load_result, planner_kv, probe, weights_bytes
@@ -183,7 +183,7 @@ def test_endpoint_that_does_not_serve_the_model_lists_what_it_serves():
 ])
 def test_cli_bad_options_name_the_option(tmp_path, args, where):
     res = CliRunner().invoke(app, ["perf", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path), *args])
-    assert isinstance(res.exception, ConfigError) and res.exception.where == where
+    assert isinstance(res.exception, ConfigError) and user_error(res.exception).where == where
 
 
 def test_checkpoint_without_safetensors_and_bad_plan_are_config_errors(tmp_path):

@@ -246,6 +246,27 @@ def test_cli_json(capsys, monkeypatch):
     assert data["replicas"] == 1 and data["vllm_args"]["--pipeline-parallel-size"] == 2
 
 
+def test_cli_serving_knobs(capsys, monkeypatch):
+    """`quantgate plan` takes the spec's serving knobs as flags; they reach the vLLM arguments and the KV math."""
+    from quantgate.cli import main as cli
+
+    base = ["quantgate", "plan", "--model", str(M8B), "--hardware", "h100", "--context", "8192", "--concurrency",
+            "16", "--gpus", "1", "--json"]
+    out = {}
+    for name, extra in (("auto", []), ("knobs", ["--kv-cache-dtype", "fp8", "--max-num-seqs", "32",
+                                                  "--max-num-batched-tokens", "4096", "--no-enable-prefix-caching",
+                                                  "--no-enforce-eager", "--cudagraph-mode", "FULL"])):
+        monkeypatch.setattr(sys, "argv", base + extra)
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+        assert exc.value.code in (0, None)
+        out[name] = json.loads(capsys.readouterr().out)
+    a = out["knobs"]["vllm_args"]
+    assert (a["--kv-cache-dtype"], a["--max-num-seqs"], a["--max-num-batched-tokens"]) == ("fp8", 32, 4096)
+    assert a["--no-enable-prefix-caching"] is True and "FULL" in a["--compilation-config"]
+    assert out["knobs"]["capacity"]["kv_bytes_per_token"] * 2 == out["auto"]["capacity"]["kv_bytes_per_token"]
+
+
 def test_cli_error_is_one_message(capsys, monkeypatch):
     from quantgate.cli import main as cli
 

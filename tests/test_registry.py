@@ -44,7 +44,7 @@ def test_promote_writes_a_complete_entry(setup):
     e = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, run="runs/r1", root=root)
     entry = root / "demo" / "v1"
     assert e["path"] == str(entry) and e["reused"] is False
-    assert sorted(p.name for p in entry.iterdir()) == ["checkpoint", "decision.json", "manifest.json", "report.md"]
+    assert sorted(p.name for p in entry.iterdir()) == ["README.md", "checkpoint", "decision.json", "manifest.json", "report.md"]
     man = json.loads((entry / "manifest.json").read_text())
     assert man["candidate"] == "w4a16-gptq" and man["checkpoint"]["copied"] is True  # the entry holds the files
     assert man["checkpoint"]["path"] == "checkpoint" and man["checkpoint"]["source"] == str(ckpt.resolve())
@@ -182,8 +182,10 @@ def test_publish_to_a_uri(setup, tmp_path):
     dest = target / "demo" / "v1"
     assert (dest / "manifest.json").read_text() == (root / "demo" / "v1" / "manifest.json").read_text()
     assert (dest / "checkpoint" / "model.safetensors").is_file()
-    assert e["published"]["path"].endswith("demo/v1")
-    assert json.loads((root / "demo" / "v1" / "publish.json").read_text())["target"] == f"file://{target}"
+    assert e["published"]["where"] == str(dest)
+    (record,) = json.loads((root / "demo" / "v1" / "publish.json").read_text())["published"]
+    assert record["target"] == f"file://{target}" and record["status"] == "published" and record["verified"] is True
+    assert not (dest / "publish.json").exists()  # the record of where it went is not part of the copy
 
 
 # --- what an entry serves is what was evaluated -------------------------------------------------------------------
@@ -313,7 +315,7 @@ def test_a_later_release_cannot_change_what_an_earlier_promote_entry_serves(tmp_
     model = llama(tmp_path / "base", hidden=576, inter=1536)
     (model / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
     spec = load_spec(REPO / "releases" / "demo.yaml")
-    scheme, root = spec.schemes[0], tmp_path / "registry"  # w4a16-gptq, or int8-w8a8 where the CPU has no W4A16 kernel
+    scheme, root = spec.schemes[0], tmp_path / "registry"  # the demo's candidate (int8-w8a8)
     run = tmp_path / "results" / "runs" / "first"
     first = quantize_variant(spec, model, scheme, run, log=lambda s: None)
     assert first.path.parent == tmp_path / "results" / "checkpoints"

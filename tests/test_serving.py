@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import httpx
@@ -62,3 +63,26 @@ def test_server_that_dies_at_start_reports_its_log(tmp_path, vllm_server):
         with vllm_server(tmp_path, name="broken"):
             pass
     assert "exited with code" in err.value.message and "last log lines" in err.value.message
+
+
+def _fake_env(root, counter):
+    """An environment folder whose `python` answers `--version` like the launcher and counts how often it is asked."""
+    (root / "bin").mkdir(parents=True)
+    py = root / "bin" / "python"
+    py.write_text(f"#!/bin/sh\necho asked >> {counter}\necho 0.99.0+test\n")
+    py.chmod(0o755)
+    return py
+
+
+def test_a_built_environment_is_asked_its_vllm_version_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTGATE_HOME", str(tmp_path / "home"))
+    counter = tmp_path / "asked"
+    py = _fake_env(tmp_path / "env", counter)
+    ask = vllm_version.__wrapped__  # past the per-process cache: what a new process (a re-run) does
+    assert ask(py) == "0.99.0+test" and ask(py) == "0.99.0+test"
+    assert counter.read_text().count("asked") == 2  # no `.complete` marker: not an environment setup.sh built
+    (tmp_path / "env" / ".complete").write_text("")
+    assert ask(py) == ask(py) == "0.99.0+test"
+    assert counter.read_text().count("asked") == 3  # built: asked once, then read back
+    os.utime(tmp_path / "env" / ".complete", ns=(1, 1))  # rebuilt (a new marker): asked again
+    assert ask(py) == "0.99.0+test" and counter.read_text().count("asked") == 4

@@ -151,7 +151,7 @@ def test_extra_args_may_not_change_bind_port_key_or_code_trust(tmp_path, arg):
 
 
 def test_harmless_extra_args_pass(tmp_path):
-    args = ["--seed", "1", "--max-num-seqs", "4", "--enforce-eager", "--no-trust-remote-code", "--served-model-name=x"]
+    args = ["--seed", "1", "--block-size", "32", "--disable-log-stats", "--no-trust-remote-code", "--served-model-name=x"]
     spec = load_spec(write(tmp_path, GOOD + f"serving: {{extra_args: {args}}}\n".replace("'", '"')))
     assert spec.serving.extra_args == args
 

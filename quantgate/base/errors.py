@@ -23,6 +23,26 @@ class ConfigError(QuantgateError):
     """A configuration file (YAML/JSONL) that does not validate."""
 
 
+class SettingError(ConfigError):
+    """A bad value of one setting, raised by library code in the setting's own name (`recall.lengths`,
+    `api_key_env`): the name of the release spec field where there is one. It renders as that field; a caller
+    that took the value from elsewhere names it in its own terms (`in_terms`): the CLI as its flag (`--lengths`)."""
+
+    def __init__(self, message: str, *, setting: str, fix: str | None = None, where: str | None = None):
+        self.setting = setting
+        super().__init__(message, where=where or setting, fix=fix)
+
+    def in_terms(self, name: str) -> "SettingError":
+        """The same error, its setting called `name` (a flag, a field with its file and line)."""
+        return SettingError(self.message, setting=self.setting, fix=self.fix, where=name)
+
+
+def as_flag(setting: str) -> str:
+    """A setting's command-line flag: its last part, dashed (`recall.lengths` -> `--lengths`, `api_key_env` ->
+    `--api-key-env`); several settings joined by ' / ' stay joined."""
+    return " / ".join("--" + part.strip().rsplit(".", 1)[-1].replace("_", "-") for part in setting.split("/"))
+
+
 def did_you_mean(name: object, known: Iterable[str]) -> str:
     """' (did you mean 'x'?)' for the known name closest to `name`, or '' when none is close (difflib)."""
     close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.errors import QuantgateError, SettingError
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -163,12 +163,12 @@ def pid_alive(pid: int) -> bool:
 def resolve_api_key(api_key_env: str | None = None, prefect_secret: str | None = None) -> str | None:
     """An API key from an environment variable or a Prefect Secret block (None: no key)."""
     if api_key_env and prefect_secret:
-        raise ConfigError("give either an environment variable or a Prefect Secret block, not both",
-                             where="--api-key-env / --prefect-secret")
+        raise SettingError("give either an environment variable or a Prefect Secret block, not both",
+                             setting="api_key_env / prefect_secret")
     if api_key_env:
         key = os.environ.get(api_key_env)
         if not key:
-            raise ConfigError(f"environment variable {api_key_env} is not set or empty", where="--api-key-env",
+            raise SettingError(f"environment variable {api_key_env} is not set or empty", setting="api_key_env",
                                  fix=f"export {api_key_env}=... or drop --api-key-env")
         return key
     if prefect_secret:
@@ -177,7 +177,7 @@ def resolve_api_key(api_key_env: str | None = None, prefect_secret: str | None =
 
             return Secret.load(prefect_secret).get()
         except Exception as exc:  # import error, unknown block, unreachable Prefect API
-            raise ConfigError(f"cannot read Prefect Secret block {prefect_secret!r}: {exc}", where="--prefect-secret",
+            raise SettingError(f"cannot read Prefect Secret block {prefect_secret!r}: {exc}", setting="prefect_secret",
                                  fix="create it (prefect block create secret) and check PREFECT_API_URL") from None
     return None
 

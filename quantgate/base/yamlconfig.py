@@ -34,6 +34,7 @@ from quantgate.base.errors import ConfigError, did_you_mean
 
 M = TypeVar("M", bound=BaseModel)
 ITEM = "quantgate_item"  # ctx key of `item_error`: the index of the list item an error is about
+FIELD = "quantgate_field"  # ctx key of `field_error`: the field (below the error's place) it is about
 _MERGE = "tag:yaml.org,2002:merge"
 _BOM = "\ufeff"
 
@@ -164,6 +165,12 @@ def item_error(index: int, message: str) -> PydanticCustomError:
     return PydanticCustomError("value_error", message, {ITEM: index})
 
 
+def field_error(path: tuple[str, ...], message: str) -> PydanticCustomError:
+    """For a validator of a whole model (a cross-field check): an error about its field `path` (relative to the
+    model, e.g. ("serving", "kv_cache_dtype")), named and reported at that field's own line."""
+    return PydanticCustomError("value_error", message, {FIELD: list(path)})
+
+
 def _jsonable(value: Any) -> Any:
     """YAML data as JSON data: keys as text, dates as ISO text, sets as lists (JSON mode validates the rest)."""
     if isinstance(value, dict):
@@ -238,7 +245,7 @@ def validation_error(path: Path, exc: ValidationError, lines: dict[tuple, int], 
     """Turn a pydantic error into one ConfigError listing every problem with its line."""
     problems = []
     for err in exc.errors():
-        loc = tuple(err["loc"])
+        loc = tuple(err["loc"]) + tuple((err.get("ctx") or {}).get(FIELD) or ())
         item = (err.get("ctx") or {}).get(ITEM)
         at = loc + (item,) if isinstance(item, int) else loc
         # the deepest prefix of the location that exists in the file gives the line

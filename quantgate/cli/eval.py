@@ -1,7 +1,9 @@
-"""`quantgate eval` and `quantgate compare`: thin commands over quantgate.evals.run (imports stay lazy)."""
+"""`quantgate eval` and `quantgate compare`: thin commands over quantgate.evals.run, and over quantgate.evals.lmeval
+for an lm-evaluation-harness task (`--lm-eval-task`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -9,34 +11,59 @@ from typing import Annotated, Optional
 
 import typer
 
+from quantgate.base import progress as progress_lines
+from quantgate.base.errors import ConfigError
 from quantgate.base.fileio import resolve_api_key
+from quantgate.evals.lmeval import run_lm_eval
+from quantgate.evals.lmeval_tasks import DEFAULT_INCLUDE, find_tasks
 from quantgate.evals.run import compare_dirs, run_eval
 
 
 def eval_cmd(
     endpoint: Annotated[str, typer.Option(help="OpenAI-compatible server, e.g. http://127.0.0.1:8000")],
     model: Annotated[str, typer.Option(help="served model name")],
-    evalset: Annotated[Path, typer.Option(help="eval set JSONL (with its .meta.yaml beside it)")],
     out: Annotated[Path, typer.Option(help="run directory; re-running into it resumes")],
+    evalset: Annotated[Optional[Path], typer.Option(help="eval set JSONL (with its .meta.yaml beside it)")] = None,
+    lm_eval_task: Annotated[Optional[str], typer.Option(help="instead of --evalset: an lm-evaluation-harness task "
+                                                        "(a `task:` name under --include-path), run by lm-eval")] = None,
+    include_path: Annotated[Path, typer.Option(help="folder of lm-eval task files")] = DEFAULT_INCLUDE,
+    num_fewshot: Annotated[Optional[int], typer.Option(min=0, help="lm-eval few-shot examples (default: the task's)")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="requests in flight")] = 16,
-    limit: Annotated[Optional[int], typer.Option(min=1, help="N samples, round-robin over categories (CI subsets)")] = None,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="N samples, round-robin over categories (CI subsets); an lm-eval task: its first N documents")] = None,
     api_key_env: Annotated[Optional[str], typer.Option(help="environment variable holding the API key")] = None,
     model_hash: Annotated[Optional[str], typer.Option(help="checkpoint hash for the cache key (default: the name)")] = None,
     seed: Annotated[int, typer.Option(help="sampling seed sent with every request")] = 0,
-    timeout: Annotated[float, typer.Option(help="seconds per request")] = 120.0,
+    timeout: Annotated[float, typer.Option(help="seconds per request (eval sets; lm-eval: its own 300 s)")] = 120.0,
     max_error_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="stop when this share of requests fails")] = 0.05,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
-    """Send an eval set to a running server, score the answers, write the run directory."""
+    """Send an eval set (or an lm-eval task) to a running server, score the answers, write the run directory."""
+    if (evalset is None) == (lm_eval_task is None):
+        raise ConfigError("give exactly one of --evalset or --lm-eval-task", where="--evalset/--lm-eval-task",
+                          fix="e.g. --evalset eval_sets/default.jsonl, or --lm-eval-task qg_numbers")
     api_key = resolve_api_key(api_key_env)
-
-    summary = run_eval(evalset, endpoint, model, out, concurrency=concurrency, limit=limit, api_key=api_key,
-                       model_hash=model_hash, seed=seed, timeout_s=timeout, max_error_rate=max_error_rate,
-                       progress=progress)
+    if lm_eval_task is not None:
+        shown = progress_lines.reporting(f"lm-eval {lm_eval_task}", print) if progress else contextlib.nullcontext()
+        with shown:  # lines every 30 s, and a bar on a terminal
+            summary = run_lm_eval(_task_file(include_path, lm_eval_task), lm_eval_task, endpoint, model, out,
+                                  api_key=api_key, model_hash=model_hash, limit=limit, num_fewshot=num_fewshot,
+                                  concurrency=concurrency, max_error_rate=max_error_rate)
+    else:
+        summary = run_eval(evalset, endpoint, model, out, concurrency=concurrency, limit=limit, api_key=api_key,
+                           model_hash=model_hash, seed=seed, timeout_s=timeout, max_error_rate=max_error_rate,
+                           progress=progress)
     print(f"{summary['n_answered']}/{summary['n_samples']} answered, error rate {summary['error_rate']:.1%} -> {out}")
     for name, m in summary["metrics"].items():
         cats = "  ".join(f"{c}={v['mean']:.3f}" for c, v in m["by_category"].items())
         print(f"  {name:<16} {m['overall']['mean']:.3f} (n={m['overall']['n']})  {cats}")
+
+
+def _task_file(include: Path, task: str) -> Path:
+    found = find_tasks(include) if include.is_dir() else {}
+    if task not in found:
+        raise ConfigError(f"no lm-eval task {task!r} under {include}; tasks found there: {', '.join(sorted(found)) or 'none'}",
+                          where="--lm-eval-task", fix="name one of them, or point --include-path at your task folder")
+    return found[task]
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:

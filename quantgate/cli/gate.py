@@ -16,7 +16,8 @@ from quantgate.base.errors import QuantgateError
 from quantgate.gate.evidence import gate_run, overall
 from quantgate.gate.models import EXIT_CODES
 from quantgate.gate.policy import DEFAULT_POLICY, load_policy
-from quantgate.gate.sizing import sizing
+from quantgate.gate.sizing import recall_sizing, sizing
+from quantgate.report.junit import write_junit
 
 
 def gate(
@@ -29,6 +30,7 @@ def gate(
     """Check a release's evidence against a policy; write decision.json; exit 0 PROMOTE, 3 REJECT, 4 INCONCLUSIVE."""
     try:
         decisions, path = gate_run(evidence, policy, candidate or None, out=out)
+        write_junit(path)  # decision.junit.xml next to it, for CI
     except QuantgateError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         raise typer.Exit(2) from None
@@ -51,8 +53,12 @@ def sizing_cmd(
     n: Annotated[Optional[list[int]], typer.Option(help="paired samples per check; repeatable")] = None,
     base: Annotated[float, typer.Option(help="baseline accuracy of the binary measure")] = 0.4,
     discordance: Annotated[float, typer.Option(help="share of samples that change either way")] = 0.10,
+    needles: Annotated[Optional[list[int]], typer.Option(help="recall needles (paired) to size; repeatable")] = None,
+    recall_base: Annotated[float, typer.Option(help="baseline recall per needle")] = 0.5,
+    design_effect: Annotated[float, typer.Option(help="needles sharing a haystack count as n / this independent "
+                                                      "ones (a run's recall delta.json reports it)")] = 1.0,
 ) -> None:
-    """How large an eval set must be: each task check's minimum detectable drop at n, against its limit."""
+    """How large an eval set and a recall grid must be: each check's minimum detectable drop at n, against its limit."""
     try:
         pol = load_policy(policy)
     except QuantgateError as exc:
@@ -69,3 +75,19 @@ def sizing_cmd(
     limits = {r.check: r for r in sizing(pol, family, {c: 1 for c in checks}, base=base, discordance=discordance)}
     print("limits: " + ", ".join(f"{c} {r.limit:.1%} (provable from about {r.needs} samples)" for c, r in limits.items()))
     print("* limit below the minimum detectable drop: the check detects harm there, fidelity carries the proof")
+    _recall_rows(pol, len(checks), needles or [60, 120, 240, 480], recall_base, discordance, design_effect)
+
+
+def _recall_rows(pol, other_checks: int, needles: list[int], base: float, discordance: float, deff: float) -> None:
+    """The recall check's rows: its minimum detectable drop at each needle count (quantgate.gate.sizing)."""
+    rows = [r for n in needles if (r := recall_sizing(pol, n, other_checks=other_checks, base=base,
+                                                      discordance=discordance, design_effect=deff)) is not None]
+    if not rows:
+        print("recall: the policy has no recall check")
+        return
+    unit = "relative" if pol.recall.kind == "relative" else "absolute"
+    print(f"\nrecall ({unit} drop, baseline recall {base:.0%}, design effect {deff:g}):")
+    print("| needles | MDD | limit |\n|---|---|---|")
+    for r in rows:
+        print(f"| {r.n} | {r.mdd:.1%}{' *' if r.below else ''} | {r.limit:.1%} |")
+    print(f"recall limit {rows[0].limit:.1%} provable from about {rows[0].needs} needles")

@@ -12,7 +12,7 @@ from quantgate.base.fileio import resolve_api_key
 from quantgate.base.paths import JUDGES
 from quantgate.judge.report import warnings
 from quantgate.judge.review import MIN_PAIRS, export_review, import_review
-from quantgate.judge.run import run_judge
+from quantgate.judge.run import JudgeEndpoint, JudgeSettings, run_judge
 
 
 def judge_cmd(
@@ -36,11 +36,12 @@ def judge_cmd(
     seed: Annotated[int, typer.Option(help="seed sent with every judge request")] = 0,
 ) -> None:
     """Calibrate an LLM judge, then judge candidate vs baseline answers pairwise in both orders."""
-    report = run_judge(endpoint=endpoint, model=model, evalset=evalset, baseline=baseline, candidate=candidate,
-                       out=out, judge_path=judge, calibration_bar=calibration_bar, margin=margin,
-                       api_key=resolve_api_key(api_key_env, prefect_secret), concurrency=concurrency,
-                       timeout_s=timeout, limit=limit, calibration_per_type=calibration_per_type,
-                       judge_model_hash=judge_model_hash, judge_not_stronger=judge_not_stronger, seed=seed)
+    at = JudgeEndpoint(url=endpoint, model=model, api_key=resolve_api_key(api_key_env, prefect_secret),
+                       model_hash=judge_model_hash)
+    settings = JudgeSettings(template=judge, calibration_bar=calibration_bar, calibration_per_type=calibration_per_type,
+                             margin=margin, not_stronger=judge_not_stronger, concurrency=concurrency, timeout_s=timeout,
+                             limit=limit, seed=seed)
+    report = run_judge(at, settings, evalset=evalset, baseline=baseline, candidate=candidate, out=out)
     cal, o = report["calibration"], report["comparison"]["overall"]
     for w in warnings(report):
         print(w.replace("**", ""))

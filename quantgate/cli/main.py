@@ -6,9 +6,10 @@ import sys
 
 import typer
 
-from quantgate.base.errors import QuantgateError
+from quantgate.base.errors import QuantgateError, SettingError, as_flag
 from quantgate.cli import eval as eval_cmds
 from quantgate.cli import check, gate, judge, models, perf, plan, quant, recall, release, report
+from quantgate.cli import registry as registry_cmds
 
 app = typer.Typer(
     help="Quantize an LLM for its target hardware, validate it against the baseline, gate its release.",
@@ -34,7 +35,14 @@ app.command("schemes")(quant.schemes)
 app.command("quantize")(quant.quantize)
 app.command("plan")(plan.plan)
 app.add_typer(models.models_app, name="models")
+app.add_typer(registry_cmds.registry_app, name="registry")
 app.command("check")(check.check)
+
+
+def user_error(exc: QuantgateError) -> QuantgateError:
+    """The error in the command line's terms: the library names a setting (`recall.lengths`), the user gave it as
+    a flag (`--lengths`)."""
+    return exc.in_terms(as_flag(exc.setting)) if isinstance(exc, SettingError) else exc
 
 
 def main() -> None:
@@ -42,7 +50,7 @@ def main() -> None:
     try:
         app()
     except QuantgateError as exc:
-        print(f"error: {exc.render()}", file=sys.stderr)
+        print(f"error: {user_error(exc).render()}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -6,13 +6,16 @@ import json
 import re
 import shlex
 from pathlib import Path
+from typing import get_args
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from quantgate.base.errors import ConfigError
 from quantgate.plan.build import PLANNER_FILE, build_plan
+from quantgate.plan.knobs import CudagraphMode
 from quantgate.plan.models import Plan
 
 # Placeholders a printed command keeps for the user's launcher to fill (quant_recipes/planner.yaml's master_addr is
@@ -82,9 +85,18 @@ def plan(
     concurrency: int = typer.Option(..., "--concurrency", help="concurrent requests each replica must hold"),
     gpus: int | None = typer.Option(None, "--gpus", help="devices per node (default: the profile's)"),
     nodes: int = typer.Option(1, "--nodes"),
-    kv_dtype: str = typer.Option("auto", "--kv-dtype", help="auto or fp8"),
+    kv_dtype: str = typer.Option("auto", "--kv-dtype", "--kv-cache-dtype",
+                                 help="auto, fp8, fp8_e4m3 or fp8_e5m2 (the profile's kv_cache_dtypes)"),
     replicas: int | None = typer.Option(None, "--replicas", help="required number of replicas"),
-    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization"),
+    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization", help="GPU profiles only"),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="requests running at once per replica"),
+    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", help="tokens per step"),
+    enable_prefix_caching: bool | None = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching",
+                                                      help="default: vLLM's (on)"),
+    enforce_eager: bool | None = typer.Option(None, "--enforce-eager/--no-enforce-eager",
+                                              help="default: the planner's (eager on CPU unless PP > 1)"),
+    cudagraph_mode: str | None = typer.Option(None, "--cudagraph-mode", help="GPU: NONE, PIECEWISE, FULL, "
+                                              "FULL_DECODE_ONLY or FULL_AND_PIECEWISE"),
     cpu_cores_per_worker: int = typer.Option(1, "--cpu-cores-per-worker", help="CPU targets: cores bound per rank"),
     master_addr: str | None = typer.Option(None, "--master-addr", help="multi-node head address"),
     master_port: int | None = typer.Option(None, "--master-port", help="multi-node head port (default: the policy's)"),
@@ -93,8 +105,13 @@ def plan(
     out: Path | None = typer.Option(None, "--out", help="also write the plan JSON to this file"),
 ) -> None:
     """Choose TP/PP/DP/EP and the vLLM arguments for a model on a hardware target, with the reasons."""
+    if cudagraph_mode is not None and cudagraph_mode not in get_args(CudagraphMode):
+        raise ConfigError(f"unknown CUDA graph mode {cudagraph_mode!r}", where="--cudagraph-mode",
+                          fix=f"use one of: {', '.join(get_args(CudagraphMode))}")
     p = build_plan(model, hardware, context=context, concurrency=concurrency, gpus=gpus, nodes=nodes, kv_dtype=kv_dtype,
-                   replicas=replicas, gpu_memory_utilization=gpu_memory_utilization,
+                   replicas=replicas, gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+                   max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
+                   enforce_eager=enforce_eager, cudagraph_mode=cudagraph_mode,
                    cpu_cores_per_worker=cpu_cores_per_worker, master_addr=master_addr, master_port=master_port,
                    nodes_share_host=nodes_share_host)
     text = json.dumps(p.model_dump(mode="json"), indent=2)

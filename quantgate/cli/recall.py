@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from quantgate.base.runfiles import REQUESTS
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import resolve_api_key
 from quantgate.recall import haystack as hs, needle as nd, run as rc
@@ -50,7 +51,7 @@ def recall(
     if max_model_len is not None:
         nd.check_lengths(length_list, max_model_len, max_answer_tokens, "--max-model-len")
     api_key = resolve_api_key(api_key_env)
-    if baseline is not None and not (baseline / "requests.jsonl").is_file():
+    if baseline is not None and not (baseline / REQUESTS).is_file():
         raise QuantgateError("no requests.jsonl in the baseline directory", where=f"--baseline {baseline}",
                              fix="give the --out directory of a finished `quantgate recall` run")
     if max_model_len is None:

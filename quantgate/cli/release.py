@@ -13,6 +13,7 @@ import typer
 from quantgate.base.paths import REPO, results_dir
 from quantgate.cli.check import Kind, check
 from quantgate.gate.models import EXIT_CODES
+from quantgate.release.publishing import env_notes, exit_code, failures
 from quantgate.release.runrecord import check_new_run_id, timings
 from quantgate.release.spec import load_spec
 from quantgate.release.steps import sizing_warnings
@@ -34,8 +35,11 @@ def _check_only(spec: Path) -> None:
     """`--check`: the spec, every eval set it names and its policy, validated without serving or quantizing
     anything; then the sample-size warnings. Exit 0 when all are good, 2 otherwise."""
     check([spec], kind=Kind.spec)  # raises typer.Exit(2) on a bad file
-    for warning in sizing_warnings(load_spec(spec)):
+    loaded = load_spec(spec)
+    for warning in sizing_warnings(loaded):
         print(f"sample size: {warning}")
+    for note in env_notes(loaded.publish, loaded.notify):  # credentials are read at run time: said now, not fatal
+        print(f"note: {note}")
     raise typer.Exit(0)
 
 
@@ -49,7 +53,8 @@ def release(
     """Run a release to a decision: quantize, serve and evaluate every variant, compare, gate, promote.
 
     Exit code 0: a candidate was promoted; 3: REJECT (harm detected in every candidate); 4: INCONCLUSIVE (no candidate
-    promoted, at least one for lack of evidence); 2: bad input; 1: a step failed."""
+    promoted, at least one for lack of evidence); 5: promoted, but a `publish:` target or a `notify:` webhook failed
+    (the entry stays promoted; <run>/publish.json, notify.json); 2: bad input; 1: a step failed."""
 
     if check_only:
         _check_only(spec)
@@ -71,7 +76,13 @@ def release(
     for name, row in summary["candidates"].items():
         print(f"{name}: {row['decision']}" + "".join(f"\n  - {r}" for r in row["reasons"]))
     _print_timings(summary["run"])
-    raise typer.Exit(EXIT_CODES[summary["decision"]])
+    for r in summary.get("publish", []):
+        print(f"publish {r.get('candidate')} to {r.get('target')}: {r.get('status')}" + (f" ({r['where']})" if r.get("where") else ""))
+    for r in summary.get("notify", []):
+        print(f"notify {r.get('url')}: {r.get('status')}")
+    for line in failures(summary):  # publishing and webhooks: reported, never swallowed
+        print(f"error: {line}", file=sys.stderr)
+    raise typer.Exit(exit_code(summary, EXIT_CODES[summary["decision"]]))
 
 
 def _print_timings(run_id: str) -> None:

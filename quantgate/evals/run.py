@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from quantgate.base.runfiles import MANIFEST, RESULTS, SCORES, SUMMARY
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json, write_text
 from quantgate.base.http import EndpointError, api_base, get_json, model_entry, read_results
@@ -92,7 +93,7 @@ def _manifest(es, cfg: ClientConfig, server: dict[str, Any], *, model_hash: str 
 def _claim(out: Path, manifest: dict[str, Any]) -> Path:
     """Write the manifest into `out` (new or resumed run); refuse a directory that holds a run of something else."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "manifest.json"
+    path = out / MANIFEST
     if path.is_file() and _read_json(path).get("cache_key") != manifest["cache_key"]:
         prev = _read_json(path)
         diff = [k for k in ("evalset", "model", "model_hash", "decoding", "engine_version") if prev.get(k) != manifest.get(k)]
@@ -104,15 +105,15 @@ def _claim(out: Path, manifest: dict[str, Any]) -> Path:
 
 def _score(out: Path, samples, metrics: list[str]) -> dict[str, Any]:
     """Score the answered samples into scores.jsonl and summarize them into summary.json; returns the summary."""
-    records = read_results(out / "results.jsonl")
+    records = read_results(out / RESULTS)
     wanted = {s.id for s in samples}
     outputs = {i: r["output"] for i, r in records.items() if i in wanted and r.get("error") is None}
     scores = scoring.score_samples(samples, outputs)
-    write_text(out / "scores.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scores))
+    write_text(out / SCORES, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scores))
     failed = len(samples) - len(outputs)
     summary = {"n_samples": len(samples), "n_answered": len(outputs), "n_failed": failed,
                "error_rate": failed / len(samples) if samples else 0.0, "metrics": summarize(scores, metrics)}
-    write_json(out / "summary.json", summary)
+    write_json(out / SUMMARY, summary)
     return summary
 
 
@@ -145,7 +146,7 @@ def run_eval(
     manifest_path = _claim(out, manifest)
     requests = [Request(s.id, s.chat(), es.max_tokens(s)) for s in samples]
     try:
-        stats = run(requests, out / "results.jsonl", cfg)
+        stats = run(requests, out / RESULTS, cfg)
     except ErrorRateExceeded as exc:
         write_json(manifest_path, {**manifest, "status": "failed", "error": exc.message, "error_rate": exc.share})
         raise
@@ -161,7 +162,7 @@ def run_eval(
 
 def _status(run_dir: Path | str) -> str | None:
     try:
-        return json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8")).get("status")
+        return json.loads((Path(run_dir) / MANIFEST).read_text(encoding="utf-8")).get("status")
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -183,15 +184,15 @@ def load_run(run_dir: Path | str) -> tuple[dict, list[dict]]:
     """(manifest, records with id, category, output, scores) of a scored run directory: complete, or partial (some
     requests failed; their samples have no output and count in summary.json's n_failed)."""
     run_dir = Path(run_dir)
-    manifest = _read_json(run_dir / "manifest.json")
+    manifest = _read_json(run_dir / MANIFEST)
     if manifest.get("status") not in USABLE:
         raise QuantgateError(f"run status is {manifest.get('status')!r}, not 'complete' or 'partial'",
-                             where=str(run_dir / "manifest.json"),
+                             where=str(run_dir / MANIFEST),
                              fix="re-run `quantgate eval` with the same --out to finish it")
 
-    results = read_results(run_dir / "results.jsonl")
+    results = read_results(run_dir / RESULTS)
     records = []
-    path = run_dir / "scores.jsonl"
+    path = run_dir / SCORES
     if not path.is_file():
         raise QuantgateError("missing file", where=str(path), fix="re-run `quantgate eval` with the same --out")
     for no, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):

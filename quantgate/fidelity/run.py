@@ -28,13 +28,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from quantgate.base.runfiles import MANIFEST
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json, repair_tail
 from quantgate.fidelity.core import SampleFidelity, ScoredSample, compare_sample
 
 SCHEMA = 1
-DUMP, MANIFEST = "logprobs.jsonl", "manifest.json"
+DUMP = "logprobs.jsonl"
 CORPUS_CATEGORY = "corpus"
 Progress = Callable[[int, int], None]
 

@@ -58,11 +58,30 @@ def _category_items(policy: GatePolicy, ev: GateEvidence, family: str | None) ->
 
 
 def _recall_items(policy: GatePolicy, ev: GateEvidence) -> list[TaskItem]:
+    """The recall check; required whatever the policy says when the candidate's KV cache dtype differs from the
+    baseline's (an FP8 KV cache must pass long-context recall before it ships)."""
     r = policy.recall
     if r is None:
         return []
-    return [TaskItem(f"recall:{r.measure}", ev.recall.get(r.measure), r.kind, r.value, policy.bound_of(r), r.required,
-                     why_missing=_gap(ev, "recall", "no recall comparison (quantgate recall --baseline)"))]
+    why, file = _gap(ev, "recall", "no recall comparison (quantgate recall --baseline)")
+    if ev.kv_cache is not None:
+        why = f"{why}; required because {kv_change(ev)}"
+    return [TaskItem(f"recall:{r.measure}", ev.recall.get(r.measure), r.kind, r.value, policy.bound_of(r),
+                     r.required or ev.kv_cache is not None, why_missing=(why, file))]
+
+
+def kv_change(ev: GateEvidence) -> str:
+    kv = ev.kv_cache
+    assert kv is not None
+    return f"the candidate's KV cache dtype is {kv.candidate}, the baseline's {kv.baseline}"
+
+
+def _kv_without_recall(policy: GatePolicy, ev: GateEvidence) -> list[Check]:
+    """A changed KV cache dtype under a policy without a recall check: undecided, never promoted (fail-closed)."""
+    if ev.kv_cache is None or policy.recall is not None:
+        return []
+    return [missing("recall:kv_cache", True, f"{kv_change(ev)}, which must pass long-context recall, and the policy "
+                    "has no recall check: add a `recall` section to the policy", ev.kv_cache.file)]
 
 
 def _unknown_family(policy: GatePolicy, ev: GateEvidence) -> Check:
@@ -139,6 +158,25 @@ def _parity(policy: GatePolicy, ev: GateEvidence) -> Check:
                  reason=p.reason or f"verdict {p.verdict}")
 
 
+NOT_APPLICABLE = {"engine_parity": ("parity", "engine_parity"), "pay_off:size_ratio": ("size", "size_ratio")}
+SAID = {"skip": "accepted", "fail": "refused", "missing": "counted as missing evidence"}
+
+
+def not_applicable(policy: GatePolicy, ev: GateEvidence, check: Check) -> Check:
+    """A check whose evidence cannot exist for this candidate (a gap marked not applicable) as the policy's
+    `not_applicable` rule says: missing (the missing-evidence rule: INCONCLUSIVE when required), skip or fail."""
+    slot, rule_name = NOT_APPLICABLE.get(check.name, ("", ""))
+    gap = ev.gaps.get(slot)
+    if gap is None or not gap.not_applicable or check.outcome in ("pass", "fail"):
+        return check
+    rule = getattr(policy.not_applicable, rule_name)
+    outcome = {"skip": "skipped", "fail": "fail"}.get(rule, "inconclusive" if check.required else "skipped")
+    fix = f" (not_applicable.{rule_name}: skip would accept it)" if outcome == "inconclusive" else ""
+    return check.model_copy(update={"outcome": outcome, "measured": "not applicable", "evidence_file": gap.file,
+                                    "reason": f"{gap.reason}; {SAID[rule]} by the policy (not_applicable."
+                                              f"{rule_name}: {rule}){fix}"})
+
+
 def operating(policy: GatePolicy) -> OperatingCharacteristics:
     st, f = policy.statistics, policy.fidelity
     note = (f"A lossless candidate (no true drop on any task measure, fidelity at the noise floor) is rejected by the "
@@ -181,11 +219,12 @@ def evaluate(policy: GatePolicy, evidence: GateEvidence, policy_ref: dict[str, s
     elif policy.primary is not None:
         items += _primary_items(policy, evidence, family)  # type: ignore[arg-type]
     items += _category_items(policy, evidence, family) + _recall_items(policy, evidence)
-    checks += fidelity + task_checks(items, policy, proven)
+    checks += fidelity + task_checks(items, policy, proven) + _kv_without_recall(policy, evidence)
     if policy.judge is not None:
         checks.append(_judge(policy, evidence))
     if policy.pay_off is not None:
         checks += pay_off_checks(policy, evidence)
+    checks = [not_applicable(policy, evidence, c) for c in checks]
     verdict, reasons, needs = _verdict(checks)
     return Decision(decision=verdict, candidate=evidence.candidate, scheme=evidence.scheme, family=family,  # type: ignore[arg-type]
                     policy={"name": policy.name, "version": policy.version, **(policy_ref or {})}, checks=checks,

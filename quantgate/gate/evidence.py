@@ -2,7 +2,9 @@
 
 Files read (written by the release flow, quantgate/release/steps.py, and the tools it calls):
     <run>/compare/<candidate>.json        {eval set: quantgate.evals.run.compare_dirs output}: metrics, categories
-    <run>/<variant>/evidence.json         variant (scheme, size_bytes), eval run folders; the baseline's parity
+    <run>/<variant>/evidence.json         variant (scheme, size_bytes), eval run folders; the baseline's parity;
+                                          serve_command: a KV cache dtype other than the baseline's makes
+                                          the recall check required (GateEvidence.kv_cache)
     <eval run>/summary.json, manifest.json  error rate per eval set (status 'failed' carries its error rate too)
     <run>/<candidate>/quantization.json   scheme and compression ratio, when evidence.json lacks them
     <run>/summary.json                    size ratio, when evidence.json lacks sizes
@@ -17,33 +19,35 @@ Files read (written by the release flow, quantgate/release/steps.py, and the too
     <run>/fidelity/floor.json             the same for the baseline against itself on another execution path
     <run>/<candidate>/error.json          the candidate's vLLM server could not start or died (release flow): the
                                           gate rejects it with that reason (a `serving` check), whatever else is there
+Evidence that cannot exist for a variant (evidence.json's `not_applicable`: an endpoint has no checkpoint files, an
+endpoint baseline no local weights for engine parity) becomes a gap marked not applicable, with the variant's reason;
+the policy's `not_applicable` decides whether its check accepts that (quantgate.gate.checks).
 The recall folder, judge report and pay-off figures can be given directly instead. A file that is missing,
 unreadable or of the wrong shape becomes an entry of `GateEvidence.gaps` with the reason: never an exception.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from quantgate.base.runfiles import DELTA, ERROR, EVIDENCE, JUDGE_REPORT, MANIFEST, PAY_OFF, QUANTIZATION, REQUESTS, RUN, SUMMARY
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import write_json
 from quantgate.base.stats import num as _num
 from quantgate.evals.compare import paired_stats
 from quantgate.fidelity.core import SampleFidelity, summarize
 from quantgate.gate.checks import evaluate
+from quantgate.gate.decisionfile import overall, policy_ref, write_decision  # (re-exported: steps and the CLI use them)
 from quantgate.gate.models import (Check, Decision, FidelityEvidence, Gap, GateEvidence, Interval, JudgeEvidence,
-                                   ParityEvidence, RateEvidence, Ratio, Stat)
+                                   KvCacheChange, ParityEvidence, RateEvidence, Ratio, Stat)
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizeratio import size_ratio
 from quantgate.perf.models import PayOffFigures
 
 BASELINE = "baseline"
-CANDIDATE_ERROR = "error.json"  # <run>/<candidate>/error.json: its server could not start or died
+CANDIDATE_ERROR = ERROR  # <run>/<candidate>/error.json: its server could not start or died
 
 
 class _Bad(Exception):
@@ -69,11 +73,12 @@ def _stat(d: Mapping, higher: bool, file: Path, binary: bool = False) -> Stat:
 
 
 def candidates(run: Path | str) -> list[str]:
-    """Candidates of the run: those with a comparison, and the spec's schemes that have a folder in it (their
+    """Candidates of the run: those with a comparison, and the spec's schemes and `candidates` that have a folder in it (their
     comparison may be missing: the gate then rejects them), in the spec's scheme order."""
     run = Path(run)
     try:
-        order = [str(s) for s in _read(run / "run.json")["spec"]["schemes"]]
+        spec = _read(run / RUN)["spec"]
+        order = [str(s) for s in spec["schemes"]] + [str(c["name"]) for c in spec.get("candidates") or []]
     except (_Bad, KeyError, TypeError):
         order = []
     found = {p.stem for p in (run / "compare").glob("*.json")} | {s for s in order if (run / s).is_dir()}
@@ -101,21 +106,21 @@ def comparison_evidence(data: Mapping[str, Mapping], path: Path, ev: dict) -> No
 
 
 def _eval_error_rate(variant: str, set_name: str, folder: Path) -> RateEvidence:
-    summary = folder / "summary.json"
+    summary = folder / SUMMARY
     if summary.is_file():
         s = _read(summary)
         return RateEvidence(name=f"{variant}/{set_name}", rate=_num(s.get("error_rate")), n=int(s.get("n_samples") or 0),
                             file=str(summary))
-    manifest = _read(folder / "manifest.json")
+    manifest = _read(folder / MANIFEST)
     if manifest.get("status") == "failed" and _num(manifest.get("error_rate")) is not None:
         return RateEvidence(name=f"{variant}/{set_name}", rate=_num(manifest["error_rate"]),
-                            n=int(manifest.get("n_samples") or 0), file=str(folder / "manifest.json"))
+                            n=int(manifest.get("n_samples") or 0), file=str(folder / MANIFEST))
     raise _Bad(f"eval run {folder} has no summary.json (status {manifest.get('status')!r})")
 
 
 def _variant(run: Path, name: str, ev: dict) -> dict:
     """evidence.json of a variant; its eval sets' error rates go into ev['error_rates']."""
-    path = run / name / "evidence.json"
+    path = run / name / EVIDENCE
     data = _read(path)
     problems = []
     for set_name, folder in sorted((data.get("evals") or {}).items()):
@@ -128,9 +133,31 @@ def _variant(run: Path, name: str, ev: dict) -> dict:
     return data
 
 
+def kv_cache_change(base: Mapping | None, cand: Mapping | None, file: str) -> KvCacheChange | None:
+    """The KV cache dtypes of the two servers (--kv-cache-dtype in evidence.json's serve_command; absent: auto) when
+    they differ; None when they match or a command is not known."""
+    def dtype(ev: Mapping | None) -> str | None:
+        cmd = (ev or {}).get("serve_command")
+        if not isinstance(cmd, list) or not cmd:  # no command (e.g. an endpoint): the dtype is not known
+            return None
+        flags = {a.split("=", 1)[0]: (a.split("=", 1)[1] if "=" in a else (cmd[i + 1] if i + 1 < len(cmd) else ""))
+                 for i, a in enumerate(cmd) if isinstance(a, str) and a.startswith("--kv-cache-dtype")}
+        return str(flags.get("--kv-cache-dtype", "auto"))
+    b, c = dtype(base), dtype(cand)
+    return KvCacheChange(baseline=b, candidate=c, file=file) if b and c and b != c else None
+
+
 def _gap(ev: dict, slot: str, reason: str, file: str | None = None) -> None:
     old = ev["gaps"].get(slot)
     ev["gaps"][slot] = Gap(reason=f"{old.reason}; {reason}" if old else reason, file=(old.file if old else None) or file)
+
+
+def _not_applicable(ev: dict, slot: str, variants: list[dict | None], file: str) -> bool:
+    """Mark `slot` not applicable, with the reasons, where the variants' evidence.json say so; True when marked."""
+    why = [str(r) for v in variants if isinstance(v, Mapping) and (r := (v.get("not_applicable") or {}).get(slot))]
+    if why:
+        ev["gaps"][slot] = Gap(reason="; ".join(why), file=file, not_applicable=True)
+    return bool(why)
 
 
 def _try(ev: dict, slot: str, fn, *args) -> Any:
@@ -146,31 +173,31 @@ def _try(ev: dict, slot: str, fn, *args) -> Any:
 def _scheme_and_size(run: Path, cand: str, base_ev: dict | None, cand_ev: dict | None, ev: dict) -> None:
     cv = (cand_ev or {}).get("variant") or {}
     bv = (base_ev or {}).get("variant") or {}
-    quant = _try(ev, "scheme", _read, run / cand / "quantization.json") if not cv.get("scheme") else None
+    quant = _try(ev, "scheme", _read, run / cand / QUANTIZATION) if not cv.get("scheme") else None
     ev["scheme"] = cv.get("scheme") or (quant or {}).get("scheme")
     if ev["scheme"]:
         ev["gaps"].pop("scheme", None)
     try:
-        stated = _read(run / "summary.json")["candidates"][cand].get("size_ratio")
+        stated = _read(run / SUMMARY)["candidates"][cand].get("size_ratio")
     except (_Bad, KeyError, TypeError, AttributeError):
         stated = None
     found = size_ratio(cv.get("size_bytes"), bv.get("size_bytes"), stated, (quant or {}).get("compression_ratio"))
     if found is not None:
-        files = {"sizes": run / cand / "evidence.json", "stated": run / "summary.json",
-                 "compression": run / cand / "quantization.json"}
+        files = {"sizes": run / cand / EVIDENCE, "stated": run / SUMMARY,
+                 "compression": run / cand / QUANTIZATION}
         ev["size_ratio"] = Ratio(value=found[0], file=str(files[found[1]]))
         return
     _gap(ev, "size", "no checkpoint sizes in evidence.json, summary.json or quantization.json", str(run / cand))
 
 
 def _recall(folder: Path, ev: dict) -> None:
-    path = folder / "delta.json"
+    path = folder / DELTA
     delta = _read(path)
     overall = delta["overall"]
     pairs: dict[str, list[tuple[float, float]]] = {}
     base_dir = Path(delta["baseline"]) if delta.get("baseline") else None
-    if base_dir is not None and (base_dir / "requests.jsonl").is_file() and (folder / "requests.jsonl").is_file():
-        pairs = _recall_pairs(base_dir / "requests.jsonl", folder / "requests.jsonl")
+    if base_dir is not None and (base_dir / REQUESTS).is_file() and (folder / REQUESTS).is_file():
+        pairs = _recall_pairs(base_dir / REQUESTS, folder / REQUESTS)
     for measure in ("recall", "exact"):
         key = "" if measure == "recall" else "_exact"
         harm = paired_harm(pairs.get(measure) or [], binary=measure == "exact")
@@ -214,7 +241,7 @@ def _recall_pairs(base: Path, cand: Path) -> dict[str, list[tuple[float, float]]
 
 
 def _judge(path: Path, ev: dict) -> None:
-    failed = path.with_name("error.json")
+    failed = path.with_name(ERROR)
     if failed.is_file() and (not path.is_file() or failed.stat().st_mtime >= path.stat().st_mtime):
         err = _read(failed)
         raise _Bad(f"the judge run failed ({failed}): {err.get('error') if isinstance(err, dict) else err}")
@@ -285,19 +312,22 @@ def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = 
     parity = (base_ev or {}).get("parity")
     if isinstance(parity, Mapping) and parity.get("verdict"):
         ev["parity"] = ParityEvidence(verdict=str(parity["verdict"]), reason=str(parity.get("reason") or ""),
-                                      file=str(run / BASELINE / "evidence.json"))
-    else:
-        _gap(ev, "parity", "no engine parity verdict in the baseline's evidence.json", str(run / BASELINE / "evidence.json"))
+                                      file=str(run / BASELINE / EVIDENCE))
+    elif not _not_applicable(ev, "parity", [base_ev], str(run / BASELINE / EVIDENCE)):
+        _gap(ev, "parity", "no engine parity verdict in the baseline's evidence.json", str(run / BASELINE / EVIDENCE))
     _scheme_and_size(run, candidate, base_ev, cand_ev, ev)
+    ev["kv_cache"] = kv_cache_change(base_ev, cand_ev, str(run / candidate / EVIDENCE))
     _try(ev, "recall", _recall, Path(recall_dir) if recall_dir else run / candidate / "recall", ev)
-    _try(ev, "judge", _judge, Path(judge_report) if judge_report else run / candidate / "judge" / "report.json", ev)
-    source = pay_off if pay_off is not None else run / candidate / "pay_off.json"
+    _try(ev, "judge", _judge, Path(judge_report) if judge_report else run / candidate / "judge" / JUDGE_REPORT, ev)
+    source = pay_off if pay_off is not None else run / candidate / PAY_OFF
     if isinstance(source, (str, Path)):
         source = Path(source)
     if isinstance(source, Mapping) or source.is_file():
         _try(ev, "throughput", _pay_off, source, ev)
     else:
         _gap(ev, "throughput", f"no performance probe figures ({source})", str(source))
+    if _not_applicable(ev, "size", [base_ev, cand_ev], str(run / candidate / EVIDENCE)):
+        ev.pop("size_ratio", None)  # no files on one side: no ratio, whatever else (the probe's figures) stated
     return GateEvidence(**ev)
 
 
@@ -322,39 +352,6 @@ def with_failure(decision: Decision, failed: Check) -> Decision:
     checks = [failed, *decision.checks]
     reasons = [f"{c.name}: {c.reason}" for c in checks if c.outcome == "fail"]
     return decision.model_copy(update={"decision": "REJECT", "checks": checks, "reasons": reasons, "needs": None})
-
-
-def policy_ref(path: Path | str) -> dict[str, str]:
-    """How a decision names its policy: the file and its sha256."""
-    path = Path(path)
-    return {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-
-
-def overall(verdicts: list[str]) -> str:
-    """A run's decision from its candidates': PROMOTE when one was promoted, else INCONCLUSIVE when one could not be
-    decided (more evidence might promote it), else REJECT."""
-    if "PROMOTE" in verdicts:
-        return "PROMOTE"
-    return "INCONCLUSIVE" if "INCONCLUSIVE" in verdicts else "REJECT"
-
-
-def write_decision(run: Path | str, decisions: list, out: Path | str | None = None) -> Path:
-    """Write <run>/decision.json (or `out`): PROMOTE when some candidate is promoted (the first, in the given order),
-    with every candidate's checks; and each candidate's own decision in <run>/<candidate>/decision.json."""
-    run = Path(run)
-    promoted = next((d.candidate for d in decisions if d.promoted), None)
-    doc = {"schema_version": decisions[0].schema_version if decisions else 1,
-           "decision": overall([d.decision for d in decisions]), "promoted": promoted, "run": str(run),
-           "policy": decisions[0].policy if decisions else None,
-           "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "candidates": {d.candidate: d.model_dump(mode="json") for d in decisions}}
-    target = Path(out) if out else run / "decision.json"
-    write_json(target, doc)
-    if out is None:
-        for d in decisions:
-            if (run / d.candidate).is_dir():
-                write_json(run / d.candidate / "decision.json", d.model_dump(mode="json"))
-    return target
 
 
 def gate_run(run: Path | str, policy_path: Path | str, candidate_names: list[str] | None = None, *,

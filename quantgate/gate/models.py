@@ -98,9 +98,20 @@ class Ratio(_Model):
 
 
 class Gap(_Model):
-    """Evidence that could not be used: why, and the file concerned."""
+    """Evidence that could not be used: why, and the file concerned. `not_applicable`: it cannot exist for this
+    candidate (an endpoint has no checkpoint files, an endpoint baseline no local weights for engine parity); the
+    policy's `not_applicable` says whether that is accepted."""
 
     reason: str
+    file: str | None = None
+    not_applicable: bool = False
+
+
+class KvCacheChange(_Model):
+    """The candidate was served with another KV cache dtype than the baseline (--kv-cache-dtype of each server)."""
+
+    baseline: str
+    candidate: str
     file: str | None = None
 
 
@@ -123,6 +134,8 @@ class GateEvidence(_Model):
     throughput_ratio: Ratio | None = None
     pay_off: PayOffFigures | None = Field(None, description="the probe's workload profile and its pay-off figures "
                                           "with intervals (quantgate.perf.compare)")
+    kv_cache: KvCacheChange | None = Field(None, description="set when the KV cache dtype differs from the "
+                                          "baseline's: the recall check is then required")
     gaps: dict[str, Gap] = Field(default_factory=dict, description="slot (compare, recall, fidelity, judge, parity, "
                                  "error_rate, size, throughput) -> why it is empty or incomplete")
 

@@ -19,9 +19,12 @@ refused with the file, line and field. The checks themselves are in `quantgate.g
     statistics: {false_reject: 0.05, pooled_share: 0.6, power: 0.8}
     pooled: {required: true}   # one paired harm test over every binary-scored sample of a set
     fidelity: {families: {fp8: {max_kl: 0.01, min_top1: 0.95}, ...}, alpha: 0.05, max_floor_share: 0.5}
+    not_applicable: {engine_parity: skip, size_ratio: skip}   # default: missing (fail-closed)
 
 Every check has `required` (missing or unreliable evidence: INCONCLUSIVE when true, skipped when false); present
-evidence is always enforced. Omit a section (or set it to null) to turn the check off. `statistics` says how the
+evidence is always enforced. Evidence that cannot exist for a candidate (an endpoint baseline has no local weights
+for engine parity, an endpoint no checkpoint files for the size ratio) is handled by `not_applicable`: `missing`
+(default: as missing evidence, INCONCLUSIVE when required), `skip` (accepted) or `fail` (REJECT). Omit a section (or set it to null) to turn the check off. `statistics` says how the
 task checks' harm tests share their false-alarm budget (quantgate.gate.statistical).
 """
 
@@ -145,7 +148,9 @@ class CategoryCheck(DropLimit):
 
 
 class RecallCheck(DropLimit):
-    """Long-context exact recall (quantgate recall with --baseline): candidate minus baseline over paired prompts."""
+    """Long-context exact recall (quantgate recall with --baseline): candidate minus baseline over paired prompts.
+    `required` is treated as true for a candidate served with another KV cache dtype than the baseline (gate.checks);
+    without this section such a candidate is INCONCLUSIVE."""
     measure: Literal["recall", "exact"] = "recall"
     required: bool = True
     bound: Bound | None = None
@@ -224,6 +229,18 @@ class FidelityCheck(_Strict):
     required: bool = True
 
 
+NotApplicable = Literal["missing", "skip", "fail"]
+
+
+class NotApplicableRules(_Strict):
+    """What a check does when its evidence cannot exist for the candidate (quantgate.gate.checks): `missing` treats
+    it as missing evidence (INCONCLUSIVE when the check is required: fail-closed), `skip` accepts it (the check is
+    skipped, its reason says why), `fail` rejects the candidate."""
+    engine_parity: NotApplicable = Field("missing", description="the baseline is an endpoint: no local weights")
+    size_ratio: NotApplicable = Field("missing", description="pay_off.max_size_ratio when the baseline or the "
+                                      "candidate is an endpoint: no checkpoint files")
+
+
 class GatePolicy(_Strict):
     version: Literal[1]
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -240,6 +257,7 @@ class GatePolicy(_Strict):
     statistics: Statistics = Field(default_factory=Statistics)
     pooled: PooledCheck | None = None
     fidelity: FidelityCheck | None = None
+    not_applicable: NotApplicableRules = Field(default_factory=NotApplicableRules)
 
     @model_validator(mode="after")
     def _families_known(self):

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from quantgate.base.runfiles import JUDGE_REPORT
 from quantgate.base.errors import QuantgateError
 from quantgate.base.yamlconfig import read_text
 from quantgate.judge.core import wilson
@@ -217,16 +218,16 @@ def import_review(judge_dir: Path | str, csv_path: Path | str, key_path: Path | 
     judge_dir, csv_path = Path(judge_dir), Path(csv_path)
     key_path = Path(key_path) if key_path else judge_dir / "review_key.json"
     for p, fix in ((csv_path, "give the filled CSV"), (key_path, "give the key written by `quantgate review export`"),
-                   (judge_dir / "report.json", "give a directory written by `quantgate judge`")):
+                   (judge_dir / JUDGE_REPORT, "give a directory written by `quantgate judge`")):
         if not p.is_file():
             raise QuantgateError("file not found", where=str(p), fix=fix)
     key = json.loads(key_path.read_text(encoding="utf-8"))
-    report = json.loads((judge_dir / "report.json").read_text(encoding="utf-8"))
+    report = json.loads((judge_dir / JUDGE_REPORT).read_text(encoding="utf-8"))
     choices, blank, _ = parse_filled(read_csv(csv_path), key, str(csv_path))
     human = human_summary(unblind(choices, key), report["comparison"].get("winners", {}),
                           n_exported=len(key["items"]), n_blank=blank)
     write_json(judge_dir / "human.json", human)
     report["human"] = human
-    write_json(judge_dir / "report.json", report)
+    write_json(judge_dir / JUDGE_REPORT, report)
     (judge_dir / "report.md").write_text(render_markdown(report), encoding="utf-8")
     return human

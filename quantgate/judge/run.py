@@ -14,6 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantgate.base.runfiles import JUDGE_REPORT, MANIFEST
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.http import read_results
@@ -28,6 +31,34 @@ from quantgate.judge.corrupt import CalibrationConfig, calibration_pairs
 from quantgate.judge.report import render_markdown
 
 SCHEMA = 1
+
+
+class JudgeEndpoint(BaseModel):
+    """Who judges: an OpenAI-compatible server and the model it serves (a remote one, or one quantgate serves)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(description="base URL, e.g. http://127.0.0.1:8000/v1")
+    model: str = Field(description="the model name the server answers to")
+    api_key: str | None = Field(None, repr=False)
+    model_hash: str | None = Field(None, description="the judge's checkpoint hash, to spot a judge that is a judged model")
+
+
+class JudgeSettings(BaseModel):
+    """How to judge: the release spec's `judge:` section (quantgate.release.spec_sections.JudgeSpec.settings) and
+    `quantgate judge`'s options both become one of these."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    template: Path = JUDGES / "pairwise.md"
+    calibration_bar: float | None = Field(None, description="None: judges/calibration.yaml")
+    calibration_per_type: int | None = Field(None, description="None: judges/calibration.yaml")
+    margin: float = Field(0.05, description="non-inferiority margin on win rate - loss rate")
+    not_stronger: bool = Field(False, description="declared: the judge is not stronger than the judged models")
+    concurrency: int = 8
+    timeout_s: float = 120.0
+    limit: int | None = Field(None, description="judge the first N pairs; None: all")
+    seed: int = 0
+    worst: int = 10
+    client: dict[str, Any] = Field(default_factory=dict, description="JudgeClientConfig fields to override")
 
 
 def load_judge(path: Path | str) -> Judge:
@@ -84,14 +115,14 @@ def _load_runs(es, baseline: Path | str, candidate: Path | str) -> tuple[tuple[d
     for role, (m, _), d in zip(("baseline", "candidate"), runs, (baseline, candidate)):
         if m["evalset"]["sha256"] != es.sha256:
             raise QuantgateError(f"the {role} run used another eval set (sha256 differs from {es.path})",
-                                 where=str(Path(d) / "manifest.json"), fix="pass the --evalset both runs were made with")
+                                 where=str(Path(d) / MANIFEST), fix="pass the --evalset both runs were made with")
     return runs
 
 
 def _claim(out: Path, key: dict[str, Any]) -> Path:
     """The manifest path in `out`; a directory that holds a judge run of something else is refused."""
     out.mkdir(parents=True, exist_ok=True)
-    manifest_path = out / "manifest.json"
+    manifest_path = out / MANIFEST
     if manifest_path.is_file():
         prev = json.loads(manifest_path.read_text(encoding="utf-8")).get("key", {})
         diff = [k for k in key if prev.get(k) != key[k]]
@@ -115,19 +146,16 @@ def _jobs(judge: Judge, items: list[PairItem]) -> list[JudgeJob]:
             for it in items if not it.identical for slot in SLOTS[judge.spec.kind]]
 
 
-def run_judge(
-    *, endpoint: str, model: str, evalset: Path | str, baseline: Path | str, candidate: Path | str, out: Path | str,
-    judge_path: Path | str = JUDGES / "pairwise.md", calibration_bar: float | None = None, margin: float = 0.05,
-    api_key: str | None = None, concurrency: int = 8, timeout_s: float = 120.0, limit: int | None = None,
-    calibration_per_type: int | None = None, judge_model_hash: str | None = None, judge_not_stronger: bool = False,
-    seed: int = 0, worst: int = 10, client: dict[str, Any] | None = None,
-) -> dict:
-    """Calibrate, judge, report (see the module docstring); `client` overrides JudgeClientConfig fields."""
+def run_judge(judge_at: JudgeEndpoint, settings: JudgeSettings, *, evalset: Path | str, baseline: Path | str,
+              candidate: Path | str, out: Path | str) -> dict:
+    """Calibrate, judge, report (see the module docstring)."""
+    st = settings
+    judge_path, limit, margin = st.template, st.limit, st.margin
     judge = load_judge(judge_path)
     cal_cfg = load_calibration_config()
-    if calibration_per_type is not None:
-        cal_cfg = cal_cfg.model_copy(update={"per_type": calibration_per_type})
-    bar = cal_cfg.bar if calibration_bar is None else calibration_bar
+    if st.calibration_per_type is not None:
+        cal_cfg = cal_cfg.model_copy(update={"per_type": st.calibration_per_type})
+    bar = cal_cfg.bar if st.calibration_bar is None else st.calibration_bar
     es = load_evalset(evalset)
     (bm, base), (cm, cand) = _load_runs(es, baseline, candidate)
     items, drop, skipped = comparison_items(es.samples, base, cand)
@@ -138,11 +166,12 @@ def run_judge(
                              fix="finish both `quantgate eval` runs first")
 
     out = Path(out)
-    key = {"judge_sha256": judge.sha256, "judge_model": model, "evalset_sha256": es.sha256,
-           "baseline": bm.get("cache_key"), "candidate": cm.get("cache_key"), "seed": seed}
+    key = {"judge_sha256": judge.sha256, "judge_model": judge_at.model, "evalset_sha256": es.sha256,
+           "baseline": bm.get("cache_key"), "candidate": cm.get("cache_key"), "seed": st.seed}
     manifest_path = _claim(out, key)
-    probe_server(endpoint, model, api_key)  # unreachable judge or unknown model: a clear error before any work
-    manifest = {"schema": SCHEMA, "status": "running", "key": key, "endpoint": endpoint,
+    # unreachable judge or unknown model: a clear error before any work
+    probe_server(judge_at.url, judge_at.model, judge_at.api_key)
+    manifest = {"schema": SCHEMA, "status": "running", "key": key, "endpoint": judge_at.url,
                 "judge": {"path": str(judge_path), "name": judge.spec.name, "version": judge.spec.version,
                           "kind": judge.spec.kind, "sha256": judge.sha256},
                 "evalset": {"path": str(es.path), "name": es.meta.name, "version": es.meta.version},
@@ -152,8 +181,9 @@ def run_judge(
     write_json(manifest_path, manifest)
     _write_pairs(out / "pairs.jsonl", items)
 
-    cfg = JudgeClientConfig(endpoint=endpoint, model=model, api_key=api_key, concurrency=concurrency,
-                            timeout_s=timeout_s, max_tokens=judge.spec.max_tokens, seed=seed, **(client or {}))
+    cfg = JudgeClientConfig(endpoint=judge_at.url, model=judge_at.model, api_key=judge_at.api_key,
+                            concurrency=st.concurrency, timeout_s=st.timeout_s, max_tokens=judge.spec.max_tokens,
+                            seed=st.seed, **st.client)
     path = out / "judgements.jsonl"
     try:
         stats = judge_all(_jobs(judge, [*cal_items, *items]), path, cfg, lambda t: parse_verdict(judge, t),
@@ -161,13 +191,13 @@ def run_judge(
     except QuantgateError as exc:
         write_json(manifest_path, {**manifest, "status": "failed", "error": exc.message})
         raise
-    report = build_report(judge, cal_items, items, path, bar=bar, margin=margin, drop=drop, worst=worst)
-    report["judge_not_stronger"] = not_stronger(model, judge_model_hash, {"baseline": bm, "candidate": cm},
-                                                judge_not_stronger)
+    report = build_report(judge, cal_items, items, path, bar=bar, margin=margin, drop=drop, worst=st.worst)
+    report["judge_not_stronger"] = not_stronger(judge_at.model, judge_at.model_hash, {"baseline": bm, "candidate": cm},
+                                                st.not_stronger)
     report["skipped_ids"] = skipped
     report["meta"] = {k: manifest[k] for k in ("judge", "evalset", "baseline", "candidate", "endpoint")} | {
-        "judge_model": model, "client": stats}
-    write_json(out / "report.json", report)
+        "judge_model": judge_at.model, "client": stats}
+    write_json(out / JUDGE_REPORT, report)
     (out / "report.md").write_text(render_markdown(report), encoding="utf-8")
     write_json(manifest_path, {**manifest, "status": "complete"})
     return report

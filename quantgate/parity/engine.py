@@ -5,6 +5,10 @@ the very prompt tokens the server used. The pure comparison is `quantgate.parity
 two token lists and writes `parity.json`. A prompt whose server-side prompt tokens differ from the chat template
 rendered by the tokenizer is reported too: a template mismatch is also an engine problem.
 
+The reference runs where `quantize.devices.place` says: on the first visible GPU in the served dtype (vLLM's `auto`
+resolved as vLLM resolves it), on the CPU in the served dtype or FP32 (CPU baselines serve FP32). `parity.json`
+records the device and dtype it used.
+
 `parity.json` is written whatever the verdict (the gate reads the current result), but only a pass is finished
 work: `passed(folder)` is what a cache asks, so a failed check is run again next time instead of being kept.
 """
@@ -13,19 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantgate.base.runfiles import PARITY
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.http import Retry, for_each, post_json
 from quantgate.base.paths import EVAL_SETS
 from quantgate.base.yamlconfig import load_model
 from quantgate.parity.core import POLICY_FILE, ParityPolicy, ParityReport, check_parity
+from quantgate.quantize.devices import Placement, place
 
 PROMPTS_FILE = EVAL_SETS / "parity_prompts.yaml"
-REPORT = "parity.json"
+REPORT = PARITY
 
 
 class ParityPrompt(BaseModel):
@@ -64,17 +71,37 @@ def served_greedy(base_url: str, api_key: str, model: str, prompts: list[ParityP
     return [out[p.id] for p in prompts]
 
 
-def reference_greedy(model_dir: Path, prompt_ids: list[list[int]], max_tokens: int, dtype: str = "float32") -> list[list[int]]:
-    """transformers' greedy continuation of each prompt (token ids in, token ids out)."""
+def checkpoint_dtype(model_dir: Path) -> str | None:
+    """The dtype config.json names (`dtype`, or `torch_dtype` in older files); None when it names none."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return (cfg.get("dtype") or cfg.get("torch_dtype")) if isinstance(cfg, dict) else None
+
+
+def reference_placement(model_dir: Path, served_dtype: str | None, gpus: str | None = None) -> Placement:
+    """Where this process runs the reference for a model served with `served_dtype` (None or "auto": vLLM's auto)
+    by a server on `gpus` (its CUDA_VISIBLE_DEVICES; None: not known)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return place(cuda, torch.cuda.device_count() if cuda else 0, served_dtype, os.environ.get("CUDA_VISIBLE_DEVICES"),
+                 checkpoint_dtype(model_dir), slot_devices=gpus)
+
+
+def reference_greedy(model_dir: Path, prompt_ids: list[list[int]], max_tokens: int,
+                     where: Placement) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt (token ids in, token ids out), on `where`'s device and dtype."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, where.dtype)).to(where.device)
     model.eval()
     outs = []
     with torch.no_grad():
         for ids in prompt_ids:
-            x = torch.tensor([ids])
+            x = torch.tensor([ids], device=where.device)
             y = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_tokens, do_sample=False)
             outs.append(y[0, len(ids):].tolist())
     return outs
@@ -95,7 +122,10 @@ def passed(out_dir: Path) -> bool:
 
 
 def run_parity(model_dir: Path, base_url: str, api_key: str, served_name: str, out_dir: Path,
-               dtype: str = "float32", prompts_file: Path = PROMPTS_FILE, policy_file: Path = POLICY_FILE) -> ParityReport:
+               dtype: str | None = "auto", prompts_file: Path = PROMPTS_FILE, policy_file: Path = POLICY_FILE,
+               gpus: str | None = None) -> ParityReport:
+    """Engine parity of a served model (`dtype`: its --dtype); `gpus`: the server's CUDA_VISIBLE_DEVICES, whose first
+    GPU the reference then uses (quantize.devices.place)."""
     from transformers import AutoTokenizer
 
     prompts = load_model(prompts_file, ParityPrompts)
@@ -104,7 +134,8 @@ def run_parity(model_dir: Path, base_url: str, api_key: str, served_name: str, o
     tok = AutoTokenizer.from_pretrained(model_dir)
     templated = [tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False) for p in prompts.prompts]
     template_mismatch = [p.id for p, t, (sp, _) in zip(prompts.prompts, templated, served) if list(t) != list(sp)]
-    reference = reference_greedy(model_dir, [sp for sp, _ in served], prompts.max_tokens, dtype)
+    where = reference_placement(model_dir, dtype, gpus)
+    reference = reference_greedy(model_dir, [sp for sp, _ in served], prompts.max_tokens, where)
     end_ids = {i for i in (tok.eos_token_id, tok.pad_token_id) if i is not None}
     report = check_parity([_strip_end(list(o), end_ids) for _, o in served], [_strip_end(r, end_ids) for r in reference],
                           policy, [p.id for p in prompts.prompts])
@@ -113,7 +144,8 @@ def run_parity(model_dir: Path, base_url: str, api_key: str, served_name: str, o
                                            f"model's chat template for {template_mismatch}; {report.reason}"})
     decode = tok.decode
     write_json(out_dir / REPORT, {
-        **report.model_dump(), "dtype": dtype, "template_mismatch": template_mismatch,
+        **report.model_dump(), "dtype": where.dtype, "served_dtype": dtype or "auto", "device": where.as_record(),
+        "template_mismatch": template_mismatch,
         "texts": {p.id: {"served": decode(o, skip_special_tokens=True), "reference": decode(r, skip_special_tokens=True)}
                   for p, (_, o), r in zip(prompts.prompts, served, reference)},
     })

@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from typing import Iterable
 
-from quantgate.base.errors import QuantgateError
+from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.perf.intervals import RatioCI, ratio_ci
 from quantgate.perf.models import LOWER_IS_BETTER, Decide, LevelMedian, PerfResult, RunResult
 
@@ -167,7 +167,7 @@ def compare(base: PerfResult, cand: PerfResult, at: int | None = None, *, level:
     if at is None:
         at = common[-1]
     elif at not in common:
-        raise QuantgateError(f"concurrency {at} was not probed on both sides (common levels: {common})", where="--at",
+        raise SettingError(f"concurrency {at} was not probed on both sides (common levels: {common})", setting="at",
                              fix=f"use one of {common}")
     by = []
     for c in common:

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.runfiles import PERF
+from quantgate.base.errors import ConfigError, QuantgateError, SettingError
 from quantgate.base.fileio import child_env, write_json
 from quantgate.base.http import EndpointError, get, model_entry
 from quantgate.base.procs import guarded
@@ -52,7 +53,7 @@ def endpoint_root(endpoint: str) -> str:
     """'http://h:p', 'http://h:p/' or 'http://h:p/v1' -> 'http://h:p'."""
     root = endpoint.strip().rstrip("/")
     if not root.startswith(("http://", "https://")):
-        raise QuantgateError(f"endpoint {endpoint!r} is not an http(s) URL", where="--endpoint", fix="e.g. http://127.0.0.1:8000/v1")
+        raise SettingError(f"endpoint {endpoint!r} is not an http(s) URL", setting="endpoint", fix="e.g. http://127.0.0.1:8000/v1")
     return root.removesuffix("/v1")
 
 
@@ -60,13 +61,13 @@ def check_endpoint(endpoint: str, model: str, api_key: str | None, timeout_s: fl
     """The server's /v1/models entry for `model`; a clear error when unreachable, unauthorised or not serving it."""
     url = f"{endpoint_root(endpoint)}/v1/models"
     try:
-        return model_entry(endpoint_root(endpoint), model, api_key, timeout_s, where="--endpoint")
+        return model_entry(endpoint_root(endpoint), model, api_key, timeout_s, where="endpoint")
     except EndpointError as exc:  # in this command's words: a probe that sent nothing failed every request
         if exc.reason == "unreachable":
-            raise QuantgateError(f"cannot reach the endpoint {url}: {exc.detail} (error rate 100%: no request could be sent)",
-                                 where="--endpoint", fix="start the server (or check host/port) and probe again") from None
+            raise SettingError(f"cannot reach the endpoint {url}: {exc.detail} (error rate 100%: no request could be sent)",
+                                 setting="endpoint", fix="start the server (or check host/port) and probe again") from None
         if exc.reason == "not_served":
-            raise QuantgateError(f"the endpoint {url} does not serve {model!r}; it serves {exc.served}", where="--model",
+            raise SettingError(f"the endpoint {url} does not serve {model!r}; it serves {exc.served}", setting="model",
                                  fix="pass one of the served model names") from None
         raise
 
@@ -75,12 +76,12 @@ def resolve_tokenizer(tokenizer: Path | None, model_entry: dict) -> Path:
     """The tokenizer folder: the given one, else the folder the server loaded (`root` in /v1/models) if it is here."""
     if tokenizer is not None:
         if not Path(tokenizer).is_dir():
-            raise ConfigError(f"tokenizer folder not found: {tokenizer}", where="--tokenizer", fix="pass a checkpoint folder with tokenizer files")
+            raise SettingError(f"tokenizer folder not found: {tokenizer}", setting="tokenizer", fix="pass a checkpoint folder with tokenizer files")
         return Path(tokenizer)
     root = model_entry.get("root")
     if root and Path(root).is_dir():
         return Path(root)
-    raise ConfigError(f"no tokenizer: the server's model folder {root!r} is not on this machine", where="--tokenizer",
+    raise SettingError(f"no tokenizer: the server's model folder {root!r} is not on this machine", setting="tokenizer",
                       fix="pass --tokenizer DIR (the baseline checkpoint folder, for every variant)")
 
 
@@ -99,7 +100,7 @@ def weights_bytes(checkpoint: Path) -> int:
     """Bytes of *.safetensors in the checkpoint folder (weights as shipped)."""
     files = sorted(Path(checkpoint).glob("*.safetensors"))
     if not files:
-        raise ConfigError(f"no *.safetensors in {checkpoint}", where="--checkpoint", fix="pass the folder the server loaded")
+        raise SettingError(f"no *.safetensors in {checkpoint}", setting="checkpoint", fix="pass the folder the server loaded")
     return sum(f.stat().st_size for f in files)
 
 
@@ -204,7 +205,7 @@ def _requests_sha256(path: str | None) -> str | None:
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError as exc:
-        raise ConfigError(f"cannot read the requests file {path}: {exc}", where="--requests",
+        raise SettingError(f"cannot read the requests file {path}: {exc}", setting="requests",
                           fix="write it with quantgate.perf.workloads.write_requests (`--lengths-from EVALSET`)") from None
 
 
@@ -263,7 +264,7 @@ def probe(endpoint: str, model: str, out: Path, *, concurrency: list[int], num_p
           output_len: int = 32, repeats: int = 3, seed: int = 0, warmups: int = 2, **io) -> PerfResult:
     """A probe at fixed levels without a workload profile (see run_probe for `io`: tokenizer, api_key, ...)."""
     if not concurrency or any(c < 1 for c in concurrency):
-        raise ConfigError(f"concurrency levels must be positive integers, got {concurrency}", where="--concurrency", fix="e.g. 1,8,32")
+        raise SettingError(f"concurrency levels must be positive integers, got {concurrency}", setting="perf.concurrency", fix="e.g. 1,8,32")
     if min(num_prompts, input_len, output_len, repeats) < 1:
         raise ConfigError("--num-prompts, --input-len, --output-len and --repeats must be >= 1", fix="pass positive numbers")
     settings = ProbeSettings(levels=concurrency, num_prompts=num_prompts, input_len=input_len, output_len=output_len,
@@ -313,7 +314,7 @@ def run_probe(endpoint: str, model: str, out: Path, settings: ProbeSettings, *, 
     size = weights_bytes(checkpoint) if checkpoint else None  # bad inputs fail before any load is sent
     kv_plan = planner_kv(plan) if plan else None
     if server_log is not None and not Path(server_log).is_file():
-        raise ConfigError(f"server log not found: {server_log}", where="--server-log", fix="pass the log the vLLM server writes")
+        raise SettingError(f"server log not found: {server_log}", setting="server_log", fix="pass the log the vLLM server writes")
     entry = check_endpoint(endpoint, model, api_key)
     tok = resolve_tokenizer(tokenizer, entry)
     root = endpoint_root(endpoint)
@@ -341,9 +342,9 @@ def run_probe(endpoint: str, model: str, out: Path, settings: ProbeSettings, *, 
         status="error" if error else "ok", error=f"{root} ({model}): {error}" if error else None,
         started=started, seconds=seconds,
     )
-    write_json(Path(out) / "perf.json", result.model_dump(mode="json"))
+    write_json(Path(out) / PERF, result.model_dump(mode="json"))
     if check and result.error:
-        raise QuantgateError(result.error, where=str(Path(out) / "perf.json"),
+        raise QuantgateError(result.error, where=str(Path(out) / PERF),
                              fix="read the errors in perf.json and the server log; lower --concurrency if the server fails under load")
     return result
 
@@ -351,7 +352,7 @@ def run_probe(endpoint: str, model: str, out: Path, settings: ProbeSettings, *, 
 def load_result(folder: Path) -> PerfResult:
     """A probe's perf.json (from a folder or the file itself), validated."""
     path = Path(folder)
-    path = path / "perf.json" if path.is_dir() else path
+    path = path / PERF if path.is_dir() else path
     try:
         return PerfResult.model_validate_json(path.read_text(encoding="utf-8"))
     except OSError:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantgate.plan.knobs import CudagraphMode
 from quantgate.target.hardware import HardwareProfile
 from quantgate.target.modelshape import ModelSpec
 
@@ -40,6 +41,7 @@ class PlannerPolicy(BaseModel):
     cpu_kv_cache_min_gib: int = Field(ge=1)
     cpu_dtype: str
     kv_dtype_bytes: dict[str, float]
+    vllm_max_num_seqs: dict[Literal["gpu", "cpu"], int] = Field(description="vLLM's max_num_seqs when none is set")
     visible_devices_env: dict[str, str]
     master_addr: str
     master_port: int
@@ -60,6 +62,11 @@ class PlanRequest(BaseModel):
     concurrency: int = Field(ge=1, description="concurrent requests of `context` tokens each replica must hold")
     kv_dtype: str = "auto"
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="--max-num-batched-tokens; None: vLLM's")
+    max_num_seqs: int | None = Field(None, ge=1, description="--max-num-seqs; None: vLLM's default")
+    enable_prefix_caching: bool | None = Field(None, description="None: vLLM's default (on)")
+    enforce_eager: bool | None = Field(None, description="None: the planner's choice (eager on CPU unless PP > 1)")
+    cudagraph_mode: CudagraphMode | None = Field(None, description="GPU: compilation_config.cudagraph_mode; None: vLLM's")
     replicas: int | None = Field(None, ge=1, description="required number of replicas (independent servers)")
     cpu_cores_per_worker: int = Field(1, ge=1)
     nodes_share_host: bool = Field(False, description="CPU: the 'nodes' are process groups on one host")

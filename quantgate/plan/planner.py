@@ -4,14 +4,19 @@ Rules (docs/design.md, "Planner rules"): one device when weights fit with enough
 gives enough capacity, inside a node and over a fast link only; PP when TP cannot divide the heads, without a fast
 link, or across nodes; MoE: data-parallel attention + expert parallel. "Enough" means each replica's KV pool holds
 `concurrency` requests of `context` tokens. Every choice and rejection is a Decision with its numbers.
+The serving knobs of the request (quantgate.plan.knobs: KV dtype, memory utilization, max_num_seqs, batched tokens,
+prefix caching, eager/compiled, CUDA-graph mode) win over the policy's defaults: the KV dtype and memory share enter
+the capacity math, the others the vLLM arguments, and max_num_seqs is reported against the concurrency.
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.plan.commands import cpu_env, replica_plans
+from quantgate.plan.knobs import ServingKnobs, knob_problems
 from quantgate.plan.models import (Capacity, Decision, Layout, MultiNode, NcclCheck, NodeCommand, Number, Plan,
                                    PlanRequest, PlannerPolicy, Replica)
 from quantgate.target.modelshape import gib
@@ -144,6 +149,12 @@ def _check_request(req: PlanRequest, policy: PlannerPolicy) -> int:
     if req.kv_dtype not in hw.kv_cache_dtypes:
         raise ConfigError(f"KV cache dtype '{req.kv_dtype}' is not supported on '{hw.id}'", where="--kv-dtype",
                           fix=f"use one of: {', '.join(hw.kv_cache_dtypes)}")
+    knobs = ServingKnobs(gpu_memory_utilization=req.gpu_memory_utilization, max_num_seqs=req.max_num_seqs,
+                         max_num_batched_tokens=req.max_num_batched_tokens, enforce_eager=req.enforce_eager,
+                         cudagraph_mode=req.cudagraph_mode)  # type: ignore[arg-type]
+    for field, why in knob_problems(knobs, hw, default_seqs=policy.vllm_max_num_seqs[hw.kind]):  # (seqs below
+        # the concurrency: a warning of the plan, not an error)
+        raise ConfigError(why, where="--" + field.replace("_", "-"), fix=f"change or drop --{field.replace('_', '-')}")
     if req.kv_dtype != "auto" and req.kv_dtype not in policy.kv_dtype_bytes:
         raise ConfigError(f"no byte size known for KV dtype '{req.kv_dtype}'", where="quant_recipes/planner.yaml",
                           fix="add it under kv_dtype_bytes")
@@ -265,9 +276,14 @@ def _cpu_settings(lay: Layout, cap: Capacity, req: PlanRequest, policy: PlannerP
                                   reason="BF16 serving on this CPU did not match transformers' greedy output "
                                          f"(docs/design.md, 'Measured facts'; tests/conftest.py); {policy.cpu_dtype} did. Weights and KV "
                                          "are counted at that width"))
-    if lay.pp > 1:
-        decisions.append(Decision(topic="cpu", choice="compiled, no --enforce-eager",
-                                  reason="PP=2 in eager mode crashed on the first request (docs/design.md, 'Measured facts')"))
+    if lay.pp > 1 and req.enforce_eager:
+        raise ConfigError(f"enforce_eager with {lay.label} on CPU: PP=2 in eager mode crashed on the first request "
+                          "(docs/design.md, 'Measured facts')", where="enforce_eager",
+                          fix="drop enforce_eager (the planner serves CPU pipeline parallelism compiled)")
+    if lay.pp > 1 or req.enforce_eager is False:
+        why = ("PP=2 in eager mode crashed on the first request (docs/design.md, 'Measured facts')" if lay.pp > 1
+               else "asked for (enforce_eager: false): start-up takes longer (100-120 s for the demo model)")
+        decisions.append(Decision(topic="cpu", choice="compiled, no --enforce-eager", reason=why))
     else:
         args["--enforce-eager"] = True
         decisions.append(Decision(topic="cpu", choice="--enforce-eager",
@@ -275,6 +291,34 @@ def _cpu_settings(lay: Layout, cap: Capacity, req: PlanRequest, policy: PlannerP
                                          "the reference (docs/design.md, 'Measured facts')"))
     warnings = [] if cap.fits else ["the configured VLLM_CPU_KVCACHE_SPACE holds fewer requests than the target"]
     return cap, warnings
+
+
+def _engine_settings(req: PlanRequest, policy: PlannerPolicy, cap: Capacity, args: dict,
+                     decisions: list[Decision]) -> list[str]:
+    """Scheduler, prefix-cache and compile settings asked for (quantgate.plan.knobs); adds to `args` and
+    `decisions`, returns warnings (max_num_seqs below the concurrency)."""
+    warnings: list[str] = []
+    if req.hardware.kind == "gpu" and req.enforce_eager:
+        args["--enforce-eager"] = True
+    if req.cudagraph_mode is not None:
+        args["--compilation-config"] = json.dumps({"cudagraph_mode": req.cudagraph_mode})
+    if req.max_num_batched_tokens is not None:
+        args["--max-num-batched-tokens"] = req.max_num_batched_tokens
+    if req.enable_prefix_caching is not None:
+        args["--enable-prefix-caching" if req.enable_prefix_caching else "--no-enable-prefix-caching"] = True
+    seqs = req.max_num_seqs or policy.vllm_max_num_seqs[req.hardware.kind]
+    if req.max_num_seqs is not None:
+        args["--max-num-seqs"] = req.max_num_seqs
+    held = cap.kv_tokens_per_replica // max(1, req.context)
+    default = "" if req.max_num_seqs else " (vLLM's default)"
+    decisions.append(Decision(topic="scheduler", choice=f"max_num_seqs {seqs}{default}",
+                              reason=f"at most {seqs} requests run at once per replica; its KV pool holds {held} "
+                                     f"requests of {req.context:,} tokens; target concurrency {req.concurrency}",
+                              numbers={"max_num_seqs": seqs, "requests_kv_holds": held}))
+    if seqs < req.concurrency:
+        warnings.append(f"max_num_seqs {seqs} is below the target concurrency {req.concurrency}: requests beyond "
+                        f"{seqs} queue in the server")
+    return warnings
 
 
 def plan(req: PlanRequest, policy: PlannerPolicy) -> Plan:
@@ -298,6 +342,7 @@ def plan(req: PlanRequest, policy: PlannerPolicy) -> Plan:
         args["--gpu-memory-utilization"] = req.gpu_memory_utilization or policy.gpu_memory_utilization
     else:
         cap, warnings = _cpu_settings(lay, cap, req, policy, args, decisions)
+    warnings += _engine_settings(req, policy, cap, args, decisions)
     reps = replica_plans(lay, cap, replicas, gpus, req, policy, args, decisions)
     return Plan(model=req.model.ref, hardware=hw.id, kind=hw.kind, devices_total=total, devices_used=replicas * lay.devices,
                 layout=lay, replicas=replicas, vllm_args=args, capacity=cap, replica_plans=reps,

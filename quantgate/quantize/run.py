@@ -274,6 +274,7 @@ def _manifest(p: Plan, tmp: Path, runner: dict[str, Any], wall_s: float) -> dict
         "quantization_config": cfg.get("quantization_config"),
         "versions": {**p.versions, "quantgate": _version("quantgate")},
         "workarounds": runner.get("workarounds", []),
+        "device": runner.get("device"),  # where oneshot calibrated (quantize.devices, runner.device_record)
         "timings_s": {k: runner.get(k) for k in ("prepare_s", "load_s", "oneshot_s", "save_s", "total_s")} | {"wall": round(wall_s, 2)},
         "size_on_disk_bytes": sum(files.values()),
         "weights_bytes": out_weights,

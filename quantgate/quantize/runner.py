@@ -4,17 +4,25 @@ Started by `quantgate.quantize.run` so that a crash or an out-of-memory kill her
 It validates the recipe with llmcompressor and renders the calibration set before loading the model, then
 quantizes and saves a compressed-tensors checkpoint into the job's (temporary) output folder. It writes a result
 JSON; exit code 0 = done, 3 = input refused before the model was loaded, anything else = crash (see the log).
+
+Device: the model is loaded on the CPU in its checkpoint's dtype, as llmcompressor's own examples do
+(`device_map=None`); `oneshot` then onloads one layer at a time to the first visible GPU (its sequential and data-free
+pipelines use `torch.accelerator`), and calibrates on the CPU where none is visible. `quantize.devices.choose_device` states
+the same rule; the result's `device` records what it said, the GPU's name and the peak GPU memory of `oneshot`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from quantgate.quantize.devices import choose_device
 
 EXIT_REFUSED = 3
 # Upstream version whose AWQ path pins CPU memory unconditionally (see pin_memory_workaround below).
@@ -58,6 +66,17 @@ def pin_memory_workaround() -> str | None:
 
     IntermediatesCache.pin_memory = pin_memory  # type: ignore[method-assign]
     return f"llmcompressor {llmc_version}: IntermediatesCache.pin_memory skipped (no accelerator)"
+
+
+def device_record(torch: Any) -> dict[str, Any]:
+    """Where `oneshot` calibrates in this process (quantize.devices.choose_device), with the GPU's name if any."""
+    cuda = torch.cuda.is_available()
+    device, physical, why = choose_device(cuda, torch.cuda.device_count() if cuda else 0, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    out: dict[str, Any] = {"device": device, "physical_gpu": physical, "reason": why}
+    if device != "cpu":
+        out["name"] = torch.cuda.get_device_name(0)
+        torch.cuda.reset_peak_memory_stats(0)
+    return out
 
 
 def render(records: list[dict[str, Any]], tokenizer: Any, max_len: int) -> dict[str, list]:
@@ -106,8 +125,9 @@ def run(job: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
     torch.manual_seed(job.get("seed", 0))
     t1 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype="auto")
+    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype="auto", device_map=None)  # on the CPU: see above
     result["load_s"] = round(time.perf_counter() - t1, 2)
+    result["device"] = device_record(torch) | {"load_dtype": str(model.dtype).removeprefix("torch.")}
     t2 = time.perf_counter()
     kwargs: dict[str, Any] = {"model": model, "recipe": job["recipe"], "processor": tokenizer}
     if dataset is not None:
@@ -115,6 +135,8 @@ def run(job: dict[str, Any]) -> tuple[int, dict[str, Any]]:
                       shuffle_calibration_samples=False)
     oneshot(**kwargs)
     result["oneshot_s"] = round(time.perf_counter() - t2, 2)
+    if result["device"]["device"].startswith("cuda"):
+        result["device"]["peak_memory_bytes"] = torch.cuda.max_memory_allocated(0)
     t3 = time.perf_counter()
     model.save_pretrained(job["out"], save_compressed=True)
     tokenizer.save_pretrained(job["out"])

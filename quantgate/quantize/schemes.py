@@ -20,6 +20,7 @@ from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.paths import RECIPES
 from quantgate.base.yamlconfig import load_model
 from quantgate.target.hardware import HardwareCatalogue, HardwareProfile
+from quantgate.target.modelshape import ModelShape
 
 SCHEMES_FILE = RECIPES / "schemes.yaml"
 Workload = Literal["latency", "throughput", "fit"]
@@ -129,6 +130,19 @@ class ModelSize(BaseModel):
         return int(self.quantizable_params * scheme.bits_per_weight(group_size) / 8) + 2 * self.other_params
 
 
+def size_from_shape(shape: ModelShape) -> ModelSize:
+    """A ModelSize from a model's config alone (quantgate.target.modelshape: no weights read): the Linear layers of
+    the blocks are what a recipe quantizes; embeddings, lm_head, norms and router gates stay at 16 bits. A group
+    size is fine when it divides every targeted layer's input (hidden, attention output, MLP widths)."""
+    counts = shape.param_counts()
+    inputs = {shape.hidden, shape.heads * shape.head_dim, shape.intermediate}
+    if shape.is_moe:
+        inputs |= {shape.moe_intermediate} | ({shape.shared_expert_intermediate} if shape.shared_expert_intermediate else set())
+    ok = {g: all(i % g == 0 for i in inputs) for g in (128, 64, 32)}
+    return ModelSize(quantizable_params=counts["linear"],
+                     other_params=counts["embed"] + counts["lm_head"] + counts["other"], group_sizes_ok=ok)
+
+
 class SchemeRow(BaseModel):
     rank: int
     scheme: str
@@ -205,6 +219,21 @@ def rank_schemes(profile: HardwareProfile, workload: str, size: ModelSize, catal
     return Ranking(hardware=profile.id, workload=workload, bytes_16bit=size.bytes_16bit, budget_per_device=budget,  # type: ignore[arg-type]
                    rows=rows, recommended=best.scheme if best else None,
                    explanation=_explain(profile, workload, size, rows, best, budget, policy.weight_budget_fraction))
+
+
+def top_schemes(ranking: Ranking, n: int) -> tuple[list[str], str]:
+    """The first `n` schemes of a ranking that run here and fit a node, in rank order (a ladder tries them in that
+    order), and one sentence saying which and why (for the release's notes)."""
+    usable = [r for r in ranking.rows if r.supported and r.fits_node]
+    picked = usable[:n]
+    if not picked:
+        return [], f"no scheme runs and fits on {ranking.hardware}: {ranking.explanation}"
+    left = [f"{r.scheme} (#{r.rank}: {r.reason})" for r in ranking.rows if r not in picked]
+    why = "; ".join(f"#{r.rank} {r.scheme}: {r.reason}" for r in picked)
+    short = f" (asked for {n}, {len(usable)} run and fit)" if len(picked) < n else ""
+    return [r.scheme for r in picked], (f"schemes auto (top {n}) for workload {ranking.workload} on {ranking.hardware}: "
+                                        f"{', '.join(r.scheme for r in picked)}{short}. {why}. Not picked: "
+                                        + ("; ".join(left) or "none"))
 
 
 def _explain(profile: HardwareProfile, workload: str, size: ModelSize, rows: list[SchemeRow], best: SchemeRow | None,

@@ -23,7 +23,7 @@ import random
 from collections.abc import Sequence
 from typing import Literal
 
-from quantgate.base.errors import QuantgateError
+from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.recall import needle as nd
 from quantgate.recall.needle import Needle, NeedleData, RecallPrompt, TokenCounter
 
@@ -155,8 +155,8 @@ def _fill(length: int, kind: str, key: str, needles: Sequence[Needle], questions
         sum(t for _, t in extra)
     budget = length - fixed
     if budget < 0:
-        raise QuantgateError(f"length {length} is too short for {len(needles)} {kind} needles ({fixed} tokens "
-                             "without filler)", where="--lengths", fix=f"use lengths of at least {2 * fixed}, or fewer depths")
+        raise SettingError(f"length {length} is too short for {len(needles)} {kind} needles ({fixed} tokens "
+                             "without filler)", setting="recall.lengths", fix=f"use lengths of at least {2 * fixed}, or fewer depths")
     sizes: dict[str, int] = {}
     for _ in range(8):  # token counts of joined sentences are nearly additive; trim until every prompt fits
         units = nd._units(filler, key, budget, [], counter, sizes)  # the same filler for every kind

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from quantgate.base.errors import QuantgateError
+from quantgate.base.errors import QuantgateError, SettingError
 
 KINDS = ("number", "name", "multilingual", "multi")
 ANSWER_SLACK = 8  # answer tokens beyond the asked fact(s): a lead-in ("The code is"), punctuation, end of turn
@@ -198,7 +198,7 @@ def parse_kinds(text: str) -> list[str]:
     kinds = [k.strip() for k in text.split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
-        raise QuantgateError(f"unknown needle kind(s): {', '.join(bad) or '(none given)'}", where="--kinds",
+        raise SettingError(f"unknown needle kind(s): {', '.join(bad) or '(none given)'}", setting="recall.kinds",
                              fix=f"use a comma-separated subset of: {','.join(KINDS)}")
     return list(dict.fromkeys(kinds))
 
@@ -220,9 +220,9 @@ def check_lengths(lengths: Sequence[int], max_model_len: int, max_answer_tokens:
     limit = max_model_len - max_answer_tokens
     bad = [n for n in lengths if n > limit]
     if bad:
-        raise QuantgateError(
+        raise SettingError(
             f"length(s) {', '.join(map(str, bad))} + {max_answer_tokens} answer tokens exceed the context of"
-            f" {max_model_len} tokens ({source})", where="--lengths",
+            f" {max_model_len} tokens ({source})", setting="recall.lengths",
             fix=f"use lengths up to {limit}, or serve with a larger --max-model-len (>= {max(bad) + max_answer_tokens})")
 
 
@@ -301,7 +301,7 @@ def build_prompt(length: int, depth: int, kind: str, sample: int, *, seed: int, 
                  filler: Sequence[str], counter: TokenCounter, max_answer_tokens: int = 32) -> RecallPrompt:
     """One prompt of about `length` chat tokens (never more) with the needle block at `depth` percent."""
     if not 0 <= depth <= 100:
-        raise QuantgateError(f"depth {depth} is outside 0..100", where="--depths", fix="give depths in percent, 0..100")
+        raise SettingError(f"depth {depth} is outside 0..100", setting="recall.depths", fix="give depths in percent, 0..100")
     if not filler:
         raise QuantgateError("no filler sentences", where="recall filler", fix="give the filler file at least one sentence")
     key = f"quantgate-recall:{seed}:{length}:{depth}:{kind}:{sample}"
@@ -315,8 +315,8 @@ def build_prompt(length: int, depth: int, kind: str, sample: int, *, seed: int, 
     others = [(f, counter.text(" " + f)) for f in needle.others]
     budget = length - counter.chat(messages("")) - counter.text(" " + block) - sum(t for _, t in others)
     if budget < 0:
-        raise QuantgateError(f"length {length} is too short for a {kind} needle ({length - budget} tokens without filler)",
-                             where="--lengths", fix=f"use lengths of at least {2 * (length - budget)}")
+        raise SettingError(f"length {length} is too short for a {kind} needle ({length - budget} tokens without filler)",
+                             setting="recall.lengths", fix=f"use lengths of at least {2 * (length - budget)}")
     sizes: dict[str, int] = {}
     for _ in range(8):  # token counts of joined sentences are nearly additive; trim until the whole prompt fits
         doc, before = _insert(_units(filler, key, budget, others, counter, sizes), block, depth)

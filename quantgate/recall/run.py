@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from quantgate.base.errors import QuantgateError
+from quantgate.base.runfiles import CELLS, DELTA, REQUESTS
+from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base.fileio import write_json, write_text
 from quantgate.base.http import EndpointError, get, model_entry, read_results
 from quantgate.base.paths import EVAL_SETS
@@ -55,20 +56,20 @@ def load_tokenizer(path: Path) -> tuple[TokenCounter, int | None]:
     """The model's tokenizer as a TokenCounter, and max_position_embeddings from config.json when present."""
     path = Path(path)
     if not path.is_dir():
-        raise QuantgateError("tokenizer directory not found", where=f"--tokenizer {path}",
+        raise SettingError(f"tokenizer directory not found: {path}", setting="tokenizer",
                              fix="give the model's folder (tokenizer files and chat template)")
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        raise QuantgateError("no tokenizer files (tokenizer.json, tokenizer_config.json, tokenizer.model) in the folder",
-                             where=f"--tokenizer {path}", fix="give the served model's folder")
+        raise SettingError(f"no tokenizer files (tokenizer.json, tokenizer_config.json, tokenizer.model) in {path}",
+                             setting="tokenizer", fix="give the served model's folder")
     try:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:  # transformers raises many types (OSError, ValueError, ...) for a bad folder
-        raise QuantgateError(f"cannot load a tokenizer: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
-                             where=f"--tokenizer {path}", fix="give the model's folder with tokenizer.json/tokenizer_config.json") from None
+        raise SettingError(f"cannot load a tokenizer from {path}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
+                             setting="tokenizer", fix="give the model's folder with tokenizer.json/tokenizer_config.json") from None
     if not getattr(tok, "chat_template", None):
-        raise QuantgateError("the tokenizer has no chat template", where=f"--tokenizer {path}",
+        raise SettingError(f"the tokenizer in {path} has no chat template", setting="tokenizer",
                              fix="use the folder of the served (instruct) model, which includes its chat template")
 
     def text(s: str) -> int:
@@ -88,7 +89,7 @@ def load_tokenizer(path: Path) -> tuple[TokenCounter, int | None]:
 def served_max_model_len(endpoint: str, model: str, api_key: str | None, timeout_s: float = 30.0) -> int | None:
     """max_model_len that an OpenAI-compatible server (vLLM) reports for `model` in /v1/models, if any."""
     try:
-        return model_entry(endpoint, model, api_key, timeout_s, where=f"--endpoint {endpoint}").get("max_model_len")
+        return model_entry(endpoint, model, api_key, timeout_s, where=f"endpoint {endpoint}").get("max_model_len")
     except EndpointError as exc:  # the same words, pointing at this command's options
         where, fix = ("--model", exc.fix) if exc.reason == "not_served" else (exc.where, f"{exc.fix}, or pass --max-model-len")
         raise QuantgateError(exc.message, where=where, fix=fix) from None
@@ -179,10 +180,10 @@ def compare_dirs(baseline: Path, candidate: Path, out: Path, model: str) -> dict
     """Baseline vs candidate of two finished recall runs: copies the candidate's records into `out` with delta.json
     and the delta heatmap (the layout `quantgate recall --baseline` writes)."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("requests.jsonl", "cells.json", "heatmap.png"):
+    for name in (REQUESTS, CELLS, "heatmap.png"):
         if (Path(candidate) / name).is_file():
             shutil.copy2(Path(candidate) / name, out / name)
-    delta = _delta(read_jsonl(Path(baseline) / "requests.jsonl"), read_jsonl(Path(candidate) / "requests.jsonl"),
+    delta = _delta(read_jsonl(Path(baseline) / REQUESTS), read_jsonl(Path(candidate) / REQUESTS),
                    Path(baseline), out, model)
     return delta
 
@@ -190,7 +191,7 @@ def compare_dirs(baseline: Path, candidate: Path, out: Path, model: str) -> dict
 def _delta(base_records: list[dict], records: list[dict], baseline: Path, out: Path, model: str) -> dict:
     delta = recall_score.compare(base_records, records)
     delta["baseline"] = str(baseline)
-    write_json(out / "delta.json", delta)
+    write_json(out / DELTA, delta)
     heatmap(delta["cells"], out / "delta_heatmap.png", f"recall delta: {model} minus baseline", value="delta", delta=True)
     return delta
 
@@ -198,8 +199,8 @@ def _delta(base_records: list[dict], records: list[dict], baseline: Path, out: P
 def is_complete(out: Path) -> bool:
     """Counts as done: cells.json says complete, and requests.jsonl holds that many needles, every one answered."""
     try:
-        cells = json.loads((Path(out) / "cells.json").read_text(encoding="utf-8"))
-        records = read_jsonl(Path(out) / "requests.jsonl")
+        cells = json.loads((Path(out) / CELLS).read_text(encoding="utf-8"))
+        records = read_jsonl(Path(out) / REQUESTS)
     except (OSError, ValueError):
         return False
     return (isinstance(cells, dict) and cells.get("status") == "complete" and bool(records)
@@ -250,10 +251,10 @@ def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: str, mod
     returns cells.json's content. Failed requests leave the run "partial": a re-run asks them again."""
     base_records = None
     if baseline is not None:  # read before sending anything: a wrong path is bad input
-        if not (Path(baseline) / "requests.jsonl").is_file():
-            raise QuantgateError("no requests.jsonl in the baseline directory", where=f"--baseline {baseline}",
+        if not (Path(baseline) / REQUESTS).is_file():
+            raise SettingError(f"no requests.jsonl in the baseline directory {baseline}", setting="baseline",
                                  fix="give the --out directory of a finished `quantgate recall` run")
-        base_records = read_jsonl(Path(baseline) / "requests.jsonl")
+        base_records = read_jsonl(Path(baseline) / REQUESTS)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out / "prompts.jsonl", [p.record() for p in prompts])
@@ -272,7 +273,7 @@ def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: str, mod
                             "serve with prefix caching on (vLLM: --enable-prefix-caching, its default)")
     summary = _finish(prompts, out, model, endpoint, grid, run_cost)
     if base_records is not None:
-        summary["delta"] = _delta(base_records, read_jsonl(out / "requests.jsonl"), Path(baseline), out, model)
+        summary["delta"] = _delta(base_records, read_jsonl(out / REQUESTS), Path(baseline), out, model)
     if failure is not None:
         raise failure
     return summary
@@ -280,7 +281,7 @@ def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: str, mod
 
 def _finish(prompts: Sequence[RecallPrompt], out: Path, model: str, endpoint: str, grid: dict, run_cost: dict) -> dict:
     records = score_answers(prompts, read_results(out / "answers.jsonl"))
-    _write_jsonl(out / "requests.jsonl", records)
+    _write_jsonl(out / REQUESTS, records)
     scored = recall_score.cells(records)
     status = "complete" if scored["overall"]["n_error"] == 0 else "partial"
     summary = {"status": status, "model": model, "endpoint": endpoint, "grid": grid,
@@ -288,7 +289,7 @@ def _finish(prompts: Sequence[RecallPrompt], out: Path, model: str, endpoint: st
                         "completion_tokens": sum(((r.get("usage") or {}).get("completion_tokens") or 0)
                                                  for r in read_results(out / "answers.jsonl").values())},
                **scored}
-    write_json(out / "cells.json", summary)
+    write_json(out / CELLS, summary)
     heatmap(summary["cells"], out / "heatmap.png", f"recall: {model}")
     return summary
 
@@ -298,7 +299,7 @@ def costs(folders: dict[str, Path | None]) -> dict[str, dict]:
     out = {}
     for name, folder in folders.items():
         try:
-            cells = json.loads((Path(folder) / "cells.json").read_text(encoding="utf-8")) if folder else None
+            cells = json.loads((Path(folder) / CELLS).read_text(encoding="utf-8")) if folder else None
         except (OSError, ValueError):
             cells = None
         if isinstance(cells, dict):

@@ -25,7 +25,7 @@ import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from quantgate.base.errors import QuantgateError
+from quantgate.base.errors import SettingError
 
 _SEP = r"[\s,.'’_\u00a0\u202f-]?"
 
@@ -130,8 +130,8 @@ def compare(base: Iterable[dict], cand: Iterable[dict]) -> dict:
     c = {r["id"]: r for r in cand}
     common = sorted(set(b) & set(c))
     if not common:
-        raise QuantgateError("the baseline and candidate runs share no prompt (different grid, seed or tokenizer?)",
-                             where="--baseline", fix="run both with the same --lengths/--depths/--kinds/--samples/--seed and tokenizer")
+        raise SettingError("the baseline and candidate runs share no prompt (different grid, seed or tokenizer?)",
+                             setting="baseline", fix="run both with the same --lengths/--depths/--kinds/--samples/--seed and tokenizer")
     both = [i for i in common if b[i].get("error") is None and c[i].get("error") is None]
     bc, cc = cells(b[i] for i in both), cells(c[i] for i in both)
     out_cells = []

@@ -1,8 +1,15 @@
 """Where a variant's cached evidence lives (results/cache/variants/<key>/...) and when it counts as done.
 
 The key is the checkpoint's content hash, the exact serving arguments and environment (placement-free: the slot
-counts by size) and the engine version. Under it: evals/<set>-<digest>-<limit>/, recall/<digest>/, perf/<digest>/.
+counts by size) and the engine version. Under it: evals/<set>-<digest>-<limit>/ (an lm-eval task:
+evals/lm_eval-<task>-<digest>-<limit>/), recall/<digest>/, perf/<digest>/.
 A folder counts as done only when its own status says complete (evals), ok (perf), or recall's `is_complete`.
+
+An endpoint (quantgate.serving.endpoint) is measured for one run only: its folder is <run>/endpoints/<name>-<key>,
+keyed by its URL, model name and the fingerprint of what its `/v1/models` reports. Within the run the baseline's
+answers stay the one reference every candidate scores, and an adaptive round reuses them; across runs they are never
+reused, because a redeployment under the same URL and name (new weights, new engine flags) can report the same
+`/v1/models` entry (vLLM reports the served path and context length, not a weights hash or its version).
 """
 
 from __future__ import annotations
@@ -11,14 +18,19 @@ import hashlib
 import json
 from pathlib import Path
 
+from quantgate.base.runfiles import MANIFEST, PERF
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import results_dir
+from quantgate.evals.lmeval import settings as lmeval_settings
+from quantgate.evals.lmeval_tasks import LmEvalSpec, set_name, task_digest
 from quantgate.perf.models import ProbeSettings
 from quantgate.perf.workloads import write_requests
 from quantgate.plan.build import load_planner_policy
 from quantgate.plan.slots import placement_free
 from quantgate.release.spec import ReleaseSpec
 from quantgate.release.variants import Variant
+from quantgate.serving.endpoint import EndpointConfig, describe
+from quantgate.serving.env import serve_python, vllm_version
 
 def cache_key(variant: Variant, config, engine: str) -> str:
     """Checkpoint, serving arguments, environment and engine; the slot counts by its size, not by which devices or
@@ -28,9 +40,40 @@ def cache_key(variant: Variant, config, engine: str) -> str:
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def engine_of(config) -> str:
+    """What a cache key calls the engine: vLLM's version in the serving environment; for an endpoint, the
+    fingerprint of what its /v1/models reports now (asked with its key)."""
+    if isinstance(config, EndpointConfig):
+        return describe(config)["fingerprint"]
+    return vllm_version(serve_python(config.python))
+
+
+def variant_cache(variant: Variant, config, engine: str, run: Path) -> Path:
+    """Where a variant's measurements live: results/cache/variants/<cache_key> for what quantgate serves, and
+    <run>/endpoints/<name>-<key> for an endpoint (this run only: see the module docstring)."""
+    if variant.endpoint is None:
+        return results_dir() / "cache" / "variants" / cache_key(variant, config, engine)
+    blob = {"url": variant.endpoint.endpoint, "model": variant.endpoint.model, "reported": engine}
+    return run / "endpoints" / f"{variant.name}-{hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]}"
+
+
 def eval_dir(cache: Path, evalset: Path, limit: int | None) -> Path:
     digest = hashlib.sha256(evalset.read_bytes()).hexdigest()[:12]
     return cache / "evals" / f"{evalset.stem}-{digest}-{limit or 'all'}"
+
+
+def lmeval_dir(cache: Path, lm: LmEvalSpec, task: str) -> Path:
+    """An lm-eval task's folder: evals/lm_eval-<task>-<digest>-<limit>, the digest over its files and lm-eval settings."""
+    digest = task_digest(lm.task_file(task), lmeval_settings(lm.limit, lm.num_fewshot))[:12]
+    return cache / "evals" / f"lm_eval-{task}-{digest}-{lm.limit or 'all'}"
+
+
+def eval_dirs(cache: Path, spec: ReleaseSpec) -> dict[str, Path]:
+    """Eval set name -> run folder: each JSONL set by its file stem, each `lm_eval` task as `lm_eval:<task>`."""
+    dirs = {p.stem: eval_dir(cache, p, spec.eval.limit) for p in spec.eval_sets}
+    if spec.lm_eval is not None:
+        dirs.update({set_name(t): lmeval_dir(cache, spec.lm_eval, t) for t in spec.lm_eval.tasks})
+    return dirs
 
 
 def recall_dir(cache: Path, spec: ReleaseSpec) -> Path | None:
@@ -71,13 +114,13 @@ def perf_runs_done(folder: Path) -> int:
 
 def perf_ok(folder: Path) -> bool:
     try:
-        return json.loads((folder / "perf.json").read_text()).get("status") == "ok"
+        return json.loads((folder / PERF).read_text()).get("status") == "ok"
     except (OSError, ValueError):
         return False
 
 
 def eval_complete(eval_dir: Path) -> bool:
     try:
-        return json.loads((eval_dir / "manifest.json").read_text()).get("status") == "complete"
+        return json.loads((eval_dir / MANIFEST).read_text()).get("status") == "complete"
     except (OSError, ValueError):
         return False

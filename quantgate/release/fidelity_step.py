@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from quantgate.base.runfiles import RESULTS
 from quantgate.base.fileio import write_json
 from quantgate.evals.client import read_results
 from quantgate.evals.dataset import load_evalset
@@ -60,7 +61,7 @@ def baseline_records(spec: ReleaseSpec, reference: Mapping[str, Path]) -> list[d
         if folder is None:
             continue
         es = load_evalset(path, with_dataset=False)
-        answers = read_results(folder / "results.jsonl")
+        answers = read_results(folder / RESULTS)
         for s in es.samples:
             r = answers.get(s.id)
             if r is not None and r.get("error") is None and r.get("output"):

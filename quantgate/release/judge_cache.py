@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quantgate.base.runfiles import JUDGE_REPORT
 from quantgate.base.paths import results_dir
 from quantgate.release.judge_step import ERROR, margin
 from quantgate.release.spec import ReleaseSpec
@@ -38,7 +39,7 @@ def folder(spec: ReleaseSpec, baseline_evals: Path, candidate_evals: Path) -> Pa
 
 
 def finished(path: Path) -> bool:
-    return (path / "report.json").is_file() and not (path / ERROR).exists()
+    return (path / JUDGE_REPORT).is_file() and not (path / ERROR).exists()
 
 
 def restore(cached: Path, out: Path) -> bool:
@@ -67,7 +68,7 @@ def judge(spec: ReleaseSpec, run: Path, baseline: Any, candidates: list, run_jud
     first = spec.eval_sets[0].stem
     caches = {c.variant.name: folder(spec, baseline.evals[first], c.evals[first]) for c in candidates
               if first in c.evals}
-    reports = {n: run / n / "judge" / "report.json" for n, d in caches.items() if restore(d, run / n / "judge")}
+    reports = {n: run / n / "judge" / JUDGE_REPORT for n, d in caches.items() if restore(d, run / n / "judge")}
     for name in reports:
         log(f"{name}: judge verdicts from the cache ({caches[name]}): no judge asked")
     todo = [c for c in candidates if c.variant.name not in reports]

@@ -15,15 +15,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from quantgate.base.runfiles import ERROR, JUDGE_REPORT
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import resolve_api_key, write_json
 from quantgate.gate.policy import load_policy
-from quantgate.judge.run import run_judge
+from quantgate.judge.run import JudgeEndpoint, run_judge
 from quantgate.release.spec import JudgeSpec, ReleaseSpec
 from quantgate.release.variants import Variant, make_server, policy_path, server_config, size_bytes
 from quantgate.target.catalogue import checkpoint_hash, resolve_model
 
-ERROR = "error.json"
 SERVER_DIR = "judge-server"
 DEFAULT_MARGIN = 0.05
 
@@ -103,7 +103,7 @@ def judge_candidates(spec: ReleaseSpec, run: Path, base, cands: list, log: Calla
     j = spec.judge
     if j is None or not cands:
         return {}
-    evalset, ni_margin = spec.eval_sets[0], margin(spec)
+    evalset, settings = spec.eval_sets[0], j.settings(margin(spec))
     outs = {c.variant.name: run / c.variant.name / "judge" for c in cands}
     for out in outs.values():
         (out / ERROR).unlink(missing_ok=True)
@@ -115,17 +115,14 @@ def judge_candidates(spec: ReleaseSpec, run: Path, base, cands: list, log: Calla
                 name = c.variant.name
                 log(f"{name}: judging {j.limit or 'all'} pairs of {evalset.stem} against the baseline ({ep.model})")
                 try:
-                    rep = run_judge(endpoint=ep.url, model=ep.model, api_key=ep.api_key, evalset=evalset,
-                                    baseline=base.evals[evalset.stem], candidate=c.evals[evalset.stem], out=outs[name],
-                                    judge_path=j.template, calibration_bar=j.calibration_bar, margin=ni_margin,
-                                    concurrency=j.concurrency, timeout_s=j.timeout_s, limit=j.limit,
-                                    calibration_per_type=j.calibration_per_type, judge_model_hash=ep.model_hash,
-                                    judge_not_stronger=j.not_stronger)
+                    rep = run_judge(JudgeEndpoint(url=ep.url, model=ep.model, api_key=ep.api_key,
+                                                  model_hash=ep.model_hash), settings, evalset=evalset,
+                                    baseline=base.evals[evalset.stem], candidate=c.evals[evalset.stem], out=outs[name])
                 except Exception as exc:  # noqa: BLE001 - recorded for the gate, raised below
                     why = ep.dead()
                     errors[name] = QuantgateError(why, where=str(run / SERVER_DIR)) if why else exc
                     continue
-                reports[name] = outs[name] / "report.json"
+                reports[name] = outs[name] / JUDGE_REPORT
                 cal, ni = rep["calibration"], rep["comparison"]["overall"]["non_inferiority"]
                 log(f"{name}: judge calibration {cal['accuracy']:.0%} ({'reliable' if cal['reliable'] else 'UNRELIABLE'})"
                     f", non-inferior: {ni.get('non_inferior')}" + (f"; not stronger: {rep['judge_not_stronger']}"

@@ -2,19 +2,24 @@
 
 An entry holds:
     manifest.json    model, version, candidate, scheme, checkpoint (source, sha256 of the entry's files, the
-                     evaluated sha256, how the files came in), run, report, decision summary, created; written
-                     last, so a folder with a manifest is complete
+                     evaluated sha256, how the files came in), `files` (sha256 of the entry's other files: the
+                     decision, the card, the report copy), run, report, decision summary, created; written last,
+                     so a folder with a manifest is complete
     decision.json    the gate's decision for this candidate (quantgate.gate.checks.Decision)
+    README.md        the model card (quantgate.report.modelcard): scheme, recipe, calibration, the evidence table,
+                     the decision and its reasons, the `vllm serve` line; rendered from the run folder
     report.<ext>     a copy of the release report file, when one is given (its original path is in the manifest)
     checkpoint/      the evaluated checkpoint's files: hard links where the registry shares the checkpoint's
                      filesystem (no second copy of the weights), else copies; copies always with copy_checkpoint=True
-    publish.json     where the entry was published, only when a publish target was given
+    publish.json     where the entry was published (a list, appended per publish): a record about the entry, not
+                     part of it (not hashed, not copied)
 
 What an entry serves is what was evaluated: the evaluated hash (`expected_sha256`, else the Variant's content_hash in
 <run>/<candidate>/evidence.json) must equal the checkpoint's hash before anything is written, and the hash of the
 entry's own files, read byte for byte, must equal it before the entry is renamed into place; otherwise the
-promotion is refused and the temporary folder removed. Entries made before this (schema_version 1) may point at
-the checkpoint folder instead (`copied: false`).
+promotion is refused and the temporary folder removed. `verify_entry` re-hashes the checkpoint and every file in
+`files` (the card included). Entries made before this (schema_version 1) may point at the checkpoint folder
+instead (`copied: false`); schema_version 2 entries have no card and no `files`.
 
 Atomicity: the entry is built in a hidden sibling folder `.<version>.tmp-<pid>-<random>` and renamed into place in
 one step, so a crash at any point leaves no `<version>` folder. Promoting the same checkpoint under the same version
@@ -27,9 +32,11 @@ one version run one after the other and the second reuses or refuses the first's
 the lock with the process); the next promotion of any version of the model removes it. No decision is taken from
 a process id, which would be wrong on storage shared by several hosts.
 
-Publishing is off by default. `publish="hf://<owner>/<repo>"` uploads the entry with huggingface_hub (imported
-only then; credentials from the usual HF_TOKEN); any other URI (`s3://bucket/prefix`, `gs://...`, `file:///dir`)
-is written with fsspec under <uri>/<model>/<version>/ (the matching fsspec backend, e.g. s3fs, must be installed).
+Publishing (`publish_entry`) is off by default: the entry is verified from its bytes, then copied to a folder or
+an fsspec URL under <target>/<model>/<version>/ (quantgate.release.targets: atomically where the target can rename,
+read back and compared after), or uploaded to a Hugging Face Hub repository (`hf://<owner>/<repo>`, huggingface_hub
+imported only then). Release specs reach it through `publish:` (quantgate.release.publishing), the command line
+through `quantgate registry publish`.
 """
 
 from __future__ import annotations
@@ -43,14 +50,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from quantgate.base.runfiles import DECISION, EVIDENCE, MANIFEST
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, write_json
 from quantgate.base.paths import results_dir
-from quantgate.target.catalogue import checkpoint_hash
+from quantgate.release import targets
+from quantgate.report.modelcard import CARD, card_inputs, render_card
+from quantgate.target.catalogue import checkpoint_hash, sha256_file
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
-MANIFEST = "manifest.json"
-STEPS = ("decision", "report", "checkpoint", "manifest", "rename")
+STEPS = ("decision", "report", "checkpoint", "card", "manifest", "rename")
+PUBLISHED = targets.RECORD  # publish.json: where the entry went; not part of it
 TMP_MARK = ".tmp-"  # .<version>.tmp-<pid>-<random>: an entry being built
 LOCK_TIMEOUT_S = 3600.0  # a promotion copies a checkpoint at most: a holder this slow is named in the error
 
@@ -119,7 +129,7 @@ def evaluated_hash(run: Path | str | None, candidate: str | None) -> str | None:
     variant.content_hash. None when `run` is not a run folder; a run folder without it is refused."""
     if run is None or not candidate or not Path(run).is_dir():
         return None
-    path = Path(run) / candidate / "evidence.json"
+    path = Path(run) / candidate / EVIDENCE
     try:
         sha = json.loads(path.read_text(encoding="utf-8"))["variant"]["content_hash"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -177,13 +187,15 @@ def _check_inputs(d: dict, model: str, version: str, checkpoint: Path, run: Path
 
 
 def _manifest(d: dict, model: str, version: str, checkpoint: Path, got: str, evaluated: str | None, how: str,
-              report: Path | str | None, report_copy: str | None, run: Path | str | None) -> dict[str, Any]:
+              report: Path | str | None, report_copy: str | None, run: Path | str | None,
+              files: dict[str, str]) -> dict[str, Any]:
     return {
-        "schema_version": 2, "model": model, "version": version, "candidate": d.get("candidate"),
+        "schema_version": 3, "model": model, "version": version, "candidate": d.get("candidate"),
         "scheme": d.get("scheme"), "family": d.get("family"),
         "checkpoint": {"source": str(checkpoint.resolve()), "sha256": got, "evaluated_sha256": evaluated,
                        "copied": True, "how": how, "path": "checkpoint"},
         "report": {"source": str(report) if report else None, "copy": report_copy},
+        "card": CARD, "files": files,
         "run": str(run) if run else None, "policy": d.get("policy"),
         "checks": {"passed": sum(c.get("passed") is True for c in d.get("checks", [])),
                    "skipped": sum(c.get("passed") is None for c in d.get("checks", []))},
@@ -243,7 +255,7 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
 def _build(tmp: Path, d: dict, model: str, version: str, checkpoint: Path, want: str, evaluated: str | None,
            report: Path | str | None, run: Path | str | None, copy_checkpoint: bool) -> dict[str, Any]:
     """Fill the hidden folder `tmp` with the entry: decision, report copy, checkpoint files (verified), manifest."""
-    write_json(tmp / "decision.json", d)
+    write_json(tmp / DECISION, d)
     _after_step("decision")
     report_copy = None
     if report is not None and Path(report).is_file():
@@ -255,7 +267,11 @@ def _build(tmp: Path, d: dict, model: str, version: str, checkpoint: Path, want:
     if got != want:
         raise _mismatch("the copied checkpoint", got, want, checkpoint)
     _after_step("checkpoint")
-    manifest = _manifest(d, model, version, checkpoint, got, evaluated, how, report, report_copy, run)
+    card = render_card(card_inputs(run, str(d.get("candidate")), model=model, version=version, decision=d, sha256=got))
+    (tmp / CARD).write_text(card, encoding="utf-8")
+    _after_step("card")
+    files = {name: sha256_file(tmp / name) for name in (DECISION, CARD, report_copy) if name}
+    manifest = _manifest(d, model, version, checkpoint, got, evaluated, how, report, report_copy, run, files)
     write_json(tmp / MANIFEST, manifest)
     _after_step("manifest")
     return manifest
@@ -276,6 +292,13 @@ def verify_entry(entry: Path | str) -> dict[str, Any]:
         raise QuantgateError(f"the entry's checkpoint has content hash {got[:12]}..., its manifest says "
                              f"{str(ck.get('sha256'))[:12]}... (modified since promotion)", where=str(folder),
                              fix="promote the evaluated checkpoint again under a new version")
+    for name, sha in (man.get("files") or {}).items():  # the decision, the card, the report copy
+        path = entry / name
+        now = sha256_file(path) if path.is_file() else "missing"
+        if now != sha:
+            raise QuantgateError(f"the entry's {name} is {'missing' if now == 'missing' else 'modified'} since promotion "
+                                 f"(sha256 {now[:12]}, manifest {sha[:12]})", where=str(path),
+                                 fix="promote the evaluated checkpoint again under a new version")
     return man
 
 
@@ -287,29 +310,21 @@ def _reuse(existing: dict[str, Any], target: Path, sha: str, d: dict[str, Any]) 
     return existing | {"path": str(target), "reused": True}
 
 
-def publish_entry(entry: Path | str, target: str, *, model: str, version: str) -> dict[str, Any]:
-    """Copy a registry entry to a Hugging Face Hub repo (`hf://owner/repo`) or an fsspec URI; records publish.json."""
+def publish_entry(entry: Path | str, target: str, *, model: str | None = None, version: str | None = None,
+                  token: str | None = None, private: bool = True, api: Any = None) -> dict[str, Any]:
+    """Verify the entry from its bytes, then copy it to `target`: a folder or fsspec URL (<target>/<model>/<version>,
+    read back and compared), or `hf://<owner>/<repo>` (uploaded with huggingface_hub; `api`: an HfApi or a stand-in,
+    `token` for a new HfApi). Appends the outcome to <entry>/publish.json and returns it; raises on failure."""
     entry = Path(entry)
-    if target.startswith("hf://"):
-        from huggingface_hub import HfApi  # only when publishing to the Hub
-
-        repo = target.removeprefix("hf://")
-        info = HfApi().upload_folder(folder_path=str(entry), repo_id=repo, repo_type="model",
-                                     commit_message=f"quantgate: promote {model} {version}")
-        where = {"target": target, "repo_id": repo, "commit": str(getattr(info, "oid", info))}
+    man = verify_entry(entry)
+    model, version = model or man["model"], version or man["version"]
+    if target.startswith(targets.HUB):
+        out = targets.upload_to_hub(entry, target.removeprefix(targets.HUB), token=token, private=private, api=api,
+                                    message=f"quantgate: promote {model} {version}")
     else:
-        import fsspec
-
-        fs, base = fsspec.core.url_to_fs(target)
-        dest = f"{base.rstrip('/')}/{model}/{version}"
-        fs.makedirs(dest, exist_ok=True)
-        for f in sorted(p for p in entry.rglob("*") if p.is_file()):
-            rel = f.relative_to(entry)
-            if rel.parent != Path("."):
-                fs.makedirs(f"{dest}/{rel.parent.as_posix()}", exist_ok=True)
-            fs.put_file(str(f), f"{dest}/{rel.as_posix()}")
-        where = {"target": target, "path": dest}
-    record = where | {"published": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-
-    write_json(entry / "publish.json", record)
+        out = targets.copy_to(entry, target, model=model, version=version)
+    record = {"target": target, **out, "published": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    with lock(version_lock(entry.parent, f"{entry.name}.publish"), timeout=60.0, what=f"record publish of {entry}"):
+        done = (json.loads((entry / PUBLISHED).read_text(encoding="utf-8")) if (entry / PUBLISHED).is_file() else {})
+        write_json(entry / PUBLISHED, {"published": [*done.get("published", []), record]})
     return record

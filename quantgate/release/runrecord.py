@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
+from quantgate.base.runfiles import MANIFEST, TIMINGS
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import lock, write_json
 from quantgate.base.paths import REPO, results_dir
@@ -108,7 +109,7 @@ def step(run: Path, name: str, inputs: dict[str, Any]) -> Iterator[dict[str, Any
         raise
     finally:
         record["seconds"] = round(time.monotonic() - start, 2)
-        write_json(run / name / "manifest.json", record)
+        write_json(run / name / MANIFEST, record)
 
 
 @contextmanager
@@ -123,15 +124,15 @@ def timed(run: Path, name: str) -> Iterator[dict[str, Any]]:
         status = "failed"
         raise
     finally:
-        with lock(run / "timings.json", what=f"timing {name}"):  # read, append, write: steps in parallel lose none
+        with lock(run / TIMINGS, what=f"timing {name}"):  # read, append, write: steps in parallel lose none
             rows = timings(run)
             rows.append({"step": name, "seconds": round(time.monotonic() - start, 1), "status": status,
                          "start": round(wall, 2), "end": round(time.time(), 2), **extra})
-            write_json(run / "timings.json", rows)
+            write_json(run / TIMINGS, rows)
 
 
 def timings(run: Path) -> list[dict[str, Any]]:
     try:
-        return json.loads((run / "timings.json").read_text())
+        return json.loads((run / TIMINGS).read_text())
     except (OSError, ValueError):
         return []

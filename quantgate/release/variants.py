@@ -9,12 +9,14 @@ for a candidate that is the candidate's failure, not the release's: `failed_evid
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel
 
+from quantgate.base.runfiles import EVIDENCE, PLAN, QUANTIZATION
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import log_tail, write_json
 from quantgate.base.paths import results_dir
@@ -23,7 +25,10 @@ from quantgate.gate.policy import DEFAULT_POLICY
 from quantgate.plan.build import build_plan
 from quantgate.plan.slots import Slot, slots
 from quantgate.quantize.run import QuantizeRequest, quantize
+from quantgate.release.external import CandidateSpec, EndpointRef, external
 from quantgate.release.spec import ReleaseSpec
+from quantgate.serving.endpoint import EndpointConfig, EndpointServer
+from quantgate.serving.endpoint import api_key as endpoint_key
 from quantgate.serving.multinode import MultiNodeConfig, MultiNodeServer, multinode_config_from_plan
 from quantgate.serving.server import VLLMServer, config_from_plan
 from quantgate.target.catalogue import checkpoint_hash
@@ -32,12 +37,14 @@ Log = Callable[[str], None]
 
 
 class Variant(BaseModel):
-    name: str                      # "baseline" or the scheme id
-    path: Path
+    name: str                      # "baseline", the scheme id, or the name of a `candidates` entry
+    path: Path                     # its checkpoint; an endpoint's: the spec's `model` (the tokenizer, no weights)
     scheme: str | None = None
-    content_hash: str
-    size_bytes: int
+    content_hash: str              # an endpoint's: of its URL and model name
+    size_bytes: int | None         # None: no checkpoint files (an endpoint)
     quantization: dict[str, Any] | None = None  # the quantization manifest
+    origin: Literal["model", "quantized", "checkpoint", "endpoint"] = "model"  # `model`, quantized here, or elsewhere
+    endpoint: EndpointRef | None = None  # origin endpoint: where it answers (quantgate starts and stops nothing)
 
 
 class Evidence(BaseModel):
@@ -54,6 +61,7 @@ class Evidence(BaseModel):
     fidelity: dict[str, Path] = {}  # "main" (and for the baseline "alt") -> logprob dump folder (quantgate.fidelity)
     served: bool                   # False when every result came from the cache
     failure: str | None = None     # its server could not start or died: why (<folder>/error.json has the log tail)
+    not_applicable: dict[str, str] = {}  # evidence slot (parity, size) -> why it cannot exist for this variant
 
 
 def size_bytes(folder: Path) -> int:
@@ -77,22 +85,85 @@ def quantize_variant(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path,
     req = QuantizeRequest(model=model_dir, scheme=scheme, out=prefix, name_by_key=True, hardware=spec.hardware,
                           overrides=spec.quantization.overrides.get(scheme, {}), calibration=spec.quantization.calibration)
     result = quantize(req, log=log)
-    write_json(run / scheme / "quantization.json", {"reused": result.reused, **result.manifest})
+    write_json(run / scheme / QUANTIZATION, {"reused": result.reused, **result.manifest})
     return Variant(name=scheme, path=result.out, scheme=scheme, content_hash=checkpoint_hash(result.out),
-                   size_bytes=size_bytes(result.out), quantization=result.manifest)
+                   size_bytes=size_bytes(result.out), quantization=result.manifest, origin="quantized")
+
+
+def endpoint_variant(name: str, ref: EndpointRef, model_dir: Path, scheme: str | None = None) -> Variant:
+    """A variant someone else serves at `ref`; `model_dir` (the spec's `model`) gives the tokenizer."""
+    ident = hashlib.sha256(f"{ref.endpoint}\n{ref.model}".encode()).hexdigest()
+    return Variant(name=name, path=model_dir, scheme=scheme, content_hash=ident, size_bytes=None, origin="endpoint",
+                   endpoint=ref)
+
+
+def baseline_for(spec: ReleaseSpec, model_dir: Path) -> Variant:
+    """The release's baseline: `model` served by quantgate, or the spec's `baseline` endpoint."""
+    if spec.baseline is None:
+        return baseline_variant(model_dir)
+    return endpoint_variant("baseline", spec.baseline, model_dir)
+
+
+def external_variant(spec: ReleaseSpec, name: str, model_dir: Path, run: Path) -> Variant:
+    """The `candidates` entry `name` as a Variant: an endpoint, or a checkpoint folder served like a quantized one
+    (not quantized: <run>/<name>/checkpoint.json records the folder and what its config.json says)."""
+    c: CandidateSpec | None = external(spec, name)
+    assert c is not None, name
+    if (ref := c.endpoint_ref()) is not None:
+        return endpoint_variant(name, ref, model_dir, c.scheme)
+    assert c.checkpoint is not None
+    size = size_bytes(c.checkpoint) or None  # no .safetensors: size unknown (a gap), not zero
+    write_json(run / name / "checkpoint.json", {"checkpoint": str(c.checkpoint), "scheme": c.scheme, "detected": c.note,
+                                                "size_bytes": size})
+    return Variant(name=name, path=c.checkpoint, scheme=c.scheme, content_hash=checkpoint_hash(c.checkpoint),
+                   size_bytes=size, origin="checkpoint")
+
+
+def endpoint_config(spec: ReleaseSpec, variant: Variant) -> EndpointConfig:
+    ref = variant.endpoint
+    assert ref is not None
+    names = [c.name for c in spec.candidates]
+    where = f"candidates.{names.index(variant.name)}" if variant.name in names else "baseline"
+    return EndpointConfig(url=ref.endpoint, name=ref.model, api_key_env=ref.api_key_env,
+                          prefect_secret=ref.prefect_secret, where=where, python=spec.serving.python)
+
+
+def not_applicable(variant: Variant, baseline: bool) -> dict[str, str]:
+    """Evidence slots that cannot exist for this variant, and why (the gate's policy decides: not_applicable)."""
+    if variant.endpoint is None:
+        return {}
+    where = f"{variant.endpoint.endpoint} (model {variant.endpoint.model})"
+    out = {"size": f"not applicable: endpoint: {variant.name} is served at {where}, with no checkpoint files here"}
+    if baseline:
+        out["parity"] = (f"not applicable: endpoint: the baseline is served at {where}, with no local weights for "
+                         "the transformers reference")
+    return out
+
+
+def endpoint_keys(spec: ReleaseSpec) -> None:
+    """Read every endpoint's API key now (ConfigError naming its spec field), before any work is done."""
+    ends = [endpoint_variant("baseline", spec.baseline, Path(spec.model))] if spec.baseline else []
+    ends += [endpoint_variant(c.name, ref, Path(spec.model)) for c in spec.candidates if (ref := c.endpoint_ref())]
+    for variant in ends:
+        endpoint_key(endpoint_config(spec, variant))
 
 
 def server_config(spec: ReleaseSpec, variant: Variant, folder: Path, slot: Slot | None = None):
     """The plan's server for this variant: one VLLMServer config, or a MultiNodeConfig when the plan's replica spans
-    nodes (launched here only when serving.local_nodes says the nodes are process groups on this host). `slot`
+    nodes (launched here only when serving.local_nodes says the nodes are process groups on this host). The spec's
+    serving knobs win over the planner's defaults; serving.kv_cache_dtype applies to candidates (a variant with a
+    scheme), the baseline keeps auto KV as the reference. `slot`
     (quantgate.plan.slots) replaces the first replica's devices or core binding with the slot's; without one, a CPU
     server is a lone variant and binds every core of the plan (a judge server, a release serving one at a time)."""
 
+    if variant.endpoint is not None:  # nothing to plan: it runs elsewhere
+        return endpoint_config(spec, variant)
     s = spec.serving
     plan = build_plan(variant.path, spec.hardware, context=spec.context, concurrency=spec.concurrency,
                       gpus=spec.gpus, nodes=spec.nodes, replicas=s.replicas, nodes_share_host=s.local_nodes or None,
-                      master_addr="127.0.0.1" if s.local_nodes else None)
-    write_json(folder / "plan.json", plan.model_dump(mode="json"))
+                      master_addr="127.0.0.1" if s.local_nodes else None,
+                      **s.plan_options(candidate=variant.scheme is not None))  # the spec's knobs; KV: candidates only
+    write_json(folder / PLAN, plan.model_dump(mode="json"))
     if plan.replica_plans[0].multi_node is None:
         cfg = config_from_plan(plan, variant.path, variant.name, dtype=s.dtype, extra_args=s.extra_args, python=s.python,
                                startup_timeout_s=s.startup_timeout_s)
@@ -109,6 +180,8 @@ def server_config(spec: ReleaseSpec, variant: Variant, folder: Path, slot: Slot 
 
 
 def make_server(config, folder: Path):
+    if isinstance(config, EndpointConfig):  # starts and stops nothing; <folder>/endpoint.log has its checks
+        return WatchedServer(EndpointServer(config, log_path=folder / "endpoint.log"))
     if isinstance(config, MultiNodeConfig):
         return WatchedServer(MultiNodeServer(config, log_dir=folder))
     return WatchedServer(VLLMServer(config, log_path=folder / "server.log"))
@@ -148,7 +221,7 @@ class WatchedServer:
 
     def raise_if_dead(self) -> None:
         """ServingFailure when the server has exited (waiting DEATH_GRACE_S for a dying one); else nothing."""
-        deadline = time.monotonic() + DEATH_GRACE_S
+        deadline = time.monotonic() + getattr(self._server, "death_grace_s", DEATH_GRACE_S)
         while self._server.alive() and time.monotonic() < deadline:
             time.sleep(0.5)
         try:
@@ -165,15 +238,19 @@ def failed_evidence(variant: Variant, folder: Path, cache: Path, dtype: str | No
     if baseline:
         raise exc
     what = "could not start" if exc.phase == "start" else "died while it was measured"
+    if variant.endpoint is not None:
+        what = "did not list the model" if exc.phase == "start" else "stopped answering while it was measured"
     first = exc.message.splitlines()[0].removesuffix("; last log lines:").removesuffix(" last log lines:")
-    reason = f"the vLLM server of {variant.name} {what}: {first}"
+    ep = variant.endpoint
+    server = f"the endpoint of {variant.name} ({ep.endpoint}, model {ep.model})" if ep else f"the vLLM server of {variant.name}"
+    reason = f"{server} {what}: {first}"
     write_json(folder / CANDIDATE_ERROR, {"candidate": variant.name, "step": "serve and measure", "phase": exc.phase,
                                           "error": reason, "detail": exc.message, "server_log": str(exc.log_path),
                                           "log_tail": log_tail(exc.log_path, 40).splitlines()})
     log(f"{variant.name}: FAILED, recorded in {folder / CANDIDATE_ERROR}: {reason}")
     ev = Evidence(variant=variant, folder=folder, cache=cache, serve_command=exc.command, node_commands=exc.commands,
                   dtype=dtype, served=True, failure=reason)
-    write_json(folder / "evidence.json", ev.model_dump(mode="json"))
+    write_json(folder / EVIDENCE, ev.model_dump(mode="json"))
     return ev
 
 

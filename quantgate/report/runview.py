@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantgate.base.runfiles import CELLS, DECISION, DELTA, EVIDENCE, JUDGE_REPORT, PAY_OFF, PERF, QUANTIZATION, RUN, SUMMARY
 from quantgate.base.stats import num as _num
 from quantgate.gate.sizeratio import size_ratio as size_ratio_of
 
@@ -161,11 +162,11 @@ def _candidate_names(view: RunView) -> list[str]:
 def _variant(view: RunView, name: str) -> Variant:
     v = Variant(name)
     folder = view.folder / name
-    v.evidence = _read(view, folder / "evidence.json", f"{name}: evidence")
-    v.quantization = _read(view, folder / "quantization.json", f"{name}: quantization manifest", required=name != BASELINE)
+    v.evidence = _read(view, folder / EVIDENCE, f"{name}: evidence")
+    v.quantization = _read(view, folder / QUANTIZATION, f"{name}: quantization manifest", required=name != BASELINE)
     perf_dir = (v.evidence or {}).get("perf")
     if perf_dir:
-        v.perf_file = Path(perf_dir) / "perf.json"
+        v.perf_file = Path(perf_dir) / PERF
         v.perf = _read(view, v.perf_file, f"{name}: performance probe")
     return v
 
@@ -188,17 +189,17 @@ def _candidate(view: RunView, name: str) -> Candidate:
     c.fidelity = _read(view, view.folder / "fidelity" / f"{name}.json", f"{name}: fidelity", required=_want_fidelity(view))
     recall = folder / "recall"
     want_recall = _optional(view, "recall") or recall.is_dir()
-    c.recall_cells = _read(view, recall / "cells.json", f"{name}: recall cells", required=want_recall)
-    c.recall_delta = _read(view, recall / "delta.json", f"{name}: recall delta", required=want_recall)
+    c.recall_cells = _read(view, recall / CELLS, f"{name}: recall cells", required=want_recall)
+    c.recall_delta = _read(view, recall / DELTA, f"{name}: recall delta", required=want_recall)
     for key in ("heatmap", "delta_heatmap"):
         if (recall / f"{key}.png").is_file():
             c.heatmaps[key] = recall / f"{key}.png"
         elif want_recall:
             view.gaps.append(Gap(f"{name}: recall {key.replace('_', ' ')}", str(recall / f"{key}.png"), "missing file"))
-    c.pay_off = _read(view, folder / "pay_off.json", f"{name}: perf ratios", required=_optional(view, "perf"))
+    c.pay_off = _read(view, folder / PAY_OFF, f"{name}: perf ratios", required=_optional(view, "perf"))
     judge = folder / "judge"
     c.judge_dir = judge if judge.is_dir() else None
-    c.judge = _read(view, judge / "report.json", f"{name}: judge report", required=_optional(view, "judge") or judge.is_dir())
+    c.judge = _read(view, judge / JUDGE_REPORT, f"{name}: judge report", required=_optional(view, "judge") or judge.is_dir())
     c.human = _read(view, judge / "human.json", f"{name}: human review", required=False)
     c.review_key = _read(view, judge / "review_key.json", f"{name}: review key", required=False)
     return c
@@ -208,9 +209,9 @@ def load_run(folder: Path | str) -> RunView:
     """Everything a run folder holds, with gaps for what is missing or corrupt."""
     folder = Path(folder)
     view = RunView(folder=folder, run_id=folder.name, started="")
-    view.run = _read(view, folder / "run.json", "run record")
-    view.summary = _read(view, folder / "summary.json", "summary")
-    view.decision = _read(view, folder / "decision.json", "decision")
+    view.run = _read(view, folder / RUN, "run record")
+    view.summary = _read(view, folder / SUMMARY, "summary")
+    view.decision = _read(view, folder / DECISION, "decision")
     view.started = _started(folder, view.run_id, view.decision)
     view.floor = _read(view, folder / "fidelity" / "floor.json", "fidelity noise floor", required=_want_fidelity(view))
     view.variants[BASELINE] = _variant(view, BASELINE)
@@ -223,7 +224,7 @@ def load_run(folder: Path | str) -> RunView:
 
 
 def is_run(folder: Path) -> bool:
-    return folder.is_dir() and (folder / "run.json").is_file()
+    return folder.is_dir() and (folder / RUN).is_file()
 
 
 def run_folders(results: Path) -> list[Path]:

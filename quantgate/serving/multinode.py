@@ -33,7 +33,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quantgate.base.errors import QuantgateError
+from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base.fileio import child_env, log_tail
 from quantgate.base.procs import TAG_VAR, tag_env
 from quantgate.serving.env import serve_python
@@ -203,10 +203,10 @@ class MultiNodeServer:
             with socket.socket() as s:
                 s.bind((addr, 0))
         except OSError:
-            raise QuantgateError(f"{head.label}: master address {addr} is not an address of this host, so the head cannot listen on it",
-                                 where="--master-addr", fix="use the head's own address (127.0.0.1 when every node is local)") from None
+            raise SettingError(f"{head.label}: master address {addr} is not an address of this host, so the head cannot listen on it",
+                                 setting="master_addr", fix="use the head's own address (127.0.0.1 when every node is local)") from None
         if not port_is_free(addr, port):
-            raise QuantgateError(f"{head.label}: master port {port} on {addr} is in use{port_holder(port)}", where="--master-port",
+            raise SettingError(f"{head.label}: master port {port} on {addr} is in use{port_holder(port)}", setting="master_port",
                                  fix="free that port, or leave the master port unset so a free one is picked")
 
     def start(self) -> "MultiNodeServer":

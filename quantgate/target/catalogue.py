@@ -223,16 +223,28 @@ def _convert(gguf: Path, out: Path, dtype: str) -> None:
 
 
 def ensure_model(model_id: str = "demo", gguf: Path | None = None, root: Path | None = None) -> Path:
-    """Materialize a catalogue model (idempotent): returns its verified checkpoint folder."""
+    """Materialize a catalogue model (idempotent): returns its verified checkpoint folder. Concurrent callers (two
+    releases, two test workers) build it once: the first holds the folder's lock while it converts, the others wait
+    for it and then verify its result."""
     entry = catalogue_entry(model_id)
     root = root or models_dir()
     final = root / entry.folder
     if (final / MANIFEST).is_file():
         verify_checkpoint(final, entry.expected_sha256)
         return final
-    if final.exists():  # a folder without manifest: an interrupted earlier attempt; never trust it
-        shutil.rmtree(final)
     root.mkdir(parents=True, exist_ok=True)
+    with lock(root / ".locks" / entry.folder, timeout=None, what=f"materialize model {entry.id}"):
+        if (final / MANIFEST).is_file():  # built by the holder we waited for
+            verify_checkpoint(final, entry.expected_sha256)
+            return final
+        if final.exists():  # a folder without manifest: an interrupted earlier attempt; never trust it
+            shutil.rmtree(final)
+        _materialize(entry, root, final, gguf)
+    return final
+
+
+def _materialize(entry: CatalogueModel, root: Path, final: Path, gguf: Path | None) -> None:
+    """Download, convert and verify `entry` into `final` (under its lock): the folder appears complete or not at all."""
     start = time.time()
     with tempfile.TemporaryDirectory(dir=root, prefix=f".{entry.folder}.") as tmp:
         work = Path(tmp)
@@ -258,7 +270,6 @@ def ensure_model(model_id: str = "demo", gguf: Path | None = None, root: Path | 
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         os.replace(out, final)  # atomic on one filesystem: the folder appears complete or not at all
     print(f"[models] {entry.name} ready at {final} ({time.time() - start:.0f} s)", file=sys.stderr, flush=True)
-    return final
 
 
 def resolve_model(ref: str) -> Path:

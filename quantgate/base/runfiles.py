@@ -1,0 +1,52 @@
+"""The names of the files quantgate writes, in one place: every writer and reader uses these constants.
+
+A release's run folder (`results/runs/<run-id>/`):
+
+    run.json               the spec as run, its file, git commit, package versions, machine (release.steps)
+    timings.json           one row per step: start, seconds, status, slot                 (release.runrecord)
+    summary.json           the release's outcome: decision, candidates, figures, paths    (release.steps)
+    decision.json          the gate: one decision per candidate, each check's evidence   (gate.evidence)
+    decision.junit.xml     the same decision as JUnit test cases, for CI systems
+    publish.json           where promoted entries were published, and how it went
+    report.html/report.md  the report for people                                           (report)
+    <variant>/plan.json        the variant's serving plan; server.log its server's log
+    <variant>/evidence.json    what was measured and where the results are (cache folders)
+    <variant>/error.json       why its server could not start or died (phase, log tail)
+    <variant>/quantization.json  the quantize manifest of a candidate
+    compare/<candidate>.json   the paired comparison with the baseline                       (evals.compare)
+    <candidate>/judge/report.json  the LLM judge's calibration and comparison                (judge.run)
+
+A measured variant's cache folder (`results/cache/variants/<key>/`) holds what the run folder points at:
+eval runs (`manifest.json`, `results.jsonl`, `scores.jsonl`), the recall run (`requests.jsonl`, `cells.json`, and
+for a candidate `delta.json`), `parity.json`, the perf probe (`perf.json`, `pay_off.json`) and fidelity dumps.
+"""
+
+from __future__ import annotations
+
+# run folder
+RUN = "run.json"
+TIMINGS = "timings.json"
+SUMMARY = "summary.json"
+DECISION = "decision.json"
+DECISION_JUNIT = "decision.junit.xml"
+PUBLISH = "publish.json"
+REPORT_HTML = "report.html"
+REPORT_MD = "report.md"
+# per variant
+PLAN = "plan.json"
+EVIDENCE = "evidence.json"
+ERROR = "error.json"
+QUANTIZATION = "quantization.json"
+COMPARE_DIR = "compare"
+JUDGE_DIR = "judge"
+# result folders (eval, recall, judge, perf, parity)
+MANIFEST = "manifest.json"
+RESULTS = "results.jsonl"
+SCORES = "scores.jsonl"
+REQUESTS = "requests.jsonl"
+CELLS = "cells.json"
+DELTA = "delta.json"
+JUDGE_REPORT = "report.json"
+PARITY = "parity.json"
+PERF = "perf.json"
+PAY_OFF = "pay_off.json"

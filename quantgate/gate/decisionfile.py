@@ -1,0 +1,44 @@
+"""The decision files of a gated run (adapter): <run>/decision.json with every candidate's decision, each
+candidate's own <run>/<candidate>/decision.json, and the run's overall verdict. quantgate.gate.evidence writes them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from pathlib import Path
+
+from quantgate.base.runfiles import DECISION
+from quantgate.base.fileio import write_json
+
+
+def policy_ref(path: Path | str) -> dict[str, str]:
+    """How a decision names its policy: the file and its sha256."""
+    path = Path(path)
+    return {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def overall(verdicts: list[str]) -> str:
+    """A run's decision from its candidates': PROMOTE when one was promoted, else INCONCLUSIVE when one could not be
+    decided (more evidence might promote it), else REJECT."""
+    if "PROMOTE" in verdicts:
+        return "PROMOTE"
+    return "INCONCLUSIVE" if "INCONCLUSIVE" in verdicts else "REJECT"
+
+
+def write_decision(run: Path | str, decisions: list, out: Path | str | None = None) -> Path:
+    """Write <run>/decision.json (or `out`): PROMOTE when some candidate is promoted (the first, in the given order),
+    with every candidate's checks; and each candidate's own decision in <run>/<candidate>/decision.json."""
+    run = Path(run)
+    promoted = next((d.candidate for d in decisions if d.promoted), None)
+    doc = {"schema_version": decisions[0].schema_version if decisions else 1,
+           "decision": overall([d.decision for d in decisions]), "promoted": promoted, "run": str(run),
+           "policy": decisions[0].policy if decisions else None,
+           "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "candidates": {d.candidate: d.model_dump(mode="json") for d in decisions}}
+    target = Path(out) if out else run / DECISION
+    write_json(target, doc)
+    if out is None:
+        for d in decisions:
+            if (run / d.candidate).is_dir():
+                write_json(run / d.candidate / DECISION, d.model_dump(mode="json"))
+    return target

@@ -1,0 +1,199 @@
+"""Variants from elsewhere in a release spec: `candidates:` (existing checkpoint folders, OpenAI-compatible
+endpoints) and an endpoint `baseline:`; and which scheme an existing checkpoint carries.
+
+    candidates:
+      - {name: redhat-int8, checkpoint: /models/SmolLM2-135M-Instruct-quantized.w8a8}
+      - {name: prod-fp8, endpoint: https://host/v1, model: SERVED_NAME, api_key_env: VAR, scheme: fp8-dynamic}
+    baseline: {endpoint: https://host/v1, model: SERVED_NAME, prefect_secret: BLOCK}
+
+A checkpoint candidate is served by quantgate like a quantized scheme, without quantizing: its folder must exist and
+hold config.json; its scheme is read from `quantization_config` (`detect_scheme`): compressed-tensors groups map to
+quantgate's scheme ids where their weight and activation formats match one, anything else is `external` (no policy
+family: the gate's family checks cannot pass it). An endpoint is measured where it runs and never started or stopped
+(quantgate.serving.endpoint); its `scheme` may be declared (not verified), default `external`. Keys come from an
+environment variable or a Prefect Secret block, read when the release runs, never at load.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+
+from quantgate.quantize.schemes import load_schemes
+from quantgate.serving.cpu_kernels import split_schemes
+
+EXTERNAL = "external"  # the scheme of a variant whose format quantgate does not map to one of its schemes
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class EndpointRef(BaseModel):
+    """An OpenAI-compatible server quantgate does not start: URL, served model name, where its key is."""
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str = Field(pattern=r"^https?://", description="base URL, e.g. https://host/v1")
+    model: str = Field(min_length=1, description="the model name the endpoint serves")
+    api_key_env: str | None = Field(None, description="environment variable holding its API key (read at run time)")
+    prefect_secret: str | None = Field(None, description="Prefect Secret block holding its API key")
+
+    @model_validator(mode="after")
+    def _one_key(self) -> "EndpointRef":
+        if self.api_key_env and self.prefect_secret:
+            raise ValueError("give either api_key_env or prefect_secret, not both")
+        return self
+
+
+class CandidateSpec(BaseModel):
+    """One entry of `candidates:`: exactly one of `checkpoint` (a folder) or `endpoint` (with `model`)."""
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME, max_length=100, description="its folder in the run and its name in the decision")
+    checkpoint: Path | None = Field(None, description="an existing vLLM-loadable checkpoint folder (relative: to the spec)")
+    endpoint: str | None = Field(None, pattern=r"^https?://", description="an OpenAI-compatible server's base URL")
+    model: str | None = Field(None, description="the model name the endpoint serves (required with endpoint)")
+    api_key_env: str | None = None
+    prefect_secret: str | None = None
+    scheme: str | None = Field(None, description="checkpoint: detected from config.json; endpoint: declared "
+                                                 "(a scheme id, not verified), default external")
+    _note: str | None = PrivateAttr(None)
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint_folder(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        if v is None:
+            return None
+        base = (info.context or {}).get("path")
+        path = (v if v.is_absolute() or base is None else Path(base).parent / v).resolve()
+        if not path.is_dir():
+            raise ValueError(f"checkpoint folder not found: {path} (relative paths are relative to the spec file's folder)")
+        read_config(path)
+        return path
+
+    @field_validator("scheme")
+    @classmethod
+    def _known_scheme(cls, v: str | None) -> str | None:
+        known = [s.id for s in load_schemes().schemes]
+        if v is not None and v != EXTERNAL and v not in known:
+            raise ValueError(f"unknown scheme {v!r}: use one of {', '.join(known)} or {EXTERNAL}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "CandidateSpec":
+        if (self.checkpoint is None) == (self.endpoint is None):
+            raise ValueError(f"candidate {self.name}: give exactly one of `checkpoint` (a folder quantgate serves) or "
+                             "`endpoint` (a server it does not start, with `model`)")
+        if self.endpoint is not None:
+            if not self.model:
+                raise ValueError(f"candidate {self.name}: `model` is required with `endpoint`: the model name "
+                                 f"{self.endpoint} serves")
+            if self.api_key_env and self.prefect_secret:
+                raise ValueError(f"candidate {self.name}: give either api_key_env or prefect_secret, not both")
+            self.scheme = self.scheme or EXTERNAL
+            return self
+        extra = [k for k in ("model", "api_key_env", "prefect_secret") if getattr(self, k) is not None]
+        if extra:
+            raise ValueError(f"candidate {self.name}: not with `checkpoint`: {', '.join(extra)} (they describe an endpoint)")
+        assert self.checkpoint is not None
+        found, note = detect_scheme(read_config(self.checkpoint).get("quantization_config"))
+        if self.scheme is not None and self.scheme != found:
+            raise ValueError(f"candidate {self.name}: scheme {self.scheme} is not what {self.checkpoint}/config.json "
+                             f"holds ({found}: {note}); remove `scheme` (it is detected for a checkpoint)")
+        unchecked = ": quantgate cannot check that the hardware serves it (its server start will tell) and the " \
+            "policy has no family for it" if found == EXTERNAL else ""
+        self.scheme, self._note = found, f"candidate {self.name}: {found} ({note}){unchecked}"
+        return self
+
+    @property
+    def note(self) -> str | None:
+        """What the scheme detection found, for the release's notes."""
+        return self._note
+
+    def endpoint_ref(self) -> EndpointRef | None:
+        if self.endpoint is None:
+            return None
+        return EndpointRef(endpoint=self.endpoint, model=self.model or "", api_key_env=self.api_key_env,
+                           prefect_secret=self.prefect_secret)
+
+
+def read_config(folder: Path) -> dict:
+    """config.json of a checkpoint folder, as a mapping; ValueError naming the file otherwise."""
+    path = folder / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"no config.json in {folder}: not a Hugging Face checkpoint folder") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return data
+
+
+def _group_scheme(group: Mapping) -> tuple[str, str]:
+    """One compressed-tensors config group -> (scheme id or EXTERNAL, what it is)."""
+    w, a = group.get("weights") or {}, group.get("input_activations")
+    wd = f"{w.get('type')}{w.get('num_bits')} weights"
+    if a is None:
+        if (w.get("type"), w.get("num_bits")) == ("int", 4):
+            sym = w.get("symmetric", True)
+            return ("w4a16-gptq" if sym else "w4a16-awq"), f"{'symmetric' if sym else 'asymmetric'} int4 weights, 16-bit activations"
+        return EXTERNAL, f"{wd}, 16-bit activations"
+    ad = f"{a.get('type')}{a.get('num_bits')} {'dynamic' if a.get('dynamic') else 'static'} activations"
+    key = (w.get("type"), w.get("num_bits"), a.get("type"), a.get("num_bits"))
+    if key == ("float", 8, "float", 8) and a.get("dynamic"):
+        return "fp8-dynamic", f"{wd}, {ad}"
+    if key == ("int", 8, "int", 8):
+        return "int8-w8a8", f"{wd}, {ad}"
+    if key == ("float", 4, "float", 4):
+        return "nvfp4", f"{wd}, {ad}"
+    return EXTERNAL, f"{wd}, {ad}"
+
+
+def detect_scheme(quantization_config: Mapping | None) -> tuple[str, str]:
+    """The quantgate scheme id a checkpoint's `quantization_config` carries, and why (pure). compressed-tensors
+    groups map by weight and activation format: int8 W8A8 -> int8-w8a8, FP8 weights with dynamic FP8 activations
+    -> fp8-dynamic, int4 weights with 16-bit activations -> w4a16-gptq (symmetric) or w4a16-awq (asymmetric, with
+    zero points), FP4 W4A4 -> nvfp4. The id names the serving format (kernels, policy family), not the algorithm
+    that produced the weights. Anything else, several groups that disagree, or no quantization at all: EXTERNAL."""
+    if not quantization_config:
+        return EXTERNAL, "config.json has no quantization_config: an unquantized checkpoint"
+    method = quantization_config.get("quant_method")
+    if method != "compressed-tensors":
+        return EXTERNAL, f"quant_method {method!r} is not compressed-tensors: quantgate maps only compressed-tensors"
+    groups = quantization_config.get("config_groups") or {}
+    if not isinstance(groups, Mapping) or not groups:
+        return EXTERNAL, "compressed-tensors without config_groups"
+    found = {name: _group_scheme(g if isinstance(g, Mapping) else {}) for name, g in groups.items()}
+    schemes = {s for s, _ in found.values()}
+    what = "; ".join(f"{n}: {d}" for n, (_, d) in found.items())
+    kv = quantization_config.get("kv_cache_scheme")
+    tail = f"; KV cache {kv.get('type')}{kv.get('num_bits')}" if isinstance(kv, Mapping) else ""
+    if len(schemes) == 1 and EXTERNAL not in schemes:
+        return schemes.pop(), f"compressed-tensors {what}{tail}"
+    why = "its groups use different formats" if len(schemes) > 1 else "no quantgate scheme has this format"
+    return EXTERNAL, f"compressed-tensors {what}{tail}: {why}"
+
+
+def hardware_problem(hardware: str, scheme: str | None, python: Path | None = None) -> str | None:
+    """Why `hardware` cannot serve a checkpoint of `scheme` (the support table and, on a CPU, the kernel probe: the
+    same checks as `schemes`), or None. An EXTERNAL scheme cannot be checked: None, and the note says so."""
+    if scheme is None or scheme == EXTERNAL:
+        return None
+    kept, why = split_schemes(hardware, [scheme], python)
+    return None if kept else why.get(scheme, "does not run here")
+
+
+def candidate_names(spec) -> list[str]:
+    """Every candidate of a release in order: the schemes to quantize, then `candidates`."""
+    return [*spec.schemes, *(c.name for c in spec.candidates)]
+
+
+def external(spec, name: str) -> CandidateSpec | None:
+    """The `candidates` entry called `name`, or None (a scheme id)."""
+    return next((c for c in spec.candidates if c.name == name), None)
+
+
+__all__ = ["EXTERNAL", "CandidateSpec", "EndpointRef", "candidate_names", "detect_scheme", "external", "hardware_problem",
+           "read_config"]

@@ -1,0 +1,229 @@
+"""The sections of a release spec (quantgate.release.spec): serving, quantization, eval, recall, perf, fidelity,
+judge and adaptive sampling, each a strict model whose fields the spec's YAML sets under its key.
+
+Relative paths are relative to the spec file's folder (`_resolve`, with the spec's path in the validation context).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from quantgate.base.errors import QuantgateError
+from quantgate.base.paths import JUDGES
+from quantgate.base.yamlconfig import item_error
+from quantgate.judge.run import JudgeSettings, load_judge
+from quantgate.perf.models import ProbeSettings
+from quantgate.perf.workloads import PerfOverrides
+from quantgate.perf.workloads import settings as probe_settings
+from quantgate.plan.knobs import ServingKnobs, knob_arg
+from quantgate.quantize.calibration import CalibrationSpec
+from quantgate.quantize.recipes import RecipeOverrides
+from quantgate.target.hardware import get_profile
+
+
+class ServingSpec(ServingKnobs):
+    """How vLLM serves every variant. The parallel layout and CPU settings come from the planner; these override.
+    The engine knobs (kv_cache_dtype, gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
+    enable_prefix_caching, enforce_eager, cudagraph_mode) are quantgate.plan.knobs.ServingKnobs'."""
+    model_config = ConfigDict(extra="forbid")
+
+    python: Path | None = Field(None, description="serving interpreter (default: $QUANTGATE_SERVE_PYTHON or .venv-serve)")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(None, description="None: the planner's choice")
+    replicas: int | None = Field(None, ge=1, description="required replicas (the planner's --replicas)")
+    startup_timeout_s: float = Field(600.0, gt=0)
+    extra_args: list[str] = Field(default_factory=list, description="appended verbatim to `vllm serve`")
+    local_nodes: bool = Field(False, description="multi-node plans: the `nodes` are process groups on this host, "
+                                                 "launched and watched by quantgate (remote nodes: run `quantgate plan`'s commands)")
+    join_timeout_s: float = Field(300.0, gt=0, description="multi-node: every node must have joined by then")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_managed_args(cls, v: list[str]) -> list[str]:
+        for i, arg in enumerate(v):
+            if (why := _managed_arg(arg)) is not None:
+                raise item_error(i, why)
+        return v
+
+
+# vLLM arguments quantgate sets itself: a spec's extra_args may not change where and to whom a server answers, nor
+# let a checkpoint run its own code. vLLM reads '_' as '-' in flag names, takes `--flag=value`, and argparse takes
+# any unambiguous prefix of a flag (`--api-k`), so a flag is refused when it is one of these or a prefix of one.
+MANAGED_ARGS = {
+    "--host": "quantgate binds every server to loopback itself",
+    "--port": "quantgate picks a free port for every server itself",
+    "--uds": "quantgate serves over TCP on loopback; a socket file would change where the server answers",
+    "--api-key": "quantgate sets a fresh API key for every server (a key in a spec would also be a secret in a file)",
+    "--trust-remote-code": "running code shipped with a checkpoint is not allowed through the spec",
+    "--allowed-origins": "cross-origin access to the server is not opened through the spec",
+    "--allowed-methods": "cross-origin access to the server is not opened through the spec",
+    "--allowed-headers": "cross-origin access to the server is not opened through the spec",
+    "--allow-credentials": "cross-origin access to the server is not opened through the spec",
+    "--config": "a vLLM config file could set any of the arguments quantgate manages (host, port, API key, ...)",
+}
+
+
+def _managed_arg(arg: str) -> str | None:
+    """Why `arg` may not be in serving.extra_args, or None when it may."""
+    if (knob := knob_arg(arg)) is not None:  # a serving knob's flag: set through its field
+        return knob
+    if not arg.startswith("--") or len(arg) < 3:
+        return None
+    given = arg.split("=", 1)[0]
+    flag = given.replace("_", "-").lower()
+    for name, why in MANAGED_ARGS.items():
+        if name.startswith(flag):
+            shown = given + ("=..." if "=" in arg else "")  # the value is not repeated: it may be a key
+            return f"{shown!r} is not allowed in serving.extra_args: {why} ({name} and {name}=VALUE are refused)"
+    return None
+
+
+class QuantizationSpec(BaseModel):
+    """Recipe parameters and calibration data for the candidates (defaults: quant_recipes/schemes.yaml)."""
+    model_config = ConfigDict(extra="forbid")
+
+    overrides: dict[str, RecipeOverrides] = Field(default_factory=dict, description="scheme id -> recipe overrides")
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+
+
+class AdaptiveSpec(BaseModel):
+    """More samples for an INCONCLUSIVE candidate: up to these budgets, then the gate decides again. The eval
+    sets must hold more samples than `eval.limit` (or `fidelity.limit`) took for this to add anything."""
+    model_config = ConfigDict(extra="forbid")
+
+    max_eval_samples: int | None = Field(None, ge=1, description="eval.limit may grow to this; None: keep it")
+    max_fidelity_samples: int | None = Field(None, ge=1, description="fidelity.limit may grow to this; None: keep it")
+    rounds: int = Field(1, ge=1, le=5, description="times to widen and decide again")
+
+
+class EvalSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int | None = Field(None, ge=1, description="first N samples of each set (CI subsets); None: all")
+    concurrency: int = Field(16, ge=1)
+    max_error_rate: float = Field(0.05, ge=0, le=1)
+
+
+class RecallSpec(BaseModel):
+    """Long-context needle grid (quantgate recall); every length plus the answer must fit `context`.
+    `ask` is the layout (quantgate/recall/haystack.py): turns packs a needle per depth into one haystack per
+    (length, kind, sample) and asks each in its own request over the shared haystack (prefix caching)."""
+    model_config = ConfigDict(extra="forbid")
+
+    lengths: list[int] = Field(default_factory=lambda: [1024, 2048], min_length=1)
+    depths: list[int] = Field(default_factory=lambda: [0, 25, 50, 75, 100], min_length=1)
+    kinds: list[Literal["number", "name", "multilingual", "multi"]] = Field(
+        default_factory=lambda: ["number", "name", "multilingual", "multi"], min_length=1)
+    samples: int = Field(2, ge=1, description="needles per (length, depth, kind) cell (haystacks per length and kind)")
+    ask: Literal["turns", "together", "single"] = Field("turns", description="layout: a question per needle over a "
+                                                        "shared haystack, one question for all, or one needle per haystack")
+    seed: int = 0
+    max_answer_tokens: int = Field(32, ge=1, description="answer cap per needle; each request gets what its needles need")
+    deadline_s: float = Field(300.0, gt=0, description="the work in flight must fit this at the measured prefill rate")
+
+    @field_validator("depths")
+    @classmethod
+    def _percent(cls, v: list[int]) -> list[int]:
+        if any(d < 0 or d > 100 for d in v):
+            raise ValueError("depths are percentages from 0 to 100")
+        if len(set(v)) != len(v):
+            raise ValueError("each depth once: the needles of one haystack sit at distinct depths")
+        return v
+
+
+class PerfSpec(PerfOverrides):
+    """Serving performance probe (quantgate perf, vLLM's own benchmark client), the same work for every variant.
+    What it measures comes from the spec's `workload` profile (quant_recipes/workloads.yaml) and the hardware's
+    budget there; a field set here overrides them: `concurrency` (levels), `sweep`, `slo: {ttft_ms, tpot_ms,
+    attainment}`, `repeats`, `num_prompts`, `input_len`, `output_len`, `range_ratio`, `budget_s`."""
+
+    def settings(self, workload: str, hardware: str, concurrency: int) -> ProbeSettings:
+        """The probe this spec asks for (quantgate.perf.workloads.settings)."""
+        return probe_settings(workload, get_profile(hardware), self, concurrency=concurrency)
+
+
+class FidelitySpec(BaseModel):
+    """Teacher-forced fidelity (quantgate.fidelity): the baseline's answers scored by every variant through prompt
+    logprobs; the baseline scores them twice for the noise floor. Token-level evidence, thousands of tokens."""
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int | None = Field(120, ge=1, description="baseline answers to score (stratified); None: all")
+    top_k: int = Field(10, ge=1, le=20, description="prompt logprobs per position (vLLM's --max-logprobs bounds it, "
+                                                    "default 20)")
+    concurrency: int = Field(8, ge=1, description="requests in flight on the main path (the floor's path sends one "
+                                                  "at a time)")
+    corpus: Path | None = Field(None, description="optional text file of passages scored as well")
+
+    @field_validator("corpus")
+    @classmethod
+    def _corpus_exists(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve(v, info)
+
+
+def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
+    """Resolve a path relative to the spec file and check that it exists."""
+    if value is None:
+        return None
+    base = (info.context or {}).get("path")
+    path = value if value.is_absolute() or base is None else (Path(base).parent / value)
+    if not path.exists():
+        raise ValueError(f"file not found: {path} (relative paths are relative to the spec file's folder)")
+    return path.resolve()
+
+
+class JudgeSpec(BaseModel):
+    """The release's LLM judge (quantgate.judge.run): each candidate's answers on the first eval set against the
+    baseline's, in both orders, after a calibration. Exactly one of `endpoint` (a remote OpenAI-compatible judge)
+    or `serve` (a model quantgate serves with vLLM for the judge step, one server for all candidates)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    template: Path = Field(str(JUDGES / "pairwise.md"), validate_default=True,  # text: files validate as JSON
+                           description="judges/*.md prompt template, its .yaml sidecar beside it")
+    endpoint: str | None = Field(None, pattern=r"^https?://", description="remote judge server, e.g. https://host/v1")
+    model: str | None = Field(None, description="the model name the endpoint serves (required with endpoint)")
+    api_key_env: str | None = Field(None, description="environment variable holding the endpoint's API key")
+    prefect_secret: str | None = Field(None, description="Prefect Secret block holding the endpoint's API key")
+    serve: str | None = Field(None, description="catalogue id or checkpoint folder served as the judge")
+    limit: int | None = Field(None, ge=1, description="judge the first N pairs; None: all")
+    calibration_per_type: int | None = Field(None, ge=1, description="calibration pairs per corruption type; "
+                                                                      "None: judges/calibration.yaml")
+    calibration_bar: float | None = Field(None, ge=0, le=1, description="None: judges/calibration.yaml")
+    margin: float | None = Field(None, ge=0, le=1, description="non-inferiority margin on win - loss; "
+                                                               "None: the policy's judge.margin (else 0.05)")
+    not_stronger: bool = Field(False, description="declare that the judge is not stronger than the judged models")
+    concurrency: int = Field(8, ge=1, description="judge requests in flight")
+    timeout_s: float = Field(120.0, gt=0, description="seconds per judge request")
+
+    @field_validator("template")
+    @classmethod
+    def _template_loads(cls, v: Path, info: ValidationInfo) -> Path:
+        path = _resolve(v, info)
+        try:
+            load_judge(path)
+        except QuantgateError as exc:
+            raise ValueError(f"{exc.where}: {exc.message}" + (f"; {exc.fix}" if exc.fix else "")) from None
+        return path
+
+    def settings(self, margin: float) -> JudgeSettings:
+        """How quantgate.judge.run judges for this spec, with the non-inferiority `margin` the policy resolved."""
+        shared = {k: getattr(self, k) for k in JudgeSettings.model_fields if k in type(self).model_fields}
+        return JudgeSettings(**(shared | {"margin": margin}))
+
+    @model_validator(mode="after")
+    def _one_judge(self) -> "JudgeSpec":
+        if (self.endpoint is None) == (self.serve is None):
+            raise ValueError("give exactly one of `endpoint` (a remote judge, with `model`) or `serve` (a catalogue id "
+                             "or checkpoint folder that quantgate serves as the judge)")
+        if self.endpoint is not None and not self.model:
+            raise ValueError(f"`model` is required with `endpoint`: the model name {self.endpoint} serves")
+        if self.serve is not None:
+            extra = [k for k in ("model", "api_key_env", "prefect_secret") if getattr(self, k) is not None]
+            if extra:
+                raise ValueError(f"not with `serve`: {', '.join(extra)} (they describe an `endpoint`; quantgate names "
+                                 "and keys the judge it serves)")
+        if self.api_key_env and self.prefect_secret:
+            raise ValueError("give either api_key_env or prefect_secret, not both")
+        return self

@@ -1,0 +1,480 @@
+"""What goes out after a decision: `publish:` and `notify:` in the spec (validated at load with file, line and field),
+copies of a verified entry to folders and fsspec URLs (atomic where the target renames, read back after), the Hub
+through an injected stand-in, and the decision webhook against a real local HTTP receiver (http.server on a thread).
+
+The Hugging Face Hub cannot be reached from here: its tests inject a fake HfApi that records the calls quantgate makes
+(create_repo, upload_folder) and answers like huggingface_hub does; everything else is real (files, fsspec, HTTP)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import xml.etree.ElementTree as ET
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+
+import fsspec
+import pytest
+import yaml
+from _publish_fixtures import CAND, gated_run
+from prefect.events.schemas.automations import AutomationCore
+from typer.testing import CliRunner
+
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.paths import REPO
+from quantgate.cli.main import app
+from quantgate.gate.models import EXIT_CODES
+from quantgate.release import publishing, registry, targets, webhook
+from quantgate.release.publishing import NotifySpec, PublishTarget
+from quantgate.release.spec import load_spec
+
+GOOD = """\
+version: 1
+name: mine
+model: demo
+hardware: x86-cpu
+workload: latency
+schemes: [w4a16-gptq]
+"""
+
+
+# --- the spec -------------------------------------------------------------------------------------------------------
+
+def spec_file(tmp_path: Path, extra: str) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(GOOD + extra)
+    return path
+
+
+def test_publish_and_notify_load_with_paths_relative_to_the_spec(tmp_path):
+    spec = load_spec(spec_file(tmp_path, "publish:\n  - folder: out\n  - url: memory://bucket\n"
+                                         "  - {hf_repo: org/demo-w4a16, private: false}\n"
+                                         "notify:\n  - {url: http://127.0.0.1:9/hook, secret_env: HOOK_KEY}\n"))
+    assert [t.label for t in spec.publish] == [str(tmp_path / "out"), "memory://bucket", "hf://org/demo-w4a16"]
+    assert spec.publish[2].private is False and spec.notify[0].attempts == 5
+    assert load_spec(spec_file(tmp_path, "")).publish == [] == load_spec(spec_file(tmp_path, "")).notify
+
+
+@pytest.mark.parametrize("extra, line, field, words", [
+    ("publish:\n  - {folder: a, url: memory://b}\n", 8, "publish.0", "exactly one of folder, url or hf_repo"),
+    ("publish:\n  - {}\n", 8, "publish.0", "exactly one of"),
+    ("publish:\n  - url: nosuch://x\n", 8, "publish.0.url", "fsspec knows no protocol 'nosuch'"),
+    ("publish:\n  - url: some/dir\n", 8, "publish.0.url", "write `folder: some/dir`"),
+    ("publish:\n  - url: hf://org/x\n", 8, "publish.0.url", "hf_repo"),
+    ("publish:\n  - {folder: a, token_env: HF_TOKEN}\n", 8, "publish.0", "hf_repo targets only"),
+    ("publish:\n  - hf_repo: not-a-repo\n", 8, "publish.0.hf_repo", "should match pattern"),
+    ("publish:\n  - {hf_repo: o/n, token_env: 1BAD}\n", 8, "publish.0.token_env", "should match pattern"),
+    ("publish:\n  - {folder: a, privat: true}\n", 8, "publish.0.privat", "Extra inputs"),
+    ("notify:\n  - url: ftp://x/hook\n", 8, "notify.0.url", "should match pattern"),
+    ("notify:\n  - {url: http://x, attempts: 0}\n", 8, "notify.0.attempts", "greater than or equal to 1"),
+    ("notify:\n  - {url: http://x, secret_env: my-secret}\n", 8, "notify.0.secret_env", "should match pattern"),
+])
+def test_mistakes_name_the_file_line_and_field(tmp_path, extra, line, field, words):
+    path = spec_file(tmp_path, extra)
+    with pytest.raises(ConfigError) as err:
+        load_spec(path)
+    text = err.value.render()
+    assert f"{path}:{line}" in text and f"field '{field}'" in text and words in text, text
+
+
+def test_a_missing_webhook_secret_stops_the_release_before_any_work(monkeypatch):
+    monkeypatch.delenv("QG_TEST_HOOK_KEY", raising=False)
+    with pytest.raises(QuantgateError, match=r"notify\[0\].secret_env names QG_TEST_HOOK_KEY, which is not set"):
+        publishing.check_env([NotifySpec(url="http://127.0.0.1:9", secret_env="QG_TEST_HOOK_KEY")])
+    monkeypatch.setenv("QG_TEST_HOOK_KEY", "k")
+    publishing.check_env([NotifySpec(url="http://127.0.0.1:9", secret_env="QG_TEST_HOOK_KEY")])
+
+
+# --- targets --------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def entry(tmp_path):
+    """A real promoted entry of a gated run (card, decision, hard-linked checkpoint)."""
+    run, ckpt, (d,) = gated_run(tmp_path / "work")
+    e = registry.promote(d, model="demo", version="v1", checkpoint=ckpt, run=run, root=tmp_path / "registry")
+    return Path(e["path"])
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_folder_publish_copies_the_verified_entry_and_reads_it_back(entry, tmp_path):
+    rec = registry.publish_entry(entry, str(tmp_path / "shelf"))
+    dest = tmp_path / "shelf" / "demo" / "v1"
+    assert rec["status"] == "published" and rec["where"] == str(dest) and rec["verified"] is True
+    assert tree(dest) == {k: v for k, v in tree(entry).items() if k != "publish.json"}
+    assert registry.verify_entry(dest)["version"] == "v1"  # the copy is itself a verifiable entry, card included
+    assert [p.name for p in (tmp_path / "shelf" / "demo").iterdir()] == ["v1"]  # no temporary folder left
+    assert (dest / "checkpoint" / "model.safetensors").stat().st_ino != (entry / "checkpoint" / "model.safetensors").stat().st_ino
+    again = registry.publish_entry(entry, f"file://{tmp_path / 'shelf'}")
+    assert again["status"] == "exists" and again["verified"] is True
+    history = json.loads((entry / "publish.json").read_text())["published"]
+    assert [h["status"] for h in history] == ["published", "exists"]
+
+
+def test_a_copy_that_fails_part_way_leaves_nothing_at_the_target(entry, tmp_path, monkeypatch):
+    real, calls = shutil.copy2, []
+
+    def copy_then_fail(src, dst, *a, **k):
+        calls.append(dst)
+        if len(calls) == 3:
+            raise OSError("disk full")
+        return real(src, dst, *a, **k)
+    monkeypatch.setattr(targets.shutil, "copy2", copy_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        registry.publish_entry(entry, str(tmp_path / "shelf"))
+    assert list((tmp_path / "shelf" / "demo").iterdir()) == []  # neither v1 nor the hidden temporary folder
+
+
+def test_a_target_holding_another_entry_is_refused_not_overwritten(entry, tmp_path):
+    registry.publish_entry(entry, str(tmp_path / "shelf"))
+    card = tmp_path / "shelf" / "demo" / "v1" / "README.md"
+    card.write_text("someone else's card")
+    with pytest.raises(QuantgateError, match="already holds another demo v1: README.md differs"):
+        registry.publish_entry(entry, str(tmp_path / "shelf"))
+    assert card.read_text() == "someone else's card"
+
+
+def test_memory_url_publish_writes_the_manifest_last_and_verifies(entry, monkeypatch):
+    fs = fsspec.filesystem("memory")
+    order, real = [], fs.put_file
+    monkeypatch.setattr(type(fs), "put_file", lambda self, lpath, rpath, **k: order.append(Path(rpath).name) or real(lpath, rpath, **k))
+    rec = registry.publish_entry(entry, "memory://shelf-a")
+    try:
+        assert rec["status"] == "published" and rec["where"] == "memory:///shelf-a/demo/v1"
+        assert order[-1] == "manifest.json" and len(order) == rec["files"]
+        assert fs.cat_file("/shelf-a/demo/v1/README.md") == (entry / "README.md").read_bytes()
+    finally:
+        fs.rm("/shelf-a", recursive=True)
+
+
+def test_a_copy_that_reads_back_wrong_is_an_error(entry, monkeypatch):
+    fs = fsspec.filesystem("memory")
+    real = targets._put_all
+
+    def corrupt(fs_, entry_, dest, names):
+        real(fs_, entry_, dest, names)
+        fs_.pipe_file(f"{dest}/decision.json", b"{}")
+    monkeypatch.setattr(targets, "_put_all", corrupt)
+    try:
+        with pytest.raises(QuantgateError, match="does not read back as the entry: decision.json differs"):
+            registry.publish_entry(entry, "memory://shelf-b")
+    finally:
+        fs.rm("/shelf-b", recursive=True)
+
+
+def test_a_modified_entry_is_not_published(entry, tmp_path):
+    (entry / "README.md").write_text("edited after promotion")
+    with pytest.raises(QuantgateError, match="modified since promotion"):
+        registry.publish_entry(entry, str(tmp_path / "shelf"))
+    assert not (tmp_path / "shelf").exists()
+
+
+class FakeHub:
+    """Stands in for huggingface_hub.HfApi (the Hub is unreachable here): records the calls, answers like it."""
+
+    def __init__(self, fail: str | None = None):
+        self.calls, self.fail = [], fail
+
+    def create_repo(self, repo_id, **kw):
+        self.calls.append(("create_repo", repo_id, kw))
+        return f"https://huggingface.co/{repo_id}"
+
+    def upload_folder(self, **kw):
+        self.calls.append(("upload_folder", kw["repo_id"], kw))
+        if self.fail:
+            raise RuntimeError(self.fail)
+        return SimpleNamespace(oid="c0ffee", commit_url=f"https://huggingface.co/{kw['repo_id']}/commit/c0ffee")
+
+
+def test_hub_upload_creates_a_private_repo_and_uploads_the_entry(entry, monkeypatch):
+    monkeypatch.setenv("QG_TEST_HF", "hf_x")
+    hub = FakeHub()
+    rec = publishing.publish_one(entry, PublishTarget(hf_repo="org/demo", token_env="QG_TEST_HF"), candidate=CAND, api=hub)
+    assert rec["status"] == "published" and rec["where"].endswith("/commit/c0ffee") and rec["commit"] == "c0ffee"
+    (_, repo, create), (_, _, upload) = hub.calls
+    assert repo == "org/demo" and create == {"private": True, "repo_type": "model", "exist_ok": True}
+    assert upload["folder_path"] == str(entry) and upload["ignore_patterns"] == ["publish.json"]
+
+
+def test_hub_without_a_token_is_skipped_with_a_note_not_a_crash(entry, monkeypatch):
+    monkeypatch.delenv("QG_TEST_HF", raising=False)
+    hub = FakeHub()
+    rec = publishing.publish_one(entry, PublishTarget(hf_repo="org/demo", token_env="QG_TEST_HF"), candidate=CAND, api=hub)
+    assert rec["status"] == "skipped" and "QG_TEST_HF is not set" in rec["note"] and hub.calls == []
+
+
+def test_a_failed_upload_is_recorded(entry, monkeypatch):
+    monkeypatch.setenv("QG_TEST_HF", "hf_x")
+    rec = publishing.publish_one(entry, PublishTarget(hf_repo="org/demo", token_env="QG_TEST_HF"), candidate=CAND,
+                                 api=FakeHub(fail="403 Forbidden"))
+    assert rec["status"] == "failed" and rec["error"] == "RuntimeError: 403 Forbidden"
+
+
+# --- the webhook ------------------------------------------------------------------------------------------------------
+
+class Receiver:
+    """A real HTTP server on loopback that answers each POST with the next scripted status and keeps what it got."""
+
+    def __init__(self, statuses: list[int], body: bytes = b'{"ok": true}'):
+        self.got, self.statuses = [], list(statuses)
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.got.append((dict(self.headers), raw))
+                status = outer.statuses.pop(0) if outer.statuses else 200
+                self.send_response(status)
+                self.send_header("Content-Length", str(0 if status == 204 else len(body)))
+                self.end_headers()
+                if status != 204:
+                    self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    made = []
+
+    def make(statuses, body=b'{"ok": true}'):
+        made.append(Receiver(statuses, body))
+        return made[-1]
+    yield make
+    for r in made:
+        r.close()
+
+
+def _summary(run: Path) -> dict:
+    """summary.json as finish_run writes it, the parts the webhook reads (this fixture's run has no baseline evidence)."""
+    cmp_ = json.loads((run / "compare" / f"{CAND}.json").read_text())["default"]["metrics"]
+    doc = json.loads((run / "decision.json").read_text())
+    summary = {"release": "mine", "run": run.name, "decision": doc["decision"], "promoted": [doc["promoted"]],
+               "candidates": {CAND: {"scheme": CAND, "decision": doc["decision"], "reasons": [], "registry": None,
+                                     "metrics": {f"default/{m}": v["overall"] for m, v in cmp_.items()}}}, "notes": []}
+    (run / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+def test_the_decision_is_posted_signed_and_retried(tmp_path, receiver, monkeypatch):
+    run, _, _ = gated_run(tmp_path)
+    rx = receiver([503, 200])  # one failure, then accepted: retried by base.http's client
+    monkeypatch.setenv("QG_TEST_HOOK_KEY", "s3cret")
+    n = NotifySpec(url=rx.url, secret_env="QG_TEST_HOOK_KEY", report_url="https://ci/runs/{run}/report.html")
+    (rec,) = webhook.notify_run([n], run, _summary(run))
+    assert rec["status"] == "delivered" and rec["attempts"] == 2 and len(rx.got) == 2
+    headers, raw = rx.got[-1]
+    want = "sha256=" + hmac.new(b"s3cret", raw, hashlib.sha256).hexdigest()  # over the bytes that arrived
+    assert hmac.compare_digest(headers["X-Quantgate-Signature-256"], want)
+    body = json.loads(raw)
+    assert body["event"] == "quantgate.decision" and body["run"] == run.name and body["decision"] == "PROMOTE"
+    assert body["delivery"] == headers["X-Quantgate-Delivery"] == rec["delivery"]
+    cand = body["candidates"][CAND]
+    assert cand["decision"] == "PROMOTE" and cand["scores"]["default/exact_match"]["delta"] == 0
+    decided = json.loads((run / "decision.json").read_text())["candidates"][CAND]["checks"]
+    assert [c["name"] for c in cand["checks"]] == [c["name"] for c in decided]
+    assert body["report"] == {"html": str(run / "report.html"), "markdown": str(run / "report.md"),
+                              "url": f"https://ci/runs/{run.name}/report.html"}
+    assert json.loads((run / "notify.json").read_text())["records"] == [rec]
+
+
+@pytest.mark.parametrize("statuses, body, status, attempts", [
+    ([204], b"", "delivered", None),           # any 2xx is delivered
+    ([200], b"thanks", "delivered", 1),        # a 200 whose body is not JSON too
+    ([404], b"no", "failed", 1),               # a 4xx is not retried
+    ([500, 500, 500], b"", "failed", 3),       # 5xx retried until the attempts run out
+])
+def test_receiver_answers(tmp_path, receiver, statuses, body, status, attempts):
+    rx = receiver(statuses, body)
+    rec = webhook.send(NotifySpec(url=rx.url, attempts=3, timeout_s=5), {"delivery": "d1", "decision": "REJECT"})
+    assert rec["status"] == status and rec["attempts"] == attempts and len(rx.got) == len(statuses)
+    assert "X-Quantgate-Signature-256" not in rx.got[0][0] and rec["signed"] is False
+
+
+def test_an_unreachable_webhook_is_a_failed_record_not_an_exception(tmp_path):
+    rx = Receiver([])
+    url = rx.url
+    rx.close()  # nothing listens there now
+    rec = webhook.send(NotifySpec(url=url, attempts=2, timeout_s=2), {"delivery": "d1"})
+    assert rec["status"] == "failed" and rec["attempts"] == 2 and "Connect" in rec["error"]
+
+
+# --- a release's publishing, end to end on a real promoted entry -------------------------------------------------------
+
+def test_promoted_entry_with_card_published_to_a_folder_and_the_receiver_told(tmp_path, receiver, monkeypatch):
+    """The flow's tail on a gated run: promote (card in the entry), publish to a folder and a tokenless Hub target,
+    summary and exit code, then the webhook to a real receiver."""
+    monkeypatch.setenv("QUANTGATE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.delenv("QG_TEST_HF", raising=False)
+    run, ckpt, (d,) = gated_run(tmp_path / "work")
+    rx = receiver([200])
+    spec = load_spec(spec_file(tmp_path, f"publish:\n  - folder: shelf\n  - {{hf_repo: org/demo, token_env: QG_TEST_HF}}\n"
+                                         f"notify:\n  - url: {rx.url}\n"))
+    e = registry.promote(d, model="demo", version="v1", checkpoint=ckpt, run=run)
+    records = publishing.publish_run(spec.publish, run, {CAND: e})
+    assert [r["status"] for r in records] == ["published", "skipped"]
+    copy = tmp_path / "shelf" / "demo" / "v1"
+    assert (copy / "README.md").read_text() == (Path(e["path"]) / "README.md").read_text()
+    assert "## Serving with vLLM" in (copy / "README.md").read_text() and registry.verify_entry(copy)
+    assert json.loads((run / "publish.json").read_text())["records"] == records
+    summary = publishing.add_to_summary(run, _summary(run), "publish", records)
+    assert publishing.exit_code(summary, 0) == 0 and json.loads((run / "summary.json").read_text())["publish"] == records
+    summary = publishing.add_to_summary(run, summary, "notify", webhook.notify_run(spec.notify, run, summary))
+    assert summary["notify"][0]["status"] == "delivered"
+    body = json.loads(rx.got[0][1])
+    assert body["decision"] == "PROMOTE" and [p["status"] for p in body["publish"]] == ["published", "skipped"]
+
+
+def test_a_failed_publish_is_reported_and_keeps_the_promotion(tmp_path, entry):
+    blocker = tmp_path / "shelf-file"
+    blocker.write_text("a file where the target folder should be")
+    records = publishing.publish_run([PublishTarget(folder=blocker)], tmp_path, {CAND: {"path": str(entry)}})
+    assert records[0]["status"] == "failed" and records[0]["error"]
+    summary = publishing.add_to_summary(tmp_path, {"decision": "PROMOTE", "notes": ["kept"]}, "publish", records)
+    assert publishing.exit_code(summary, 0) == publishing.OUTBOUND_FAILED
+    assert publishing.exit_code(summary, 3) == 3  # a REJECT keeps its code; the failure is still in the record
+    assert summary["notes"][0] == "kept" and summary["notes"][1].startswith(f"publish of {CAND} to {blocker} failed")
+    assert registry.verify_entry(entry)["version"] == "v1"  # still promoted, unchanged
+
+
+def test_registry_publish_command(entry, tmp_path, monkeypatch):
+    res = CliRunner().invoke(app, ["registry", "publish", str(entry), str(tmp_path / "shelf")])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["status"] == "published" and (tmp_path / "shelf" / "demo" / "v1" / "README.md").is_file()
+    monkeypatch.delenv("QG_TEST_HF", raising=False)
+    res = CliRunner().invoke(app, ["registry", "publish", str(entry), "hf://org/demo", "--token-env", "QG_TEST_HF"])
+    assert res.exit_code == 2 and "QG_TEST_HF is not set" in res.output
+    res = CliRunner().invoke(app, ["registry", "publish", str(entry), "nosuch://x"])
+    assert res.exit_code == 2 and "fsspec knows no protocol" in res.output
+    (tmp_path / "shelf" / "demo" / "v1" / "README.md").write_text("changed")
+    res = CliRunner().invoke(app, ["registry", "publish", str(entry), str(tmp_path / "shelf")])
+    assert res.exit_code == 1 and json.loads(res.stdout)["status"] == "failed"
+    res = CliRunner().invoke(app, ["registry", "verify", str(entry)])
+    assert res.exit_code == 0 and "2 other files" in res.output
+
+
+# --- the documented examples ------------------------------------------------------------------------------------------
+
+def test_the_example_spec_passes_release_check(monkeypatch):
+    example = REPO / "tests" / "data" / "publish_release.yaml"
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("QUANTGATE_WEBHOOK_SECRET", raising=False)
+    res = CliRunner().invoke(app, ["release", str(example), "--check"])
+    assert res.exit_code == 0, res.output
+    assert "note: publish: hf://my-org/demo-w4a16 would be skipped: HF_TOKEN is not set" in res.output
+    assert "note: notify[0]: QUANTGATE_WEBHOOK_SECRET is not set" in res.output
+    monkeypatch.setenv("HF_TOKEN", "x")
+    monkeypatch.setenv("QUANTGATE_WEBHOOK_SECRET", "y")
+    assert "note:" not in CliRunner().invoke(app, ["release", str(example), "--check"]).output
+    spec = load_spec(example)
+    assert [t.label for t in spec.publish][1:] == ["memory://quantgate-published", "hf://my-org/demo-w4a16"]
+    assert spec.notify[0].secret_env == "QUANTGATE_WEBHOOK_SECRET"
+
+
+def _doc_blocks() -> list[str]:
+    return re.findall(r"```yaml\n(.*?)```", (REPO / "docs" / "publishing.md").read_text(), re.S)
+
+
+def test_the_documented_prefect_automation_is_valid_for_prefect():
+    (automation,) = [yaml.safe_load(b) for b in _doc_blocks() if b.startswith("# prefect automation create")]
+    a = AutomationCore.model_validate(automation)
+    assert a.trigger.expect == {"prefect.flow-run.Failed", "prefect.flow-run.Crashed"}
+
+
+def test_the_documented_ci_jobs_branch_on_the_real_exit_codes():
+    jobs = [b for b in _doc_blocks() if "quantgate release releases/demo.yaml" in b]
+    assert len(jobs) == 2  # GitHub Actions and GitLab CI
+    codes = {str(c) for c in (*EXIT_CODES.values(), publishing.OUTBOUND_FAILED)}
+    for text in jobs:
+        yaml.safe_load(text)
+        assert "decision.junit.xml" in text and set(re.findall(r"^\s+(\d)\)", text, re.M)) == codes
+
+
+# --- a real release: promoted, carded, published to a folder, the receiver told ---------------------------------------
+
+RELEASE = """\
+version: 1
+name: pub
+model: demo
+hardware: x86-cpu
+context: 2048
+concurrency: 4
+schemes: [int8-w8a8]
+eval_sets: [{evalset}]
+quantization:
+  calibration: {{samples: 8, max_seq_length: 64}}
+eval: {{limit: 30}}
+recall: null
+perf: null
+fidelity: {{limit: 8}}
+policy: {policy}
+publish:
+  - folder: shelf
+notify:
+  - {{url: "{url}", secret_env: QG_TEST_HOOK_KEY, report_url: "https://ci.example/runs/{{run}}/report.html"}}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3000)  # quantization and two vLLM servers on a shared 2-core machine
+def test_a_real_release_publishes_its_promoted_entry_and_tells_the_receiver(tmp_path, demo_model, receiver):
+    """`quantgate release` on the demo model (real llmcompressor INT8, real vLLM, real Prefect) with `publish:` and
+    `notify:`: the promoted entry has its card, a verified copy is in the folder target, the local receiver got the
+    signed decision, and decision.junit.xml has the checks. The policy is e2e's lenient one (a 135M model, 30
+    samples), with recall and pay-off not required because this release measures neither."""
+    from test_release_e2e import lenient_policy  # the e2e test's policy, not a second copy
+
+    policy = lenient_policy(tmp_path / "lenient.yaml")
+    doc = yaml.safe_load(policy.read_text())
+    doc["recall"]["required"] = False
+    doc["pay_off"]["required"] = False
+    policy.write_text(yaml.safe_dump(doc))
+    rx = receiver([200])
+    spec = tmp_path / "pub.yaml"
+    spec.write_text(RELEASE.format(evalset=REPO / "eval_sets" / "default.jsonl", policy=policy, url=rx.url))
+    env = {**os.environ, "QUANTGATE_RESULTS": str(tmp_path / "results"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1", "QG_TEST_HOOK_KEY": "s3cret"}
+    proc = subprocess.run([sys.executable, "-m", "quantgate.cli.main", "release", str(spec), "--run-id", "pub"],
+                          capture_output=True, text=True, env=env, timeout=2900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = tmp_path / "results" / "runs" / "pub"
+    summary = json.loads((run / "summary.json").read_text())
+    assert "publish int8-w8a8 to " in proc.stdout and f"notify {rx.url}: delivered" in proc.stdout
+    entry = Path(summary["candidates"]["int8-w8a8"]["registry"])
+    card = (entry / "README.md").read_text()
+    assert "**PROMOTE**" in card and "vllm serve checkpoint" in card and "SmoothQuantModifier" in card
+    assert (entry / "checkpoint" / "quantgate-quant.json").is_file()  # the manifest the card links to
+    assert registry.verify_entry(entry)["files"]["README.md"]
+    (rec,) = summary["publish"]
+    copy = tmp_path / "shelf" / "demo" / entry.name
+    assert rec["status"] == "published" and rec["where"] == str(copy) and rec["verified"] is True
+    assert (copy / "README.md").read_text() == card and registry.verify_entry(copy)["version"] == entry.name
+    (headers, raw), = rx.got
+    assert headers["X-Quantgate-Signature-256"] == "sha256=" + hmac.new(b"s3cret", raw, hashlib.sha256).hexdigest()
+    body = json.loads(raw)
+    assert body["run"] == "pub" and body["decision"] == "PROMOTE" and body["candidates"]["int8-w8a8"]["registry"] == str(entry)
+    assert body["report"]["url"] == "https://ci.example/runs/pub/report.html" and Path(body["report"]["html"]).is_file()
+    assert summary["notify"][0]["status"] == "delivered"
+    junit = ET.fromstring((run / "decision.junit.xml").read_text())
+    assert [s.get("name") for s in junit.findall("testsuite")] == ["int8-w8a8"] and junit.get("failures") == "0"
+    steps = [r["step"] for r in json.loads((run / "timings.json").read_text())]
+    assert steps.index("publish") < steps.index("report") < steps.index("notify")
