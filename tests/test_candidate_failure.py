@@ -165,9 +165,10 @@ policy: POLICY
 
 
 class Killer(threading.Thread):
-    """SIGKILLs the vLLM server that the release process `root` (and only it: its own descendants) starts for a
+    """SIGKILLs the vLLM servers that the release process `root` (and only it: its own descendants) starts for a
     checkpoint under `folder` whose name contains `marker`, once its log (`log`) shows the first request: a server
-    that dies in the middle of its measurement, as a W4A16 server does by itself on an AVX2 CPU."""
+    that dies in the middle of its measurement, as a W4A16 server does by itself on an AVX2 CPU. A variant may have
+    an extra server on a slot that fell free: it is killed too, so the variant has none left."""
 
     def __init__(self, root: int, folder: Path, marker: str, log: Path):
         super().__init__(daemon=True)
@@ -234,7 +235,8 @@ def test_a_release_whose_first_candidate_server_is_killed_gates_the_second(tmp_p
             if p.poll() is None:
                 p.kill()
     run = results / "runs" / "failover"
-    assert len(killer.killed) == 1, "the W4A16 server never started: " + out[-3000:]  # -pid: it died by itself
+    # its own server, and an extra one where a slot fell free (quantgate.release.replicas): each killed once
+    assert 1 <= len(killer.killed) <= 2, "the W4A16 server never started: " + out[-3000:]  # -pid: died by itself
     assert p.returncode in (0, 3, 4), out[-6000:]  # a decision, not a failed step (1)
     err = json.loads((run / "w4a16-gptq" / CANDIDATE_ERROR).read_text())
     assert err["phase"] == "measure" and err["log_tail"] and "died" in err["error"], err

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from quantgate.base.errors import ConfigError
+from quantgate.cli.main import user_error
 from quantgate.gate.checks import evaluate
 from quantgate.gate.evidence import kv_cache_change
 from quantgate.gate.models import GateEvidence, KvCacheChange, RateEvidence, Stat
@@ -175,10 +176,11 @@ def test_cpu_compiled_on_request_and_eager_refused_with_pp():
         build_plan(DEMO, "x86-cpu", context=2048, concurrency=8, replicas=1, enforce_eager=True)
 
 
-def test_plan_refuses_gpu_knobs_on_cpu_naming_the_flag():
+def test_plan_refuses_gpu_knobs_on_cpu_naming_the_field_or_the_flag():
     with pytest.raises(ConfigError) as exc:
         build_plan(DEMO, "x86-cpu", context=2048, concurrency=8, gpu_memory_utilization=0.5)
-    assert exc.value.where == "--gpu-memory-utilization" and "VLLM_CPU_KVCACHE_SPACE" in exc.value.message
+    assert exc.value.where == "serving.gpu_memory_utilization" and "VLLM_CPU_KVCACHE_SPACE" in exc.value.message
+    assert user_error(exc.value).where == "--gpu-memory-utilization"  # as `quantgate plan` shows it
 
 
 def test_server_config_kv_dtype_for_candidates_only(tmp_path, demo_model):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 
-from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.errors import ConfigError, QuantgateError, SettingError
 from quantgate.plan.commands import cpu_env, replica_plans
 from quantgate.plan.knobs import ServingKnobs, knob_problems
 from quantgate.plan.models import (Capacity, Decision, Layout, MultiNode, NcclCheck, NodeCommand, Number, Plan,
@@ -144,30 +144,31 @@ def _check_request(req: PlanRequest, policy: PlannerPolicy) -> int:
     hw, s = req.hardware, req.model.shape
     gpus = req.gpus or hw.devices_per_node
     if gpus > hw.devices_per_node:
-        raise ConfigError(f"--gpus {gpus} is more than the {hw.devices_per_node} devices per node of '{hw.id}'",
-                          where="--gpus", fix=f"use at most {hw.devices_per_node} (more machines: --nodes)")
+        raise SettingError(f"{gpus} devices per node is more than the {hw.devices_per_node} of '{hw.id}'",
+                           setting="gpus", fix=f"use at most {hw.devices_per_node} (more machines: more nodes)")
     if req.kv_dtype not in hw.kv_cache_dtypes:
-        raise ConfigError(f"KV cache dtype '{req.kv_dtype}' is not supported on '{hw.id}'", where="--kv-dtype",
-                          fix=f"use one of: {', '.join(hw.kv_cache_dtypes)}")
+        raise SettingError(f"KV cache dtype '{req.kv_dtype}' is not supported on '{hw.id}'",
+                           setting="serving.kv_cache_dtype", fix=f"use one of: {', '.join(hw.kv_cache_dtypes)}")
     knobs = ServingKnobs(gpu_memory_utilization=req.gpu_memory_utilization, max_num_seqs=req.max_num_seqs,
                          max_num_batched_tokens=req.max_num_batched_tokens, enforce_eager=req.enforce_eager,
                          cudagraph_mode=req.cudagraph_mode)  # type: ignore[arg-type]
     for field, why in knob_problems(knobs, hw, default_seqs=policy.vllm_max_num_seqs[hw.kind]):  # (seqs below
         # the concurrency: a warning of the plan, not an error)
-        raise ConfigError(why, where="--" + field.replace("_", "-"), fix=f"change or drop --{field.replace('_', '-')}")
+        raise SettingError(why, setting=f"serving.{field}", fix="change or drop it")
     if req.kv_dtype != "auto" and req.kv_dtype not in policy.kv_dtype_bytes:
         raise ConfigError(f"no byte size known for KV dtype '{req.kv_dtype}'", where="quant_recipes/planner.yaml",
                           fix="add it under kv_dtype_bytes")
     if req.context > s.max_positions:
-        raise ConfigError(f"context {req.context} exceeds the model's max_position_embeddings {s.max_positions}",
-                          where="--context", fix=f"use at most {s.max_positions}")
+        raise SettingError(f"context {req.context} exceeds the model's max_position_embeddings {s.max_positions}",
+                           setting="context", fix=f"use at most {s.max_positions}")
     total = gpus * req.nodes
     if req.replicas:
         k = total // req.replicas
         if total % req.replicas or (k > gpus and k % gpus) or (k < gpus and gpus % k):
-            raise ConfigError(f"{total} devices ({req.nodes} node(s) x {gpus}) do not split into {req.replicas} "
-                              "equal replicas that each sit in one node or span whole nodes", where="--replicas",
-                              fix="choose a replica count that divides the devices per node, or the node count")
+            raise SettingError(f"{total} devices ({req.nodes} node(s) x {gpus}) do not split into {req.replicas} "
+                               "equal replicas that each sit in one node or span whole nodes",
+                               setting="serving.replicas",
+                               fix="choose a replica count that divides the devices per node, or the node count")
     return gpus
 
 
@@ -206,8 +207,8 @@ def _nothing_fits(req: PlanRequest, last: tuple[Layout, Capacity] | None, no_lay
     """The error when no layout fits: none allowed at all, or the largest one short by how much."""
     s = req.model.shape
     if last is None:
-        return ConfigError(f"no allowed layout for {s.heads} heads / {s.kv_heads} KV heads / {s.layers} layers: "
-                           + " | ".join(no_layout), where="--gpus/--nodes/--replicas",
+        return SettingError(f"no allowed layout for {s.heads} heads / {s.kv_heads} KV heads / {s.layers} layers: "
+                           + " | ".join(no_layout), setting="gpus / nodes / serving.replicas",
                            fix="use a device count whose TP divides the heads, or fewer devices per replica")
     lay, cap = last
     scope = f"with --replicas {req.replicas}" if req.replicas else f"even at maximum parallelism ({lay.devices} devices)"
@@ -277,8 +278,8 @@ def _cpu_settings(lay: Layout, cap: Capacity, req: PlanRequest, policy: PlannerP
                                          f"(docs/design.md, 'Measured facts'; tests/conftest.py); {policy.cpu_dtype} did. Weights and KV "
                                          "are counted at that width"))
     if lay.pp > 1 and req.enforce_eager:
-        raise ConfigError(f"enforce_eager with {lay.label} on CPU: PP=2 in eager mode crashed on the first request "
-                          "(docs/design.md, 'Measured facts')", where="enforce_eager",
+        raise SettingError(f"enforce_eager with {lay.label} on CPU: PP=2 in eager mode crashed on the first request "
+                           "(docs/design.md, 'Measured facts')", setting="serving.enforce_eager",
                           fix="drop enforce_eager (the planner serves CPU pipeline parallelism compiled)")
     if lay.pp > 1 or req.enforce_eager is False:
         why = ("PP=2 in eager mode crashed on the first request (docs/design.md, 'Measured facts')" if lay.pp > 1
