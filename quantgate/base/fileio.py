@@ -23,10 +23,10 @@ from typing import Any
 from quantgate.base.errors import QuantgateError, SettingError
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename or a new entry in `folder` survive a crash (no-op where folders cannot be opened)."""
+def fsync_path(path: Path) -> None:
+    """Make a file's data, or a rename or new entry in a folder, survive a crash (no-op where it cannot be opened)."""
     try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
@@ -62,7 +62,7 @@ def write_text(path: Path | str, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def lock_path(path: Path | str) -> Path:

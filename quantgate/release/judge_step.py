@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantgate.base.runfiles import ERROR, JUDGE_REPORT
-from quantgate.base.errors import ConfigError, QuantgateError
-from quantgate.base.fileio import resolve_api_key, write_json
+from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import write_json
 from quantgate.gate.policy import load_policy
 from quantgate.judge.run import JudgeEndpoint, run_judge
+from quantgate.serving.endpoint import spec_api_key
 from quantgate.release.spec import JudgeSpec, ReleaseSpec
 from quantgate.release.variants import Variant, make_server, policy_path, server_config, size_bytes
 from quantgate.target.catalogue import checkpoint_hash, resolve_model
@@ -39,11 +40,7 @@ class JudgeEndpoint:
 
 def api_key(j: JudgeSpec) -> str | None:
     """The remote judge's API key (environment variable or Prefect Secret block), or None."""
-    try:
-        return resolve_api_key(j.api_key_env, j.prefect_secret)
-    except ConfigError as exc:
-        field = "api_key_env" if j.api_key_env else "prefect_secret"
-        raise ConfigError(exc.message, where=f"release spec field 'judge.{field}'", fix=exc.fix) from None
+    return spec_api_key(j.api_key_env, j.prefect_secret, "judge")
 
 
 def margin(spec: ReleaseSpec) -> float:

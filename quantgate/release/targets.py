@@ -30,6 +30,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from quantgate.base.runfiles import MANIFEST, PUBLISH
 from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import fsync_path
 from quantgate.target.catalogue import sha256_file
 
 HUB = "hf://"
@@ -77,16 +78,6 @@ def _put_all(fs: Any, entry: Path, dest: str, names: list[str]) -> None:
         fs.put_file(str(entry / rel), f"{dest}/{rel}")
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems refuse fsync on a folder
-        pass
-    finally:
-        os.close(fd)
-
-
 def _local_copy(entry: Path, dest: Path, names: list[str]) -> None:
     """Build the copy in a hidden sibling folder, flush it, and rename it into place (one step on one filesystem)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -95,11 +86,11 @@ def _local_copy(entry: Path, dest: Path, names: list[str]) -> None:
         for rel in sorted(names, key=lambda r: r == MANIFEST):
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(entry / rel, tmp / rel)
-            _fsync(tmp / rel)
+            fsync_path(tmp / rel)
         for folder in sorted({(tmp / rel).parent for rel in names}, reverse=True):
-            _fsync(folder)
+            fsync_path(folder)
         os.rename(tmp, dest)
-        _fsync(dest.parent)
+        fsync_path(dest.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

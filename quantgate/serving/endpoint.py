@@ -46,13 +46,19 @@ class EndpointConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
 
 
-def api_key(config: EndpointConfig) -> str | None:
-    """The endpoint's API key, from its environment variable or Prefect Secret; the error names the spec field."""
+def spec_api_key(api_key_env: str | None, prefect_secret: str | None, section: str) -> str | None:
+    """An API key named in a release spec section (`judge`, `baseline`, `candidates[0]`), from its environment
+    variable or Prefect Secret; the error names the spec field."""
     try:
-        return resolve_api_key(config.api_key_env, config.prefect_secret)
+        return resolve_api_key(api_key_env, prefect_secret)
     except ConfigError as exc:
-        field = "api_key_env" if config.api_key_env else "prefect_secret"
-        raise ConfigError(exc.message, where=f"release spec field '{config.where}.{field}'", fix=exc.fix) from None
+        field = "api_key_env" if api_key_env else "prefect_secret"
+        raise ConfigError(exc.message, where=f"release spec field '{section}.{field}'", fix=exc.fix) from None
+
+
+def api_key(config: EndpointConfig) -> str | None:
+    """The endpoint's API key (spec_api_key)."""
+    return spec_api_key(config.api_key_env, config.prefect_secret, config.where)
 
 
 def fingerprint(entry: dict) -> str:
