@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from _gate_fixtures import make_run
@@ -52,3 +54,33 @@ def gated_run(root: Path, *, lose: dict[str, int] | None = None, hardware: str =
                                     "serving": {"extra_args": EXTRA_ARGS}})
     decisions, _ = gate_run(run, DEFAULT_POLICY)
     return run, ckpt, decisions
+
+
+class Receiver:
+    """A real HTTP server on loopback that answers each POST with the next scripted status and keeps what it got."""
+
+    def __init__(self, statuses: list[int], body: bytes = b'{"ok": true}'):
+        self.got, self.statuses = [], list(statuses)
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.got.append((dict(self.headers), raw))
+                status = outer.statuses.pop(0) if outer.statuses else 200
+                self.send_response(status)
+                self.send_header("Content-Length", str(0 if status == 204 else len(body)))
+                self.end_headers()
+                if status != 204:
+                    self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

@@ -3,28 +3,23 @@ copies of a verified entry to folders and fsspec URLs (atomic where the target r
 through an injected stand-in, and the decision webhook against a real local HTTP receiver (http.server on a thread).
 
 The Hugging Face Hub cannot be reached from here: its tests inject a fake HfApi that records the calls quantgate makes
-(create_repo, upload_folder) and answers like huggingface_hub does; everything else is real (files, fsspec, HTTP)."""
+(create_repo, upload_folder) and answers like huggingface_hub does; everything else is real (files, fsspec, HTTP).
+A real release that publishes and notifies is tests/test_release_e2e.py's first run (it promotes)."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
-import threading
-import xml.etree.ElementTree as ET
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 import fsspec
 import pytest
 import yaml
-from _publish_fixtures import CAND, gated_run
+from _publish_fixtures import CAND, Receiver, gated_run
 from prefect.events.schemas.automations import AutomationCore
 from typer.testing import CliRunner
 
@@ -222,36 +217,6 @@ def test_a_failed_upload_is_recorded(entry, monkeypatch):
 
 # --- the webhook ------------------------------------------------------------------------------------------------------
 
-class Receiver:
-    """A real HTTP server on loopback that answers each POST with the next scripted status and keeps what it got."""
-
-    def __init__(self, statuses: list[int], body: bytes = b'{"ok": true}'):
-        self.got, self.statuses = [], list(statuses)
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's name
-                raw = self.rfile.read(int(self.headers["Content-Length"]))
-                outer.got.append((dict(self.headers), raw))
-                status = outer.statuses.pop(0) if outer.statuses else 200
-                self.send_response(status)
-                self.send_header("Content-Length", str(0 if status == 204 else len(body)))
-                self.end_headers()
-                if status != 204:
-                    self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def receiver():
     made = []
@@ -407,74 +372,3 @@ def test_the_documented_ci_jobs_branch_on_the_real_exit_codes():
     for text in jobs:
         yaml.safe_load(text)
         assert "decision.junit.xml" in text and set(re.findall(r"^\s+(\d)\)", text, re.M)) == codes
-
-
-# --- a real release: promoted, carded, published to a folder, the receiver told ---------------------------------------
-
-RELEASE = """\
-version: 1
-name: pub
-model: demo
-hardware: x86-cpu
-context: 2048
-concurrency: 4
-schemes: [int8-w8a8]
-eval_sets: [{evalset}]
-quantization:
-  calibration: {{samples: 8, max_seq_length: 64}}
-eval: {{limit: 30}}
-recall: null
-perf: null
-fidelity: {{limit: 8}}
-policy: {policy}
-publish:
-  - folder: shelf
-notify:
-  - {{url: "{url}", secret_env: QG_TEST_HOOK_KEY, report_url: "https://ci.example/runs/{{run}}/report.html"}}
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(3000)  # quantization and two vLLM servers on a shared 2-core machine
-def test_a_real_release_publishes_its_promoted_entry_and_tells_the_receiver(tmp_path, demo_model, receiver):
-    """`quantgate release` on the demo model (real llmcompressor INT8, real vLLM, real Prefect) with `publish:` and
-    `notify:`: the promoted entry has its card, a verified copy is in the folder target, the local receiver got the
-    signed decision, and decision.junit.xml has the checks. The policy is e2e's lenient one (a 135M model, 30
-    samples), with recall and pay-off not required because this release measures neither."""
-    from test_release_e2e import lenient_policy  # the e2e test's policy, not a second copy
-
-    policy = lenient_policy(tmp_path / "lenient.yaml")
-    doc = yaml.safe_load(policy.read_text())
-    doc["recall"]["required"] = False
-    doc["pay_off"]["required"] = False
-    policy.write_text(yaml.safe_dump(doc))
-    rx = receiver([200])
-    spec = tmp_path / "pub.yaml"
-    spec.write_text(RELEASE.format(evalset=REPO / "eval_sets" / "default.jsonl", policy=policy, url=rx.url))
-    env = {**os.environ, "QUANTGATE_RESULTS": str(tmp_path / "results"), "PREFECT_HOME": str(tmp_path / "prefect"),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1", "QG_TEST_HOOK_KEY": "s3cret"}
-    proc = subprocess.run([sys.executable, "-m", "quantgate.cli.main", "release", str(spec), "--run-id", "pub"],
-                          capture_output=True, text=True, env=env, timeout=2900, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run = tmp_path / "results" / "runs" / "pub"
-    summary = json.loads((run / "summary.json").read_text())
-    assert "publish int8-w8a8 to " in proc.stdout and f"notify {rx.url}: delivered" in proc.stdout
-    entry = Path(summary["candidates"]["int8-w8a8"]["registry"])
-    card = (entry / "README.md").read_text()
-    assert "**PROMOTE**" in card and "vllm serve checkpoint" in card and "SmoothQuantModifier" in card
-    assert (entry / "checkpoint" / "quantgate-quant.json").is_file()  # the manifest the card links to
-    assert registry.verify_entry(entry)["files"]["README.md"]
-    (rec,) = summary["publish"]
-    copy = tmp_path / "shelf" / "demo" / entry.name
-    assert rec["status"] == "published" and rec["where"] == str(copy) and rec["verified"] is True
-    assert (copy / "README.md").read_text() == card and registry.verify_entry(copy)["version"] == entry.name
-    (headers, raw), = rx.got
-    assert headers["X-Quantgate-Signature-256"] == "sha256=" + hmac.new(b"s3cret", raw, hashlib.sha256).hexdigest()
-    body = json.loads(raw)
-    assert body["run"] == "pub" and body["decision"] == "PROMOTE" and body["candidates"]["int8-w8a8"]["registry"] == str(entry)
-    assert body["report"]["url"] == "https://ci.example/runs/pub/report.html" and Path(body["report"]["html"]).is_file()
-    assert summary["notify"][0]["status"] == "delivered"
-    junit = ET.fromstring((run / "decision.junit.xml").read_text())
-    assert [s.get("name") for s in junit.findall("testsuite")] == ["int8-w8a8"] and junit.get("failures") == "0"
-    steps = [r["step"] for r in json.loads((run / "timings.json").read_text())]
-    assert steps.index("publish") < steps.index("report") < steps.index("notify")

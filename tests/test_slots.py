@@ -1,5 +1,6 @@
-"""Device slots: allocation for the reference cases (pure), the width rule, cache keys free of placement, and two real
-vLLM servers of the demo model serving at the same time on one core each (slow)."""
+"""Device slots: allocation for the reference cases (pure), the width rule, cache keys free of placement, and the
+release's slot pool on real threads. Two real variants serving at once, each bound to its own core, is asserted on
+the real release in tests/test_release_e2e.py (overlapping serve steps, the core each server's log says it bound)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
-import psutil
 import pytest
 
 from quantgate.base.errors import QuantgateError
@@ -22,7 +21,6 @@ from quantgate.base.paths import EVAL_SETS
 from quantgate.release.schedule import SlotPool, pinned, wait_for_reference
 from quantgate.release.spec import load_spec
 from quantgate.release.variants import baseline_variant, server_config
-from quantgate.serving.server import VLLMServer, config_from_plan
 
 DATA = Path(__file__).parent / "data"
 M8B = DATA / "model_shapes" / "dense-8b-fp8.yaml"
@@ -110,73 +108,11 @@ def test_placement_free_keeps_size_not_place():
     assert span([3, 1, 2]) == "1-3" and span([0, 2]) == "0,2"
 
 
-ASK = {"messages": [{"role": "user", "content": "Count from one to twenty in words."}], "max_tokens": 48,
-       "temperature": 0}
-
-
-def _ask_many(srv, name: str, n: int, windows: list) -> None:
-    with httpx.Client(timeout=300, headers={"Authorization": f"Bearer {srv.api_key}"}) as c:
-        for _ in range(n):
-            t0 = time.monotonic()
-            r = c.post(f"{srv.base_url}/chat/completions", json={"model": name, **ASK})
-            assert r.status_code == 200, r.text
-            windows.append((name, t0, time.monotonic()))
-
-
-@pytest.mark.slow
-def test_two_variants_serve_at_once_on_one_core_each(demo_model, tmp_path):
-    """Baseline and candidate (here: the demo model under two names) on the two slots of the demo plan; both answer
-    while the other is answering (overlapping request windows), each server's threads bound to its own core."""
-    plan = build_plan(demo_model, "x86-cpu", context=2048, concurrency=2)
-    pair = slots(plan, 2)
-    servers = []
-    for s, name in zip(pair, ("baseline", "candidate")):
-        cfg = config_from_plan(plan, demo_model, name)
-        cfg = cfg.model_copy(update={"env": {**cfg.env, **s.env, "VLLM_CPU_KVCACHE_SPACE": "1"}})
-        servers.append(VLLMServer(cfg, log_path=tmp_path / f"{name}.log"))
-    windows: list = []
-    try:
-        for srv in servers:
-            srv.start()
-        threads = [threading.Thread(target=_ask_many, args=(srv, srv.config.name, 6, windows)) for srv in servers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=600)
-        pinned = [_pinned(srv) for srv in servers]
-    finally:
-        for srv in servers:
-            srv.stop()
-    by = {n: [(a, b) for m, a, b in windows if m == n] for n in ("baseline", "candidate")}
-    assert len(by["baseline"]) == len(by["candidate"]) == 6
-    overlap = min(max(b for _, b in by["baseline"]), max(b for _, b in by["candidate"])) - \
-        max(min(a for a, _ in by["baseline"]), min(a for a, _ in by["candidate"]))
-    assert overlap > 0, f"the two servers never answered at the same time: {windows}"
-    # both answered a request while the other was answering one
-    assert any(a1 < b2 and a2 < b1 for a1, b1 in by["baseline"] for a2, b2 in by["candidate"])
-    assert [srv.config.env["VLLM_CPU_OMP_THREADS_BIND"] for srv in servers] == ["0", "1"]
-    assert pinned[0] == {(0,)} and pinned[1] == {(1,)}, pinned  # each server's compute threads on its own core
-
-
-def _pinned(srv) -> set[tuple[int, ...]]:
-    """The CPU affinities of the server tree's threads that are bound to fewer than all cores."""
-    every = len(os.sched_getaffinity(0))
-    out = set()
-    for p in [psutil.Process(srv.proc.pid), *psutil.Process(srv.proc.pid).children(recursive=True)]:
-        for t in p.threads():
-            try:
-                cpus = os.sched_getaffinity(t.id)
-            except OSError:
-                continue
-            if len(cpus) < every:
-                out.add(tuple(sorted(cpus)))
-    return out
-
-
 # ---- the release's slot pool (real threads, real affinity) ---------------------------------------------------
 
 def _cpu_slots(n: int) -> list[Slot]:
     return [Slot(index=i, kind="cpu", devices=[i], env={"VLLM_CPU_OMP_THREADS_BIND": str(i)}) for i in range(n)]
+
 
 
 def test_pool_never_hands_one_slot_to_two_jobs_and_runs_width_at_once():
