@@ -257,8 +257,8 @@ SCHEMES = {  # scheme -> (weights num_bits, weights type, group size, activation
 
 # AWQ's grid search scales with the calibration tokens: fewer for it keeps the four schemes near 5 minutes
 CALIBRATION = {"w4a16-awq": (8, 64)}
-# These checkpoints are served through whole releases that reuse them (tests/test_release_e2e.py: INT8 in the first
-# run, GPTQ in the added one; tests/test_endpoint_release.py: INT8): a server start here would repeat that
+# These checkpoints are served through the whole release in tests/test_release_e2e.py, which reuses them (INT8 in its
+# first run, GPTQ in the added one): a server start here would repeat that
 SERVED_BY_THE_RELEASE_TEST = {"w4a16-gptq", "int8-w8a8"}
 
 

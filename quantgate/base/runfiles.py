@@ -16,6 +16,9 @@ A release's run folder (`results/runs/<run-id>/`):
     compare/<candidate>.json   the paired comparison with the baseline                       (evals.compare)
     <candidate>/judge/report.json  the LLM judge's calibration and comparison                (judge.run)
 
+Files read back by later steps are typed: evals.comparefile, judge.reportfile, recall.resultfile, perf.payofffile and
+gate.summaryfile hold their pydantic models, loaded through base.typedfile.read_model.
+
 A measured variant's cache folder (`results/cache/variants/<key>/`) holds what the run folder points at:
 eval runs (`manifest.json`, `results.jsonl`, `scores.jsonl`), the recall run (`requests.jsonl`, `cells.json`, and
 for a candidate `delta.json`), `parity.json`, the perf probe (`perf.json`, `pay_off.json`) and fidelity dumps.

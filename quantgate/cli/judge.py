@@ -10,7 +10,9 @@ import typer
 
 from quantgate.base.fileio import resolve_api_key
 from quantgate.base.paths import JUDGES
+from quantgate.base.runfiles import JUDGE_REPORT
 from quantgate.judge.report import warnings
+from quantgate.judge.reportfile import load_judge_report
 from quantgate.judge.review import MIN_PAIRS, export_review, import_review
 from quantgate.judge.run import JudgeEndpoint, JudgeSettings, run_judge
 
@@ -41,13 +43,14 @@ def judge_cmd(
     settings = JudgeSettings(template=judge, calibration_bar=calibration_bar, calibration_per_type=calibration_per_type,
                              margin=margin, not_stronger=judge_not_stronger, concurrency=concurrency, timeout_s=timeout,
                              limit=limit, seed=seed)
-    report = run_judge(at, settings, evalset=evalset, baseline=baseline, candidate=candidate, out=out)
-    cal, o = report["calibration"], report["comparison"]["overall"]
+    run_judge(at, settings, evalset=evalset, baseline=baseline, candidate=candidate, out=out)
+    report = load_judge_report(out / JUDGE_REPORT)
+    cal, o = report.calibration, report.comparison.overall
     for w in warnings(report):
         print(w.replace("**", ""))
-    print(f"calibration accuracy {cal['accuracy']:.1%} ({cal['correct']}/{cal['n']}), bar {cal['bar']:.0%}")
-    print(f"candidate win {o['win']['rate']:.1%}  tie {o['tie']['rate']:.1%}  loss {o['loss']['rate']:.1%}  "
-          f"(n={o['n']}, invalid {o['invalid']}); non-inferior: {o['non_inferiority']['non_inferior']}")
+    print(f"calibration accuracy {cal.accuracy:.1%} ({cal.correct}/{cal.n}), bar {cal.bar:.0%}")
+    print(f"candidate win {o.win.rate:.1%}  tie {o.tie.rate:.1%}  loss {o.loss.rate:.1%}  "
+          f"(n={o.n}, invalid {o.invalid}); non-inferior: {o.non_inferiority.non_inferior}")
     print(f"report: {out / 'report.md'}")
 
 

@@ -12,10 +12,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from quantgate.base.runfiles import REQUESTS
+from quantgate.base.runfiles import CELLS, DELTA, REQUESTS
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import resolve_api_key
 from quantgate.recall import haystack as hs, needle as nd, run as rc
+from quantgate.recall.resultfile import RecallCells, RecallDelta, load_recall_cells, load_recall_delta
 
 
 def recall(
@@ -65,26 +66,26 @@ def recall(
     prompts, grid = rc.build_checked_grid(tokenizer, length_list, depth_list, kind_list, samples, seed=seed,
                                           max_model_len=max_model_len, max_answer_tokens=max_answer_tokens,
                                           source=source, needles=needles, filler=filler, ask=ask)  # type: ignore[arg-type]
-    summary = rc.run_recall(prompts, out, endpoint=endpoint, model=model, api_key=api_key, grid=grid,
-                            concurrency=concurrency, deadline_s=deadline, baseline=baseline,
-                            log=(lambda line: print(line, file=sys.stderr)) if progress else None)
-    _report(summary, out)
+    rc.run_recall(prompts, out, endpoint=endpoint, model=model, api_key=api_key, grid=grid,
+                  concurrency=concurrency, deadline_s=deadline, baseline=baseline,
+                  log=(lambda line: print(line, file=sys.stderr)) if progress else None)
+    _report(load_recall_cells(out / CELLS), load_recall_delta(out / DELTA) if baseline is not None else None, out)
 
 
-def _report(summary: dict, out: Path) -> None:
-    o, c = summary["overall"], summary["cost"]
-    print(f"{o['n']} needles answered, {o['n_error']} failed ({summary['status']}); recall {_f(o['recall'])}, "
-          f"exact {_f(o['exact'])} -> {out}")
+def _report(cells: RecallCells, delta: RecallDelta | None, out: Path) -> None:
+    o, c = cells.overall, cells.cost
+    print(f"{o.n} needles answered, {o.n_error} failed ({cells.status}); recall {_f(o.recall)}, "
+          f"exact {_f(o.exact)} -> {out}")
     hit = c["run"].get("prefix_cache_hit_rate")
     print(f"  cost: {c['cells']} cells, {c['haystacks']} haystacks, {c['requests']} requests, {c['needles']} needles; "
           f"{c['prompt_tokens']} prompt tokens sent, about {c['prompt_tokens_computed']} to compute; "
           f"{c['run']['wall_s']:.0f} s; prefix-cache hit rate {'-' if hit is None else f'{hit:.0%}'}")
-    for k, s in summary["by_kind"].items():
-        print(f"  {k:<13} recall {_f(s['recall'])}  exact {_f(s['exact'])}  (n={s['n']})")
-    if "delta" in summary:
-        d = summary["delta"]["overall"]
-        print(f"  vs baseline: {_f(d['base'])} -> {_f(d['cand'])} (delta {_f(d['delta'], '+.3f')},"
-              f" {summary['delta']['n_paired']} paired, {len(summary['delta']['regressions'])} regressions)")
+    for k, s in cells.by_kind.items():
+        print(f"  {k:<13} recall {_f(s.recall)}  exact {_f(s.exact)}  (n={s.n})")
+    if delta is not None:
+        d = delta.overall
+        print(f"  vs baseline: {_f(d.base)} -> {_f(d.cand)} (delta {_f(d.delta, '+.3f')},"
+              f" {delta.n_paired} paired, {len(delta.regressions)} regressions)")
 
 
 def _f(x: float | None, spec: str = ".3f") -> str:

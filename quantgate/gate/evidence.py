@@ -33,10 +33,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from quantgate.base.runfiles import DELTA, ERROR, EVIDENCE, JUDGE_REPORT, MANIFEST, PAY_OFF, QUANTIZATION, REQUESTS, RUN, SUMMARY
+from quantgate.base.runfiles import (COMPARE_DIR, DELTA, ERROR, EVIDENCE, JUDGE_DIR, JUDGE_REPORT, MANIFEST, PAY_OFF,
+                                     QUANTIZATION, REQUESTS, RUN, SUMMARY)
 from quantgate.base.errors import QuantgateError
 from quantgate.base.stats import num as _num
+from quantgate.base.typedfile import RunFileError
 from quantgate.evals.compare import paired_stats
+from quantgate.evals.comparefile import Comparison, PairedStat, load_comparison
 from quantgate.fidelity.core import SampleFidelity, summarize
 from quantgate.gate.checks import evaluate
 from quantgate.gate.decisionfile import overall, policy_ref, write_decision  # (re-exported: steps and the CLI use them)
@@ -44,7 +47,10 @@ from quantgate.gate.models import (Check, Decision, FidelityEvidence, Gap, GateE
                                    KvCacheChange, ParityEvidence, RateEvidence, Ratio, Stat)
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizeratio import size_ratio
-from quantgate.perf.models import PayOffFigures
+from quantgate.gate.summaryfile import load_summary
+from quantgate.judge.reportfile import load_judge_report
+from quantgate.perf.payofffile import PayOff, load_pay_off
+from quantgate.recall.resultfile import load_recall_delta
 
 BASELINE = "baseline"
 CANDIDATE_ERROR = ERROR  # <run>/<candidate>/error.json: its server could not start or died
@@ -65,11 +71,10 @@ def _read(path: Path) -> Any:
         raise _Bad(f"corrupt JSON in {path}: {exc.msg} at line {exc.lineno}") from None
 
 
-def _stat(d: Mapping, higher: bool, file: Path, binary: bool = False) -> Stat:
-    return Stat(n=int(d.get("n") or 0), base=_num(d.get("base_mean")), cand=_num(d.get("cand_mean")),
-                delta=_num(d.get("delta")), ci_low=_num(d.get("ci_low")), ci_high=_num(d.get("ci_high")),
-                higher_is_better=higher, binary=binary, sd_diff=_num(d.get("sd_diff")),
-                discordance=_num(d.get("discordance")), p_harm=_num(d.get("p_harm")), file=str(file))
+def _stat(d: PairedStat, higher: bool, file: Path, binary: bool = False) -> Stat:
+    return Stat(n=d.n, base=_num(d.base_mean), cand=_num(d.cand_mean), delta=_num(d.delta), ci_low=_num(d.ci_low),
+                ci_high=_num(d.ci_high), higher_is_better=higher, binary=binary, sd_diff=_num(d.sd_diff),
+                discordance=_num(d.discordance), p_harm=_num(d.p_harm), file=str(file))
 
 
 def candidates(run: Path | str) -> list[str]:
@@ -81,28 +86,29 @@ def candidates(run: Path | str) -> list[str]:
         order = [str(s) for s in spec["schemes"]] + [str(c["name"]) for c in spec.get("candidates") or []]
     except (_Bad, KeyError, TypeError):
         order = []
-    found = {p.stem for p in (run / "compare").glob("*.json")} | {s for s in order if (run / s).is_dir()}
+    found = {p.stem for p in (run / COMPARE_DIR).glob("*.json")} | {s for s in order if (run / s).is_dir()}
     return sorted(found, key=lambda c: (order.index(c) if c in order else len(order), c))
 
 
 def _compare(run: Path, cand: str, ev: dict) -> None:
-    path = run / "compare" / f"{cand}.json"
-    data = _read(path)
-    if not isinstance(data, dict) or not data:
+    path = run / COMPARE_DIR / f"{cand}.json"
+    data = load_comparison(path)
+    if not data.root:
         raise _Bad(f"{path} holds no eval set comparison")
     comparison_evidence(data, path, ev)
 
 
-def comparison_evidence(data: Mapping[str, Mapping], path: Path, ev: dict) -> None:
+def comparison_evidence(data: Comparison | Mapping[str, Mapping], path: Path, ev: dict) -> None:
     """Fill ev's metrics, categories and pooled slots from {eval set: quantgate.evals.compare output}."""
-    for set_name, report in data.items():
-        for metric, m in report["metrics"].items():
-            higher, binary = bool(m.get("higher_is_better", True)), bool(m.get("binary", False))
-            ev["metrics"].setdefault(set_name, {})[metric] = _stat(m["overall"], higher, path, binary)
-            for cat, d in m.get("by_category", {}).items():
-                ev["categories"].setdefault(set_name, {}).setdefault(cat, {})[metric] = _stat(d, higher, path, binary)
-        if isinstance(report.get("pooled"), Mapping):
-            ev["pooled"][set_name] = _stat(report["pooled"], True, path, True)
+    data = data if isinstance(data, Comparison) else Comparison.model_validate(data)
+    for set_name, report in data.root.items():
+        for metric, m in report.metrics.items():
+            ev["metrics"].setdefault(set_name, {})[metric] = _stat(m.overall, m.higher_is_better, path, m.binary)
+            for cat, d in m.by_category.items():
+                ev["categories"].setdefault(set_name, {}).setdefault(cat, {})[metric] = _stat(d, m.higher_is_better,
+                                                                                               path, m.binary)
+        if report.pooled is not None:
+            ev["pooled"][set_name] = _stat(report.pooled, True, path, True)
 
 
 def _eval_error_rate(variant: str, set_name: str, folder: Path) -> RateEvidence:
@@ -165,6 +171,8 @@ def _try(ev: dict, slot: str, fn, *args) -> Any:
         return fn(*args)
     except _Bad as exc:
         _gap(ev, slot, str(exc))
+    except RunFileError as exc:  # a typed run-folder file that does not load (quantgate.base.typedfile)
+        _gap(ev, slot, f"{exc.message} ({exc.where})", exc.path)
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         _gap(ev, slot, f"unexpected content ({type(exc).__name__}: {exc})")
     return None
@@ -178,8 +186,8 @@ def _scheme_and_size(run: Path, cand: str, base_ev: dict | None, cand_ev: dict |
     if ev["scheme"]:
         ev["gaps"].pop("scheme", None)
     try:
-        stated = _read(run / SUMMARY)["candidates"][cand].get("size_ratio")
-    except (_Bad, KeyError, TypeError, AttributeError):
+        stated = load_summary(run / SUMMARY).candidates[cand].size_ratio
+    except (QuantgateError, KeyError):
         stated = None
     found = size_ratio(cv.get("size_bytes"), bv.get("size_bytes"), stated, (quant or {}).get("compression_ratio"))
     if found is not None:
@@ -192,23 +200,23 @@ def _scheme_and_size(run: Path, cand: str, base_ev: dict | None, cand_ev: dict |
 
 def _recall(folder: Path, ev: dict) -> None:
     path = folder / DELTA
-    delta = _read(path)
-    overall = delta["overall"]
+    delta = load_recall_delta(path)
+    overall = delta.overall
     pairs: dict[str, list[tuple[float, float]]] = {}
-    base_dir = Path(delta["baseline"]) if delta.get("baseline") else None
+    base_dir = Path(delta.baseline) if delta.baseline else None
     if base_dir is not None and (base_dir / REQUESTS).is_file() and (folder / REQUESTS).is_file():
         pairs = _recall_pairs(base_dir / REQUESTS, folder / REQUESTS)
     for measure in ("recall", "exact"):
         key = "" if measure == "recall" else "_exact"
         harm = paired_harm(pairs.get(measure) or [], binary=measure == "exact")
-        ev["recall"][measure] = Stat(n=int(delta.get("n_paired") or 0), base=_num(overall.get(f"base{key}")),
-                                     cand=_num(overall.get(f"cand{key}")), delta=_num(overall.get(f"delta{key}")),
-                                     binary=measure == "exact", file=str(path), **harm)
+        base, cand, diff = (_num(getattr(overall, f"{side}{key}")) for side in ("base", "cand", "delta"))
+        ev["recall"][measure] = Stat(n=delta.n_paired, base=base, cand=cand, delta=diff, binary=measure == "exact",
+                                     file=str(path), **harm)
     if not pairs:
         _gap(ev, "recall", f"per-request records of the baseline ({base_dir}) or candidate ({folder}) are missing: "
              "no confidence interval", str(path))
-    n_err = int(delta.get("n_error_excluded") or 0)
-    n_all = n_err + int(delta.get("n_paired") or 0)
+    n_err = delta.n_error_excluded
+    n_all = n_err + delta.n_paired
     if n_all:
         ev["error_rates"].append(RateEvidence(name="recall", rate=n_err / n_all, n=n_all, file=str(path)))
 
@@ -245,13 +253,12 @@ def _judge(path: Path, ev: dict) -> None:
     if failed.is_file() and (not path.is_file() or failed.stat().st_mtime >= path.stat().st_mtime):
         err = _read(failed)
         raise _Bad(f"the judge run failed ({failed}): {err.get('error') if isinstance(err, dict) else err}")
-    r = _read(path)
-    cal, cmp_ = r["calibration"], r["comparison"]
-    ni = cmp_["overall"]["non_inferiority"]
-    ev["judge"] = JudgeEvidence(counts_as_evidence=bool(r.get("counts_as_evidence")), reason=cal.get("reason"),
-                                not_stronger=r.get("judge_not_stronger"), n=int(ni.get("n") or 0), net=_num(ni.get("net")),
-                                judged=int(cmp_.get("n_judged") or 0), invalid=int(cmp_.get("invalid_pairs") or 0),
-                                lower_bound=_num(ni.get("lower_bound")), file=str(path))
+    r = load_judge_report(path)
+    ni = r.comparison.overall.non_inferiority
+    ev["judge"] = JudgeEvidence(counts_as_evidence=r.counts_as_evidence, reason=r.calibration.reason,
+                                not_stronger=r.judge_not_stronger, n=ni.n, net=_num(ni.net),
+                                judged=r.comparison.n_judged, invalid=r.comparison.invalid_pairs,
+                                lower_bound=_num(ni.lower_bound), file=str(path))
 
 
 def _fidelity(path: Path, level: float) -> FidelityEvidence:
@@ -279,20 +286,16 @@ def _fidelity_pair(run: Path, cand: str, level: float, ev: dict) -> None:
 
 
 def _pay_off(source: Mapping | Path, ev: dict) -> None:
-    file = None
-    if not isinstance(source, Mapping):
-        file = str(source)
-        source = _read(Path(source))
-        if not isinstance(source, Mapping):
-            raise _Bad(f"{file} is not a JSON object")
-    if "decide" in source:  # a workload profile's figures with intervals (quantgate.perf.compare)
-        ev["pay_off"] = PayOffFigures.model_validate({**source, "file": source.get("file") or file})
-    value = _num(source.get("throughput_ratio"))
+    file = None if isinstance(source, Mapping) else str(source)
+    doc = PayOff.model_validate(source) if isinstance(source, Mapping) else load_pay_off(source)
+    if doc.has_figures:  # a workload profile's figures with intervals (quantgate.perf.compare)
+        ev["pay_off"] = doc.figures(file)
+    value = _num(doc.throughput_ratio)
     if value is None:
         raise _Bad(f"no numeric 'throughput_ratio' in {file or 'the pay-off figures'}")
-    ev["throughput_ratio"] = Ratio(value=value, file=source.get("file") or file)
-    if _num(source.get("size_ratio")) is not None:  # an explicit figure wins over the checkpoint sizes
-        ev["size_ratio"] = Ratio(value=_num(source["size_ratio"]), file=source.get("file") or file)
+    ev["throughput_ratio"] = Ratio(value=value, file=doc.file or file)
+    if _num(doc.size_ratio) is not None:  # an explicit figure wins over the checkpoint sizes
+        ev["size_ratio"] = Ratio(value=_num(doc.size_ratio), file=doc.file or file)
 
 
 def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = None,
@@ -318,7 +321,7 @@ def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = 
     _scheme_and_size(run, candidate, base_ev, cand_ev, ev)
     ev["kv_cache"] = kv_cache_change(base_ev, cand_ev, str(run / candidate / EVIDENCE))
     _try(ev, "recall", _recall, Path(recall_dir) if recall_dir else run / candidate / "recall", ev)
-    _try(ev, "judge", _judge, Path(judge_report) if judge_report else run / candidate / "judge" / JUDGE_REPORT, ev)
+    _try(ev, "judge", _judge, Path(judge_report) if judge_report else run / candidate / JUDGE_DIR / JUDGE_REPORT, ev)
     source = pay_off if pay_off is not None else run / candidate / PAY_OFF
     if isinstance(source, (str, Path)):
         source = Path(source)

@@ -22,6 +22,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.yamlconfig import read_text
 from quantgate.judge.core import wilson
 from quantgate.judge.report import render_markdown
+from quantgate.judge.reportfile import load_judge_report
 from quantgate.judge.run import write_json
 
 COLUMNS = ["review_id", "category", "question", "reference", "answer_a", "answer_b", "choice", "comment"]
@@ -222,12 +223,11 @@ def import_review(judge_dir: Path | str, csv_path: Path | str, key_path: Path | 
         if not p.is_file():
             raise QuantgateError("file not found", where=str(p), fix=fix)
     key = json.loads(key_path.read_text(encoding="utf-8"))
-    report = json.loads((judge_dir / JUDGE_REPORT).read_text(encoding="utf-8"))
+    report = load_judge_report(judge_dir / JUDGE_REPORT)
     choices, blank, _ = parse_filled(read_csv(csv_path), key, str(csv_path))
-    human = human_summary(unblind(choices, key), report["comparison"].get("winners", {}),
-                          n_exported=len(key["items"]), n_blank=blank)
+    human = human_summary(unblind(choices, key), report.comparison.winners, n_exported=len(key["items"]), n_blank=blank)
     write_json(judge_dir / "human.json", human)
-    report["human"] = human
-    write_json(judge_dir / JUDGE_REPORT, report)
+    report.human = human
+    write_json(judge_dir / JUDGE_REPORT, report.to_file())
     (judge_dir / "report.md").write_text(render_markdown(report), encoding="utf-8")
     return human

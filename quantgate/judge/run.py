@@ -29,6 +29,7 @@ from quantgate.judge.core import (Judge, JudgeSpec, PairItem, SLOTS, outcomes, p
                                   summarize_calibration, summarize_comparison, template_problems)
 from quantgate.judge.corrupt import CalibrationConfig, calibration_pairs
 from quantgate.judge.report import render_markdown
+from quantgate.judge.reportfile import JudgeReport
 
 SCHEMA = 1
 
@@ -198,7 +199,7 @@ def run_judge(judge_at: JudgeEndpoint, settings: JudgeSettings, *, evalset: Path
     report["meta"] = {k: manifest[k] for k in ("judge", "evalset", "baseline", "candidate", "endpoint")} | {
         "judge_model": judge_at.model, "client": stats}
     write_json(out / JUDGE_REPORT, report)
-    (out / "report.md").write_text(render_markdown(report), encoding="utf-8")
+    (out / "report.md").write_text(render_markdown(JudgeReport.model_validate(report)), encoding="utf-8")
     write_json(manifest_path, {**manifest, "status": "complete"})
     return report
 

@@ -33,6 +33,7 @@ from quantgate.recall import client as sender, haystack as hs, needle as nd, sco
 from quantgate.recall.haystack import Ask
 from quantgate.recall.needle import NeedleData, RecallPrompt, TokenCounter
 from quantgate.recall.pace import Pacer
+from quantgate.recall.resultfile import load_recall_cells
 
 NEEDLES = EVAL_SETS / "recall_needles.yaml"
 FILLER = EVAL_SETS / "recall_filler.txt"
@@ -199,12 +200,12 @@ def _delta(base_records: list[dict], records: list[dict], baseline: Path, out: P
 def is_complete(out: Path) -> bool:
     """Counts as done: cells.json says complete, and requests.jsonl holds that many needles, every one answered."""
     try:
-        cells = json.loads((Path(out) / CELLS).read_text(encoding="utf-8"))
+        cells = load_recall_cells(Path(out) / CELLS)
         records = read_jsonl(Path(out) / REQUESTS)
-    except (OSError, ValueError):
+    except (QuantgateError, OSError, ValueError):
         return False
-    return (isinstance(cells, dict) and cells.get("status") == "complete" and bool(records)
-            and len(records) == (cells.get("cost") or {}).get("needles") and all(r.get("error") is None for r in records))
+    return (cells.status == "complete" and bool(records) and len(records) == cells.cost.get("needles")
+            and all(r.get("error") is None for r in records))
 
 
 def prefix_cache_counters(endpoint: str, api_key: str | None) -> dict[str, float] | None:
@@ -299,9 +300,9 @@ def costs(folders: dict[str, Path | None]) -> dict[str, dict]:
     out = {}
     for name, folder in folders.items():
         try:
-            cells = json.loads((Path(folder) / CELLS).read_text(encoding="utf-8")) if folder else None
-        except (OSError, ValueError):
+            cells = load_recall_cells(Path(folder) / CELLS) if folder else None
+        except QuantgateError:
             cells = None
-        if isinstance(cells, dict):
-            out[name] = {"status": cells.get("status"), **(cells.get("cost") or {})}
+        if cells is not None:
+            out[name] = {"status": cells.status, **cells.cost}
     return out

@@ -15,10 +15,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from quantgate.base.runfiles import ERROR, JUDGE_REPORT
+from quantgate.base.runfiles import ERROR, JUDGE_DIR, JUDGE_REPORT
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.gate.policy import load_policy
+from quantgate.judge.reportfile import JudgeReport, load_judge_report
 from quantgate.judge.run import JudgeEndpoint, run_judge
 from quantgate.serving.endpoint import spec_api_key
 from quantgate.release.spec import JudgeSpec, ReleaseSpec
@@ -87,6 +88,13 @@ def failure(run: Path, candidate: str) -> str | None:
         return None
 
 
+def _log_report(name: str, rep: JudgeReport, log: Callable[[str], None]) -> None:
+    cal, ni = rep.calibration, rep.comparison.overall.non_inferiority
+    log(f"{name}: judge calibration {cal.accuracy or 0.0:.0%} ({'reliable' if cal.reliable else 'UNRELIABLE'})"
+        f", non-inferior: {ni.non_inferior}" + (f"; not stronger: {rep.judge_not_stronger}"
+                                                 if rep.judge_not_stronger else ""))
+
+
 def _short(exc: BaseException) -> str:
     text = exc.message if isinstance(exc, QuantgateError) else f"{type(exc).__name__}: {exc}"
     return text if len(text) <= 400 else text[:400] + " ..."
@@ -101,7 +109,7 @@ def judge_candidates(spec: ReleaseSpec, run: Path, base, cands: list, log: Calla
     if j is None or not cands:
         return {}
     evalset, settings = spec.eval_sets[0], j.settings(margin(spec))
-    outs = {c.variant.name: run / c.variant.name / "judge" for c in cands}
+    outs = {c.variant.name: run / c.variant.name / JUDGE_DIR for c in cands}
     for out in outs.values():
         (out / ERROR).unlink(missing_ok=True)
     reports: dict[str, Path] = {}
@@ -112,18 +120,15 @@ def judge_candidates(spec: ReleaseSpec, run: Path, base, cands: list, log: Calla
                 name = c.variant.name
                 log(f"{name}: judging {j.limit or 'all'} pairs of {evalset.stem} against the baseline ({ep.model})")
                 try:
-                    rep = run_judge(JudgeEndpoint(url=ep.url, model=ep.model, api_key=ep.api_key,
-                                                  model_hash=ep.model_hash), settings, evalset=evalset,
-                                    baseline=base.evals[evalset.stem], candidate=c.evals[evalset.stem], out=outs[name])
+                    run_judge(JudgeEndpoint(url=ep.url, model=ep.model, api_key=ep.api_key, model_hash=ep.model_hash),
+                              settings, evalset=evalset, baseline=base.evals[evalset.stem],
+                              candidate=c.evals[evalset.stem], out=outs[name])
                 except Exception as exc:  # noqa: BLE001 - recorded for the gate, raised below
                     why = ep.dead()
                     errors[name] = QuantgateError(why, where=str(run / SERVER_DIR)) if why else exc
                     continue
                 reports[name] = outs[name] / JUDGE_REPORT
-                cal, ni = rep["calibration"], rep["comparison"]["overall"]["non_inferiority"]
-                log(f"{name}: judge calibration {cal['accuracy']:.0%} ({'reliable' if cal['reliable'] else 'UNRELIABLE'})"
-                    f", non-inferior: {ni.get('non_inferior')}" + (f"; not stronger: {rep['judge_not_stronger']}"
-                                                                   if rep.get("judge_not_stronger") else ""))
+                _log_report(name, load_judge_report(reports[name]), log)
     except Exception as exc:  # noqa: BLE001 - no judge to ask (server start, API key): every candidate left fails
         for name in outs:
             if name not in reports:

@@ -24,10 +24,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from quantgate.base.runfiles import EVIDENCE, PARITY, PAY_OFF, PERF, RUN, SUMMARY
+from quantgate.base.runfiles import COMPARE_DIR, EVIDENCE, PARITY, PAY_OFF, PERF, RUN, SUMMARY
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, lock_holder, write_json
 from quantgate.evals.dataset import load_evalset, stratified_subset
+from quantgate.evals.comparefile import Comparison
 from quantgate.evals.run import compare_dirs
 from quantgate.gate.evidence import gate_run, overall
 from quantgate.gate.policy import load_policy
@@ -234,7 +235,7 @@ def compare_variants(baseline: Evidence, candidate: Evidence, run: Path) -> dict
     if candidate.failure is not None:  # its server failed: nothing to compare (the gate reads <candidate>/error.json)
         return {}
     out = {name: compare_dirs(baseline.evals[name], candidate.evals[name]) for name in baseline.evals}
-    write_json(run / "compare" / f"{candidate.variant.name}.json", out)
+    write_json(run / COMPARE_DIR / f"{candidate.variant.name}.json", out)
     if baseline.recall is not None and candidate.recall is not None:
         recall.compare_dirs(baseline.recall, candidate.recall, run / candidate.variant.name / "recall", candidate.variant.name)
     if baseline.fidelity and candidate.fidelity:
@@ -267,19 +268,20 @@ def _rungs(spec: ReleaseSpec, decisions: list) -> list[dict]:
 
 
 def _summary_row(base: Evidence, cand: Evidence, comparison: dict[str, Any]) -> dict[str, Any]:
+    sets = Comparison.model_validate(comparison).root  # compare_variants' output, read as compare/<cand>.json is
     metrics = {}
-    for set_name, report in comparison.items():
-        for metric, m in report["metrics"].items():
-            o = m["overall"]
-            metrics[f"{set_name}/{metric}"] = {k: o.get(k) for k in ("n", "base_mean", "cand_mean", "delta", "ci_low", "ci_high", "mcnemar_p")}
+    for set_name, report in sets.items():
+        for metric, m in report.metrics.items():
+            metrics[f"{set_name}/{metric}"] = {k: getattr(m.overall, k) for k in ("n", "base_mean", "cand_mean", "delta",
+                                                                                   "ci_low", "ci_high", "mcnemar_p")}
     return {
         "scheme": cand.variant.scheme,
         "size_bytes": cand.variant.size_bytes,
         "size_ratio": round(cand.variant.size_bytes / base.variant.size_bytes, 4)
         if cand.variant.size_bytes and base.variant.size_bytes else None,  # an endpoint has no files
         "metrics": metrics,
-        "regressions": sum(len(r["regressions"]) for r in comparison.values()),
-        "agreement": {s: r["agreement"]["overall"] for s, r in comparison.items()},
+        "regressions": sum(len(r.regressions) for r in sets.values()),
+        "agreement": {s: r.agreement.overall if r.agreement else None for s, r in sets.items()},
     }
 
 

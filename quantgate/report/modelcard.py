@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quantgate.base.runfiles import DECISION, EVIDENCE, PLAN, QUANTIZATION, RUN, SUMMARY
+from quantgate.base.errors import QuantgateError
+from quantgate.base.runfiles import COMPARE_DIR, DECISION, EVIDENCE, PLAN, QUANTIZATION, RUN, SUMMARY
+from quantgate.evals.comparefile import load_comparison
+from quantgate.gate.summaryfile import load_summary
 from quantgate.serving.server import plan_args
 
 CARD = "README.md"
@@ -211,16 +214,22 @@ def _json(path: Path) -> Any:
         return None
 
 
+def _typed(load: Callable[[Path], Any], path: Path) -> Any:
+    """A typed run-folder file through its loader, or None when it is missing or does not fit its model."""
+    try:
+        return load(path)
+    except QuantgateError:
+        return None
+
+
 def _scores_from(run: Path, candidate: str) -> dict[str, CardScore]:
-    row = ((_json(run / SUMMARY) or {}).get("candidates") or {}).get(candidate) or {}
-    if isinstance(row.get("metrics"), dict) and row["metrics"]:
-        return {k: CardScore(**{f: v.get(f) for f in CardScore.model_fields}) for k, v in row["metrics"].items()}
-    out = {}
-    for set_name, report in (_json(run / "compare" / f"{candidate}.json") or {}).items():
-        for metric, m in (report.get("metrics") or {}).items():
-            o = m.get("overall") or {}
-            out[f"{set_name}/{metric}"] = CardScore(**{f: o.get(f) for f in CardScore.model_fields})
-    return out
+    summary = _typed(load_summary, run / SUMMARY)
+    row = summary.candidates.get(candidate) if summary else None
+    if row is not None and row.metrics:
+        return {k: CardScore(**{f: getattr(v, f) for f in CardScore.model_fields}) for k, v in row.metrics.items()}
+    cmp_ = _typed(load_comparison, run / COMPARE_DIR / f"{candidate}.json")
+    return {f"{set_name}/{metric}": CardScore(**{f: getattr(m.overall, f) for f in CardScore.model_fields})
+            for set_name, report in (cmp_.root if cmp_ else {}).items() for metric, m in report.metrics.items()}
 
 
 def card_inputs(run: Path | str | None, candidate: str, *, model: str, version: str,

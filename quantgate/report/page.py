@@ -63,25 +63,24 @@ def _deltas(c: Candidate) -> list[dict]:
 
 
 def _judge(c: Candidate) -> dict | None:
-    r = c.judge
+    r = c.judge  # a JudgeReport (quantgate.judge.reportfile); the template reads plain dicts of what the file holds
     if r is None:
         return None
-    cal, cmp_ = _need(r.get("calibration"), dict, "calibration"), _need(r.get("comparison"), dict, "comparison")
-    overall = _d(cmp_.get("overall"))
-    rates = {k: _d(overall.get(k)) for k in ("win", "tie", "loss") if k in overall}
-    return {"counts": bool(r.get("counts_as_evidence")), "not_stronger": r.get("judge_not_stronger"),
-            "calibration": {"accuracy": _num(cal.get("accuracy")), "bar": _num(cal.get("bar")),
-                            "reliable": cal.get("reliable"), "reason": cal.get("reason"),
-                            "ci_low": _num(cal.get("ci_low")), "ci_high": _num(cal.get("ci_high")),
-                            "by_type": {t: _d(a) for t, a in _d(cal.get("by_type")).items()}},
-            "ni": _d(overall.get("non_inferiority")), "rates": rates,
-            "position_consistency": _num(cmp_.get("position_consistency")),
-            "worst": [_d(w) for w in (cmp_.get("worst_losses") or [])[:5]]}
+    cal, cmp_, overall = r.calibration, r.comparison, r.comparison.overall
+    rates = {k: getattr(overall, k).model_dump(exclude_unset=True) for k in ("win", "tie", "loss")
+             if k in overall.model_fields_set}
+    return {"counts": r.counts_as_evidence, "not_stronger": r.judge_not_stronger,
+            "calibration": {"accuracy": _num(cal.accuracy), "bar": _num(cal.bar), "reliable": cal.reliable,
+                            "reason": cal.reason, "ci_low": _num(cal.ci_low), "ci_high": _num(cal.ci_high),
+                            "by_type": {t: a.model_dump(exclude_unset=True) for t, a in cal.by_type.items()}},
+            "ni": overall.non_inferiority.model_dump(exclude_unset=True), "rates": rates,
+            "position_consistency": _num(cmp_.position_consistency),
+            "worst": [w.model_dump(exclude_unset=True) for w in cmp_.worst_losses[:5]]}
 
 
 def _human(c: Candidate) -> dict:
     """Review status: none (no judge), not exported, exported and awaiting the filled CSV, or imported."""
-    h = c.human or _d(c.judge).get("human")
+    h = c.human or (c.judge.human if c.judge else None)
     if h:
         agree = _d(h.get("agreement"))
         return {"status": "imported", "text": f"{h.get('n_reviewed')} of {h.get('n_exported')} exported pairs reviewed "
@@ -103,19 +102,20 @@ def _pct(x: Any) -> str:
 def _recall(c: Candidate) -> dict | None:
     if c.recall_delta is None and c.recall_cells is None and not c.heatmaps:
         return None
-    overall = _d(_d(c.recall_delta).get("overall"))
-    return {"overall": {k: _num(overall.get(k)) for k in ("base", "cand", "delta", "base_exact", "cand_exact", "delta_exact")},
-            "n": _d(c.recall_delta).get("n_paired"), "errors": _d(c.recall_delta).get("n_error_excluded"),
+    d = c.recall_delta  # a RecallDelta (quantgate.recall.resultfile)
+    return {"overall": {k: _num(getattr(d.overall, k)) if d else None
+                        for k in ("base", "cand", "delta", "base_exact", "cand_exact", "delta_exact")},
+            "n": d.n_paired if d else None, "errors": d.n_error_excluded if d else None,
             "images": {k: charts.png_uri(p) for k, p in c.heatmaps.items()}}
 
 
 def _perf(view: RunView, c: Candidate) -> dict:
     q = view.variants[c.name].quantization if c.name in view.variants else None
-    p = _d(c.pay_off)
+    p = c.pay_off  # a PayOff (quantgate.perf.payofffile)
     return {"size_ratio": size_ratio(view, c.name),
-            "ratios": {k: _num(p.get(k)) for k in ("throughput_ratio", "request_throughput_ratio", "ttft_ratio", "itl_ratio",
-                                                   "kv_tokens_ratio") if k in p},
-            "concurrency": p.get("concurrency"), "pay_off": sections.pay_off(c.pay_off),
+            "ratios": {k: _num(getattr(p, k)) for k in ("throughput_ratio", "request_throughput_ratio", "ttft_ratio",
+                                                        "itl_ratio", "kv_tokens_ratio") if p and k in p.model_fields_set},
+            "concurrency": p.concurrency if p else None, "pay_off": sections.pay_off(p),
             "quant": None if q is None else {"wall_s": _num(_d(q.get("timings_s")).get("wall")), "reused": q.get("reused"),
                                              "weights_bytes": q.get("weights_bytes"), "compression": _num(q.get("compression_ratio"))}}
 

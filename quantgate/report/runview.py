@@ -17,13 +17,19 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
-from quantgate.base.runfiles import CELLS, DECISION, DELTA, EVIDENCE, JUDGE_REPORT, PAY_OFF, PERF, QUANTIZATION, RUN, SUMMARY
+from quantgate.base.runfiles import (CELLS, COMPARE_DIR, DECISION, DELTA, EVIDENCE, JUDGE_DIR, JUDGE_REPORT, PAY_OFF, PERF,
+                                     QUANTIZATION, RUN, SUMMARY)
 from quantgate.base.stats import num as _num
+from quantgate.base.errors import QuantgateError
 from quantgate.gate.sizeratio import size_ratio as size_ratio_of
+from quantgate.judge.reportfile import JudgeReport, load_judge_report
+from quantgate.perf.payofffile import PayOff, load_pay_off
+from quantgate.recall.resultfile import RecallCells, RecallDelta, load_recall_cells, load_recall_delta
 
 BASELINE = "baseline"
+M = TypeVar("M")
 _STAMP = re.compile(r"(\d{8}T\d{6}Z)(?:-[0-9a-f]{6})?$")
 
 
@@ -49,11 +55,11 @@ class Candidate:
     summary: dict | None = None   # summary.json's row
     decision: dict | None = None  # decision.json's candidates[name]
     compare: dict | None = None   # {eval set: compare_dirs output}
-    recall_cells: dict | None = None
-    recall_delta: dict | None = None
+    recall_cells: RecallCells | None = None
+    recall_delta: RecallDelta | None = None
     heatmaps: dict[str, Path] = field(default_factory=dict)  # "heatmap" / "delta_heatmap" -> png
-    pay_off: dict | None = None
-    judge: dict | None = None
+    pay_off: PayOff | None = None
+    judge: JudgeReport | None = None
     judge_dir: Path | None = None
     human: dict | None = None
     review_key: dict | None = None
@@ -93,7 +99,7 @@ def size_ratio(view: RunView, name: str) -> float | None:
     sizes, then a stated ratio (summary.json, else the flow's pay-off figures), then 1 / the compression ratio."""
     c = view.candidates.get(name)
     row = (c.summary if c and isinstance(c.summary, dict) else None) or {}
-    pay = (c.pay_off if c and isinstance(c.pay_off, dict) else None) or {}
+    pay_ratio = c.pay_off.size_ratio if c and c.pay_off else None
 
     def size(v: str) -> Any:
         ev = view.variants[v].evidence if v in view.variants else None
@@ -101,7 +107,7 @@ def size_ratio(view: RunView, name: str) -> float | None:
         return var.get("size_bytes") if isinstance(var, dict) else None
 
     q = view.variants[name].quantization if name in view.variants else None
-    stated = row.get("size_ratio") if _num(row.get("size_ratio")) else pay.get("size_ratio")
+    stated = row.get("size_ratio") if _num(row.get("size_ratio")) else pay_ratio
     found = size_ratio_of(size(name), size(BASELINE), stated, (q if isinstance(q, dict) else {}).get("compression_ratio"))
     return found[0] if found else None
 
@@ -124,6 +130,21 @@ def _read(view: RunView, path: Path, what: str, *, required: bool = True, kind: 
         view.gaps.append(Gap(what, str(path), f"expected a JSON {kind.__name__}, found {type(data).__name__}"))
         return None
     return data
+
+
+def _read_typed(view: RunView, path: Path, what: str, load: Callable[[Path], M], *, required: bool = True) -> M | None:
+    """A typed run-folder file through its loader (quantgate.base.typedfile); a gap with the loader's reason when
+    it is missing or does not fit its model."""
+    if not path.is_file():
+        if required:
+            view.gaps.append(Gap(what, str(path), "missing file"))
+        return None
+    view.files.append(path)
+    try:
+        return load(path)
+    except QuantgateError as exc:
+        view.gaps.append(Gap(what, str(path), exc.message))
+        return None
 
 
 def _started(folder: Path, run_id: str, decision: dict | None) -> str:
@@ -152,7 +173,7 @@ def _row(view: RunView, doc: dict | None, name: str, what: str, none: str) -> di
 
 def _candidate_names(view: RunView) -> list[str]:
     order = [str(s) for s in view.spec.get("schemes") or []]
-    found = {p.stem for p in (view.folder / "compare").glob("*.json")}
+    found = {p.stem for p in (view.folder / COMPARE_DIR).glob("*.json")}
     found |= {s for s in order if (view.folder / s).is_dir()}
     found |= set(_rows(view.summary))
     found |= set(_rows(view.decision))
@@ -185,21 +206,23 @@ def _candidate(view: RunView, name: str) -> Candidate:
     folder = view.folder / name
     c.summary = _row(view, view.summary, name, "summary", "no row for this candidate")
     c.decision = _row(view, view.decision, name, "decision", "no decision for this candidate")
-    c.compare = _read(view, view.folder / "compare" / f"{name}.json", f"{name}: comparison")
+    c.compare = _read(view, view.folder / COMPARE_DIR / f"{name}.json", f"{name}: comparison")
     c.fidelity = _read(view, view.folder / "fidelity" / f"{name}.json", f"{name}: fidelity", required=_want_fidelity(view))
     recall = folder / "recall"
     want_recall = _optional(view, "recall") or recall.is_dir()
-    c.recall_cells = _read(view, recall / CELLS, f"{name}: recall cells", required=want_recall)
-    c.recall_delta = _read(view, recall / DELTA, f"{name}: recall delta", required=want_recall)
+    c.recall_cells = _read_typed(view, recall / CELLS, f"{name}: recall cells", load_recall_cells, required=want_recall)
+    c.recall_delta = _read_typed(view, recall / DELTA, f"{name}: recall delta", load_recall_delta, required=want_recall)
     for key in ("heatmap", "delta_heatmap"):
         if (recall / f"{key}.png").is_file():
             c.heatmaps[key] = recall / f"{key}.png"
         elif want_recall:
             view.gaps.append(Gap(f"{name}: recall {key.replace('_', ' ')}", str(recall / f"{key}.png"), "missing file"))
-    c.pay_off = _read(view, folder / PAY_OFF, f"{name}: perf ratios", required=_optional(view, "perf"))
-    judge = folder / "judge"
+    c.pay_off = _read_typed(view, folder / PAY_OFF, f"{name}: perf ratios", load_pay_off,
+                            required=_optional(view, "perf"))
+    judge = folder / JUDGE_DIR
     c.judge_dir = judge if judge.is_dir() else None
-    c.judge = _read(view, judge / JUDGE_REPORT, f"{name}: judge report", required=_optional(view, "judge") or judge.is_dir())
+    c.judge = _read_typed(view, judge / JUDGE_REPORT, f"{name}: judge report", load_judge_report,
+                          required=_optional(view, "judge") or judge.is_dir())
     c.human = _read(view, judge / "human.json", f"{name}: human review", required=False)
     c.review_key = _read(view, judge / "review_key.json", f"{name}: review key", required=False)
     return c

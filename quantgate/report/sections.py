@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from quantgate.base.stats import num
+from quantgate.perf.payofffile import PayOff
 
 MAX_REGRESSIONS = 40   # flips shown per kind (the counts cover them all)
 MAX_GAINS = 40
@@ -227,24 +228,24 @@ def perf_curve(name: str, perf: dict | None) -> dict | None:
             "engine": {k: num(d(perf.get("engine_metrics")).get(k)) for k in ("kv_usage_max", "preemptions", "prefix_hit_rate")}}
 
 
-def pay_off(doc: dict | None) -> dict | None:
-    """The workload profile's pay-off figures of a comparison (pay_off.json): ratio, interval and speed."""
-    if doc is None or "decide" not in doc:
+def pay_off(doc: PayOff | dict | None) -> dict | None:
+    """The workload profile's pay-off figures of a comparison (pay_off.json, or quantgate.perf.compare's output):
+    ratio, interval and speed."""
+    doc = PayOff.model_validate(doc) if isinstance(doc, dict) else doc
+    if doc is None or not doc.has_figures:
         return None
     rows = []
-    for r in need(doc.get("decide"), list, "pay_off.json: decide"):
-        r, ci = need(r, dict, "pay_off.json: decide row"), d(need(r, dict, "decide row").get("ratio"))
-        lower = r.get("lower_is_better") is True
-        value, low, high = num(ci.get("value")), num(ci.get("low")), num(ci.get("high"))
+    for r in doc.decide:
+        ci = r.ratio
+        lower = r.lower_is_better
+        value, low, high = num(ci.value), num(ci.low), num(ci.high)
 
         def spd(x: float | None) -> float | None:
             return None if x is None else (x if not lower else (math.inf if x == 0 else 1 / x))
 
         ends = sorted(v for v in (spd(low), spd(high)) if v is not None)
-        rows.append({"figure": r.get("figure"), "concurrency": _int(r.get("concurrency")), "baseline": num(r.get("baseline")),
-                     "candidate": num(r.get("candidate")), "ratio": value, "low": low, "high": high,
-                     "level": num(ci.get("level")), "speed": spd(value), "speed_low": ends[0] if ends else None,
+        rows.append({"figure": r.figure, "concurrency": r.concurrency, "baseline": num(r.baseline),
+                     "candidate": num(r.candidate), "ratio": value, "low": low, "high": high,
+                     "level": num(ci.level), "speed": spd(value), "speed_low": ends[0] if ends else None,
                      "speed_high": ends[-1] if ends else None})
-    slo_c = d(doc.get("slo_concurrency"))
-    return {"workload": doc.get("workload") if isinstance(doc.get("workload"), str) else None, "rows": rows,
-            "slo_concurrency": {k: _int(v) for k, v in slo_c.items()}}
+    return {"workload": doc.workload, "rows": rows, "slo_concurrency": dict(doc.slo_concurrency)}

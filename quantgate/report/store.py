@@ -319,8 +319,8 @@ def _variant_rows(view: RunView, rows: dict[str, list[tuple]]) -> None:
         c = view.candidates.get(name)
         cdec, csum = (c and c.decision) or {}, (c and c.summary) or {}
         size = _num(var.get("size_bytes")) or _num(csum.get("size_bytes"))
-        tput = _num(((c and c.pay_off) or {}).get("throughput_ratio"))
-        rdelta = _num((((c and c.recall_delta) or {}).get("overall") or {}).get("delta"))
+        tput = _num(c.pay_off.throughput_ratio) if c and c.pay_off else None
+        rdelta = _num(c.recall_delta.overall.delta) if c and c.recall_delta else None
         needs = cdec.get("needs") if isinstance(cdec.get("needs"), str) else None
         rows["variants"].append((view.run_id, name, var.get("scheme") or (v.quantization or {}).get("scheme"),
                                  var.get("content_hash"), size, cdec.get("decision") or csum.get("decision"),
@@ -359,17 +359,15 @@ def _candidate_rows(view: RunView, rows: dict[str, list[tuple]]) -> None:
     for name, c in view.candidates.items():
         _compare_rows(view, name, c.compare or {}, rows)
         rows["checks"] += [_check_row(view.run_id, name, ch) for ch in (c.decision or {}).get("checks") or []]
-        for cell in (c.recall_delta or {}).get("cells") or []:
-            rows["recall_cells"].append((view.run_id, name, cell.get("kind"), cell.get("length"), cell.get("depth"),
-                                         cell.get("n"), *(_num(cell.get(k)) for k in ("base", "cand", "delta",
-                                                                                       "base_exact", "cand_exact"))))
+        for cell in c.recall_delta.cells if c.recall_delta else []:
+            rows["recall_cells"].append((view.run_id, name, cell.kind, cell.length, cell.depth, cell.n, *(
+                _num(getattr(cell, k)) for k in ("base", "cand", "delta", "base_exact", "cand_exact"))))
         if c.judge:
-            cal = c.judge.get("calibration") or {}
-            ni = ((c.judge.get("comparison") or {}).get("overall") or {}).get("non_inferiority") or {}
-            human = c.human or c.judge.get("human") or {}
-            rows["judge"].append((view.run_id, name, _bool(cal.get("reliable")), _num(cal.get("accuracy")),
-                                  _num(cal.get("bar")), ni.get("n"), _num(ni.get("net")), _num(ni.get("lower_bound")),
-                                  _bool(ni.get("non_inferior")), _bool(c.judge.get("counts_as_evidence")),
+            cal, ni = c.judge.calibration, c.judge.comparison.overall.non_inferiority  # quantgate.judge.reportfile
+            human = c.human or c.judge.human or {}
+            rows["judge"].append((view.run_id, name, _bool(cal.reliable), _num(cal.accuracy), _num(cal.bar), ni.n,
+                                  _num(ni.net), _num(ni.lower_bound), _bool(ni.non_inferior),
+                                  _bool(c.judge.counts_as_evidence),
                                   human.get("n_reviewed"), _num((human.get("agreement") or {}).get("rate"))))
 
 

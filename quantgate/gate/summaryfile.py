@@ -1,0 +1,81 @@
+"""The typed form of a release's `<run>/summary.json` (quantgate.release.steps.finish_run writes it; the
+publishing and notify steps add `publish` and `notify`). It lives here, below report/ and release/, so that the
+gate, the report and the release read it through one model: `load_summary`.
+
+Keys a later writer adds are kept; every field defaults, since a candidate whose server failed has a short row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantgate.base.typedfile import read_model
+
+_OPEN = ConfigDict(extra="allow")
+
+
+class MetricRow(BaseModel):
+    """`<eval set>/<metric>` of a candidate's row: the overall paired figures (quantgate.evals.compare)."""
+    model_config = _OPEN
+
+    n: int | None = None
+    base_mean: float | None = None
+    cand_mean: float | None = None
+    delta: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    mcnemar_p: float | None = None
+
+
+class CandidateRow(BaseModel):
+    """A candidate tried: scheme, size, headline figures and the gate's decision; or, when its server failed,
+    the failure and its error file."""
+    model_config = _OPEN
+
+    scheme: str | None = None
+    size_bytes: int | None = None
+    size_ratio: float | None = None
+    metrics: dict[str, MetricRow] = Field(default_factory=dict)
+    regressions: int | None = None
+    agreement: dict[str, float | None] = Field(default_factory=dict)
+    failure: str | None = None
+    error: str | None = None
+    decision: str | None = None
+    reasons: list[str] = Field(default_factory=list)
+    registry: str | None = None
+
+
+class BaselineRow(BaseModel):
+    model_config = _OPEN
+
+    size_bytes: int | None = None
+    parity: dict[str, Any] | None = None
+
+
+class Summary(BaseModel):
+    """summary.json: the release's outcome."""
+    model_config = _OPEN
+
+    release: str | None = None
+    run: str | None = None
+    model: str | None = None
+    hardware: str | None = None
+    baseline: BaselineRow | None = None
+    candidates: dict[str, CandidateRow] = Field(default_factory=dict)
+    decision: str | None = None
+    promoted: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    policy: dict[str, Any] | None = None
+    recall_cost: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    ladder: list[dict[str, Any]] | None = None
+    publish: list[dict[str, Any]] | None = None
+    notify: list[dict[str, Any]] | None = None
+
+
+def load_summary(path: Path | str) -> Summary:
+    """A release's summary.json, validated; QuantgateError naming the file and field when it does not fit."""
+    return read_model(path, Summary, "release summary",
+                      "re-run the release with the same --run-id: its last steps rewrite summary.json")

@@ -1,0 +1,100 @@
+"""The typed forms of a recall run's `cells.json` and a candidate's `delta.json` (quantgate.recall.run writes
+them from quantgate.recall.score's `cells` and `compare`). Read back through `load_recall_cells` and
+`load_recall_delta` by the recall cache test, the release summary's costs, the CLI and the gate.
+
+Means over no answered needle are null in the files and None here. Keys a later writer adds are kept.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantgate.base.typedfile import read_model
+
+_OPEN = ConfigDict(extra="allow")
+
+
+class Outcome(BaseModel):
+    """Needles scored in a group (overall, a kind, a language): failed ones are counted and left out of the means."""
+    model_config = _OPEN
+
+    n: int = 0
+    n_error: int = 0
+    recall: float | None = None
+    exact: float | None = None
+
+
+class Cell(Outcome):
+    length: int
+    depth: int | float
+    kind: str
+
+
+class RecallCells(BaseModel):
+    """cells.json: the run's status and cost, and its outcomes overall, by kind, by language and per cell."""
+    model_config = _OPEN
+
+    status: str | None = None
+    model: str | None = None
+    endpoint: str | None = None
+    grid: dict[str, Any] = Field(default_factory=dict)
+    cost: dict[str, Any] = Field(default_factory=dict)
+    overall: Outcome
+    observations: dict[str, Any] = Field(default_factory=dict)
+    by_kind: dict[str, Outcome] = Field(default_factory=dict)
+    by_language: dict[str, Outcome] = Field(default_factory=dict)
+    cells: list[Cell] = Field(default_factory=list)
+
+
+class KindDelta(BaseModel):
+    model_config = _OPEN
+
+    base: float | None = None
+    cand: float | None = None
+    delta: float | None = None
+
+
+class OverallDelta(KindDelta):
+    base_exact: float | None = None
+    cand_exact: float | None = None
+    delta_exact: float | None = None
+
+
+class CellDelta(OverallDelta):
+    length: int
+    depth: int | float
+    kind: str
+    n: int = 0
+
+
+class RecallDelta(BaseModel):
+    """delta.json: candidate minus baseline over the needles both answered, overall, by kind and per cell."""
+    model_config = _OPEN
+
+    n_paired: int = 0
+    n_base_only: int = 0
+    n_cand_only: int = 0
+    n_requests: int | None = None
+    n_haystacks: int | None = None
+    paired_within_haystack: dict[str, Any] | None = None
+    n_error_excluded: int = 0
+    overall: OverallDelta
+    by_kind: dict[str, KindDelta] = Field(default_factory=dict)
+    cells: list[CellDelta] = Field(default_factory=list)
+    regressions: list[str] = Field(default_factory=list)
+    improvements: list[str] = Field(default_factory=list)
+    baseline: str | None = None
+
+
+def load_recall_cells(path: Path | str) -> RecallCells:
+    """A recall run's cells.json, validated; QuantgateError naming the file and field when it does not fit."""
+    return read_model(path, RecallCells, "recall cells", "re-run `quantgate recall` into that folder to rewrite it")
+
+
+def load_recall_delta(path: Path | str) -> RecallDelta:
+    """A candidate's recall delta.json, validated; QuantgateError naming the file and field when it does not fit."""
+    return read_model(path, RecallDelta, "recall delta",
+                      "re-run `quantgate recall --baseline ...` (or the release's compare step) to rewrite it")
