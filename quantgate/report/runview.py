@@ -112,12 +112,19 @@ def size_ratio(view: RunView, name: str) -> float | None:
     return found[0] if found else None
 
 
-def _read(view: RunView, path: Path, what: str, *, required: bool = True, kind: type = dict) -> Any:
+def _present(view: RunView, path: Path, what: str, required: bool) -> bool:
+    """Whether the file is there to read (then it is listed among the view's files); a gap when a required one is not."""
     if not path.is_file():
         if required:
             view.gaps.append(Gap(what, str(path), "missing file"))
-        return None
+        return False
     view.files.append(path)
+    return True
+
+
+def _read(view: RunView, path: Path, what: str, *, required: bool = True, kind: type = dict) -> Any:
+    if not _present(view, path, what, required):
+        return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
@@ -135,11 +142,8 @@ def _read(view: RunView, path: Path, what: str, *, required: bool = True, kind: 
 def _read_typed(view: RunView, path: Path, what: str, load: Callable[[Path], M], *, required: bool = True) -> M | None:
     """A typed run-folder file through its loader (quantgate.base.typedfile); a gap with the loader's reason when
     it is missing or does not fit its model."""
-    if not path.is_file():
-        if required:
-            view.gaps.append(Gap(what, str(path), "missing file"))
+    if not _present(view, path, what, required):
         return None
-    view.files.append(path)
     try:
         return load(path)
     except QuantgateError as exc:
