@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 PYTEST_ARGS ?= --durations=20
 
-.PHONY: demo test setup lmeval model browser clean-envs release-time gpu-wheels gpu-check
+.PHONY: demo test lint setup lmeval model browser clean-envs release-time gpu-wheels gpu-check
 
 # A release that runs to a REJECT (3) or INCONCLUSIVE (4) decision is a result for the demo, not a failure.
 # `python -m` rather than the console script: it runs the checkout's code even where the environment was built for
@@ -17,8 +17,13 @@ demo: setup model
 release-time: setup model
 	$(PY) bench/release_time.py
 
-test: setup lmeval model browser
+test: setup lmeval model browser lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Static checks, before the tests: ruff with the rule set in pyproject.toml ([tool.ruff]), on the package and the flow.
+lint:
+	scripts/setup.sh lint >/dev/null
+	.venv-lint/bin/ruff check --quiet quantgate flows
 
 # The report/dashboard tests open pages in a real headless Chromium (Debian's package).
 browser:
@@ -45,4 +50,4 @@ gpu-check:
 	scripts/gpu_check.sh
 
 clean-envs:
-	rm -rf "$${QUANTGATE_HOME:-$$HOME/.cache/quantgate}/envs" .venv .venv-serve .venv-lmeval
+	rm -rf "$${QUANTGATE_HOME:-$$HOME/.cache/quantgate}/envs" .venv .venv-serve .venv-lmeval .venv-lint

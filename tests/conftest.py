@@ -9,6 +9,10 @@ A test that serves one is marked `@pytest.mark.requires_kernel("cpu_gemm_wna16")
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +55,75 @@ def demo_server(demo_model, tmp_path_factory):
     cfg = ServerConfig(model=demo_model, name="demo", args=CPU_TEST_ARGS, env=CPU_TEST_ENV)
     with VLLMServer(cfg, log_path=tmp_path_factory.mktemp("demo-server") / "server.log") as srv:
         yield srv
+
+
+@pytest.fixture(scope="session")
+def layer0_int8(demo_model, tmp_path_factory) -> Path:
+    """An INT8 W8A8 checkpoint of the demo model with only decoder layer 0 quantized (4 x 32 calibration tokens: seconds
+    of llmcompressor instead of a minute), for tests that need a real compressed-tensors checkpoint to serve, not a good
+    one: given as a release's `checkpoint:` candidate."""
+    from quantgate.quantize.calibration import CalibrationSpec
+    from quantgate.quantize.recipes import RecipeOverrides
+    from quantgate.quantize.run import QuantizeRequest, quantize
+
+    req = QuantizeRequest(model=demo_model, scheme="int8-w8a8", out=tmp_path_factory.mktemp("layer0") / "int8-layer0",
+                          hardware="x86-cpu", overrides=RecipeOverrides(ignore=[r"re:model\.layers\.([1-9]|[12][0-9])\..*"]),
+                          calibration=CalibrationSpec(samples=4, max_seq_length=32))
+    return quantize(req).out
+
+
+@pytest.fixture(scope="session")
+def odd_demo_server(demo_model, tmp_path_factory):
+    """One real vLLM server of the demo model that is wrong in two known ways, shared by the tests that need a server
+    to refuse or disagree: BF16 activations (whose greedy text differs from the FP32 reference here, see
+    tests/test_engine_parity.py) and `--max-logprobs 2` (fewer prompt logprobs than fidelity asks for)."""
+    from quantgate.serving.server import ServerConfig, VLLMServer
+
+    args = ["--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "2048", "--max-logprobs", "2"]
+    cfg = ServerConfig(model=demo_model, name="demo", args=args, env=CPU_TEST_ENV)
+    with VLLMServer(cfg, log_path=tmp_path_factory.mktemp("odd-demo-server") / "server.log") as srv:
+        yield srv
+
+
+def wait_healthy(api: str, proc: subprocess.Popen, log: Path, seconds: float = 300) -> None:
+    """Wait for the Prefect server `proc` (its output in `log`) to answer GET `api`/health."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"Prefect server not healthy after {seconds} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """One real Prefect server (`prefect server start`, loopback, UI off) for the session's release runs: its API URL.
+    A release run with PREFECT_API_URL set reports to it instead of starting Prefect's temporary server of its
+    own, which costs half a minute per release on this project's 2-core machines. The tests of that temporary
+    server's lifetime (tests/test_faults_release.py) do not use it."""
+    from quantgate.serving.server import free_port, kill_tree
+
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": api}
+    log = home / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("prefect")), "server", "start", "--host", "127.0.0.1",
+                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    try:
+        wait_healthy(api, proc, log)
+        yield api
+    finally:
+        kill_tree(proc.pid)
 
 
 def kernel_missing(op: str) -> str | None:

@@ -1,12 +1,12 @@
 """A release whose baseline is an existing endpoint and whose candidate an existing checkpoint folder reaches a
-decision (issue 18, "variants from elsewhere"). Slow: real vLLM, real Prefect, real llmcompressor when no INT8
-checkpoint of the demo model was made earlier in the session.
+decision (issue 18, "variants from elsewhere"). Slow: real vLLM, real Prefect, real llmcompressor (the session's
+layer-0 INT8 checkpoint).
 
 The endpoint is the session's `demo_server` (tests/conftest.py): a real vLLM server that this test process runs and
 the release only reaches by URL, with its key in an environment variable, as it would a production server. The
 candidate is an INT8 W8A8 checkpoint of the demo model given as `checkpoint:`, so the release serves it without
-quantizing it: tests/test_quantize.py's when that ran in this session (tests/_shared.py), else one quantized here with
-only layer 0 at 8 bits (a minute or two of llmcompressor instead of many; the format is what is tested)."""
+quantizing it: the session's `layer0_int8` (tests/conftest.py), only layer 0 at 8 bits (seconds of llmcompressor; the
+format is what is tested)."""
 
 from __future__ import annotations
 
@@ -18,16 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from _shared import CHECKPOINTS
 
 from quantgate.base import http
 from quantgate.base.paths import REPO, RELEASES
-from quantgate.quantize.calibration import CalibrationSpec
-from quantgate.quantize.recipes import RecipeOverrides
-from quantgate.quantize.run import QuantizeRequest, quantize
 
 KEY_VAR = "QG_TEST_ENDPOINT_BASELINE_KEY"
-LAYER0 = r"re:model\.layers\.([1-9]|[12][0-9])\..*"
 SPEC = """\
 version: 1
 name: endpoint-e2e
@@ -43,32 +38,23 @@ eval_sets: [{evalset}]
 eval: {{limit: 8, concurrency: 4}}
 recall: {{lengths: [512], depths: [0, 100], kinds: [number], samples: 1}}
 perf: {{concurrency: [1], num_prompts: 4, input_len: 32, output_len: 8, repeats: 1}}
-fidelity: {{limit: 4}}
+fidelity: {{limit: 4, draws: 1, context_prompts: 4, context_new_tokens: 64}}
 policy: {policy}
 """
 
 
-@pytest.fixture(scope="module")
-def int8_checkpoint(demo_model, tmp_path_factory) -> Path:
-    if "int8-w8a8" in CHECKPOINTS:
-        return CHECKPOINTS["int8-w8a8"]
-    req = QuantizeRequest(model=demo_model, scheme="int8-w8a8", out=tmp_path_factory.mktemp("ckpt") / "int8",
-                          hardware="x86-cpu", overrides=RecipeOverrides(ignore=[LAYER0]),
-                          calibration=CalibrationSpec(samples=4, max_seq_length=32))
-    return quantize(req).out
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # a candidate server, an endpoint and Prefect on 2 shared cores: many minutes
-def test_an_endpoint_baseline_and_a_checkpoint_candidate_reach_a_decision(demo_server, int8_checkpoint, tmp_path):
+def test_an_endpoint_baseline_and_a_checkpoint_candidate_reach_a_decision(demo_server, layer0_int8, prefect_api,
+                                                                           tmp_path):
     pid = demo_server.proc.pid
     spec = tmp_path / "endpoint.yaml"
-    spec.write_text(SPEC.format(ckpt=int8_checkpoint, url=demo_server.base_url, key=KEY_VAR,
+    spec.write_text(SPEC.format(ckpt=layer0_int8, url=demo_server.base_url, key=KEY_VAR,
                                 evalset=REPO / "eval_sets" / "default.jsonl",
                                 policy=RELEASES / "policies" / "endpoint.yaml"))
     env = {**os.environ, KEY_VAR: demo_server.api_key, "QUANTGATE_RESULTS": str(tmp_path / "results"),
            "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "PREFECT_API_URL": prefect_api}
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "quantgate.cli.main", "release", str(spec), "--run-id", "ep"],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=3400)
@@ -99,8 +85,8 @@ def test_an_endpoint_baseline_and_a_checkpoint_candidate_reach_a_decision(demo_s
 
     # the checkpoint: served by quantgate on a slot like a quantized scheme, never quantized
     ev = json.loads((run / "ext-int8" / "evidence.json").read_text())
-    assert ev["variant"]["origin"] == "checkpoint" and ev["variant"]["path"] == str(int8_checkpoint)
-    assert ev["serve_command"][:3] == ["vllm", "serve", str(int8_checkpoint)] and (run / "ext-int8" / "server.log").is_file()
+    assert ev["variant"]["origin"] == "checkpoint" and ev["variant"]["path"] == str(layer0_int8)
+    assert ev["serve_command"][:3] == ["vllm", "serve", str(layer0_int8)] and (run / "ext-int8" / "server.log").is_file()
     assert not (run / "ext-int8" / "quantization.json").exists() and (run / "ext-int8" / "checkpoint.json").is_file()
     steps = {r["step"]: r for r in json.loads((run / "timings.json").read_text())}
     assert steps["serve and measure baseline"]["slot"] is None and steps["serve and measure ext-int8"]["slot"]
@@ -110,3 +96,55 @@ def test_an_endpoint_baseline_and_a_checkpoint_candidate_reach_a_decision(demo_s
     assert any("quantgate neither started nor stopped it" in n for n in summary["notes"])
     print(json.dumps({"decision": decision["decision"], "reasons": cand["reasons"][:3],
                       "wall_s": round(time.monotonic() - t0)}, indent=1))
+
+
+RACE_SPEC = """\
+version: 1
+name: endpoint-twice
+model: demo
+hardware: x86-cpu
+schemes: []
+candidates:
+  - {{name: prod, endpoint: {url}, model: demo, api_key_env: {key}, scheme: int8-w8a8}}
+baseline: {{endpoint: {url}, model: demo, api_key_env: {key}}}
+eval_sets: [{evalset}]
+eval: {{limit: 4, concurrency: 4}}
+recall: null
+perf: null
+fidelity: null
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_one_endpoint_named_twice_in_a_run_is_measured_once(demo_server, demo_model, tmp_path, monkeypatch):
+    """The baseline endpoint and a candidate at the same URL and model, measured at once in two threads as the flow
+    runs them: one measures the real server, the other waits on the same folder's lock and reads its results
+    (no double measurement, no half-written folder read)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from quantgate.evals.run import is_complete
+    from quantgate.release import schedule
+    from quantgate.release import steps as rel
+    from quantgate.release.spec import load_spec
+    from quantgate.release.variants import baseline_for, external_variant
+
+    monkeypatch.setenv(KEY_VAR, demo_server.api_key)
+    monkeypatch.setenv("QUANTGATE_RESULTS", str(tmp_path / "results"))
+    path = tmp_path / "twice.yaml"
+    path.write_text(RACE_SPEC.format(url=demo_server.base_url, key=KEY_VAR, evalset=REPO / "eval_sets" / "default.jsonl"))
+    spec = load_spec(path)
+    run = tmp_path / "run"
+    logs: list[str] = []
+    variants = [baseline_for(spec, demo_model), external_variant(spec, "prod", demo_model, run)]
+    schedule.preload_libraries()  # as the flow does before its job threads import them
+    with ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(rel.serve_and_evaluate, spec, v, run, parity=v.name == "baseline", tokenizer=demo_model,
+                            log=logs.append) for v in variants]
+        base, prod = (j.result() for j in jobs)
+    assert base.cache == prod.cache and base.cache.parent == run / "endpoints"  # one folder for the one endpoint
+    assert sorted([base.served, prod.served]) == [False, True], logs  # measured by one, read by the other
+    assert base.evals == prod.evals and is_complete(base.evals["default"])
+    ids = [json.loads(x)["id"] for x in (base.evals["default"] / "results.jsonl").read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == 4  # each sample asked once
+    assert any("every result is cached" in line for line in logs), logs

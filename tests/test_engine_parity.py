@@ -19,11 +19,10 @@ def test_parity_passes_on_a_correct_server(demo_model, demo_server, tmp_path):
 
 
 @pytest.mark.slow
-def test_parity_fails_on_a_server_whose_outputs_differ(demo_model, vllm_server, tmp_path):
+def test_parity_fails_on_a_server_whose_outputs_differ(demo_model, odd_demo_server, tmp_path):
     # vLLM 0.32 CPU with BF16 activations gives different text for this model (seen here, eager and compiled);
     # the reference runs in FP32, so the check must call it an engine problem.
-    args = ["--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "2048"]
-    with vllm_server(demo_model, name="demo", args=args) as srv:
-        report = run_parity(demo_model, srv.base_url, srv.api_key, "demo", tmp_path, dtype="float32")
+    srv = odd_demo_server  # BF16 activations (tests/conftest.py)
+    report = run_parity(demo_model, srv.base_url, srv.api_key, "demo", tmp_path, dtype="float32")
     assert report.verdict == "fail"
     assert report.reason.startswith("engine problem") and report.agree_share < 0.9

@@ -1,6 +1,6 @@
 """Faults a release must survive, with real processes: only complete work is cached (an eval with failed requests,
 a failed parity check), the judge server killed half-way, the release flow SIGTERMed between steps, and two
-releases of one spec started at once.
+releases of that spec then resumed at once.
 
 The judge server here is the fake OpenAI-compatible server in a process of its own (a real process, killed for
 real): a real judge model would cost minutes per start on this CPU, and what is tested is the judge client's
@@ -22,10 +22,12 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from _fake_openai import FakeServer
 from _judge_fakes import write_run
 
+from quantgate.base import procs
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.http import read_results
@@ -194,7 +196,7 @@ def test_the_judge_server_killed_half_way_then_resumed_loses_nothing_judged(tmp_
           f"{len(asked_after)} asked, {len(rejudged)} judged pairs asked again, each job judged once")
 
 
-# --- the release flow: SIGTERM between steps, then two releases at once ---------------------------------------
+# --- the release flow: SIGTERM between steps, then two releases resumed at once --------------------------------
 
 SPEC = """\
 version: 1
@@ -279,59 +281,6 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(2400)
-def test_the_flow_sigtermed_between_steps_leaves_nothing_running_and_resumes_from_cache(workspace):
-    root, env = workspace
-    spec, tag = _spec(root, "faults", 12), secrets.token_hex(6)
-    run1 = root / "results" / "runs" / "sigterm-1"
-    proc, log1 = _release(spec, env, "--run-id", run1.name, tag=tag)
-    t0 = time.monotonic()
-
-    def finished() -> set[str]:
-        return {r["step"] for r in _rows(run1) if r["status"] == "ok"}
-
-    # the kill: once the quantization and the first variant's measurement are done (the other variant's server is
-    # then serving, beside it or next), right as that step's row is written
-    while not ("quantize int8-w8a8" in finished() and any(s.startswith("serve and measure") for s in finished())):
-        assert proc.poll() is None, _tail(log1)
-        assert time.monotonic() - t0 < 1800, "no variant was ever measured"
-        time.sleep(0.1)
-    alive = _tagged(tag)
-    servers = [p for p in alive if "vllm" in _cmdline(p).lower()]
-    proc.send_signal(signal.SIGTERM)
-    at_kill, steps_at_kill = time.monotonic() - t0, finished()
-    code = proc.wait(timeout=120)
-    steps1 = finished()  # a step busy at the kill may still finish (and record itself) while the release stops
-    deadline, left = time.monotonic() + 60, _tagged(tag)
-    while left and time.monotonic() < deadline:  # the release stops its tree; give slow exits a minute
-        time.sleep(0.5)
-        left = _tagged(tag)
-    assert left == [], f"left running after SIGTERM: {_describe(left)}"
-
-    run2 = root / "results" / "runs" / "sigterm-2"
-    t1 = time.monotonic()
-    again, log2 = _release(spec, env, "--run-id", run2.name)
-    again.wait(timeout=1800)
-    wall2 = time.monotonic() - t1
-    assert again.returncode in (0, 3, 4), _tail(log2)  # a decision (PROMOTE, REJECT or INCONCLUSIVE)
-    assert json.loads((run2 / "decision.json").read_text())["candidates"]
-    summary = json.loads((run2 / "summary.json").read_text())
-    quant = json.loads((run2 / "int8-w8a8" / "quantization.json").read_text())
-    assert quant["reused"] is True  # quantized before the SIGTERM: not quantized again
-    served = {v: json.loads((run2 / v / "evidence.json").read_text())["served"] for v in ("baseline", "int8-w8a8")}
-    for v, s in served.items():  # measured before the SIGTERM stopped the release: no server now
-        if f"serve and measure {v}" in steps1:
-            assert s is False, (v, steps1)
-    rows2 = {r["step"]: r["seconds"] for r in _rows(run2)}
-    print(f"\nflow SIGTERM: killed {at_kill:.0f} s in (exit {code}), after {sorted(steps_at_kill)} (finished by the exit: "
-          f"{sorted(steps1 - steps_at_kill) or 'nothing more'}); {len(alive)} processes of "
-          f"the release alive at the kill ({len(servers)} vLLM), {len(left)} left after it (/proc, by an inherited tag)"
-          f"\nre-run: {wall2:.0f} s wall, decision {summary['decision']}; quantization reused ({rows2['quantize int8-w8a8']}"
-          f" s); served again: {served} (seconds: baseline {rows2['serve and measure baseline']}, int8-w8a8 "
-          f"{rows2['serve and measure int8-w8a8']})")
-
-
 def _bad_files(cache: Path) -> list[str]:
     """Cache files that do not parse, and temporary files left behind."""
     bad = []
@@ -357,39 +306,74 @@ def _bad_files(cache: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_two_releases_of_one_spec_started_at_once_both_finish_complete(workspace):
+def test_the_flow_sigtermed_between_steps_leaves_nothing_running_and_two_resumed_at_once_share_the_cache(workspace,
+                                                                                                        prefect_api):
+    """SIGTERM once a variant is measured: the release's whole tree goes, exit 143. Then the same spec started twice
+    at once: both finish with a decision, the quantization and the variant measured before the kill are reused by
+    both, the variant left unmeasured is measured by one of them and reused by the other, and no cache file is torn."""
     root, env = workspace
-    spec = _spec(root, "twice", 16)  # 16 samples: new eval folders, so both releases want to measure both variants
+    env = {**env, "PREFECT_API_URL": prefect_api}  # the session's server: this test is about the release's own tree
+    spec, tag = _spec(root, "faults", 12), secrets.token_hex(6)
+    run1 = root / "results" / "runs" / "sigterm-1"
+    proc, log1 = _release(spec, env, "--run-id", run1.name, tag=tag)
     t0 = time.monotonic()
-    procs = [_release(spec, env) for _ in range(2)]
-    for p, _ in procs:
-        p.wait(timeout=2100)
-    wall = time.monotonic() - t0
-    runs = []
-    for p, log in procs:
-        out = log.read_text(errors="replace")
-        assert p.returncode in (0, 3, 4), out[-4000:]
-        start = out.index('{\n  "release"')  # the summary `quantgate release` prints
-        runs.append(root / "results" / "runs" / json.loads(out[start:out.index("\n}", start) + 2])["run"])
-    assert runs[0] != runs[1] and all(r.is_dir() for r in runs)  # distinct run folders
-    served = {}
-    for run in runs:
-        summary = json.loads((run / "summary.json").read_text())
-        decision = json.loads((run / "decision.json").read_text())
+
+    def finished() -> set[str]:
+        return {r["step"] for r in _rows(run1) if r["status"] == "ok"}
+
+    # the kill: once the quantization and the first variant's measurement are done (the other variant's server is
+    # then serving, beside it or next), right as that step's row is written
+    while not ("quantize int8-w8a8" in finished() and any(s.startswith("serve and measure") for s in finished())):
+        assert proc.poll() is None, _tail(log1)
+        assert time.monotonic() - t0 < 1800, "no variant was ever measured"
+        time.sleep(0.1)
+    alive = _tagged(tag)
+    servers = [p for p in alive if "vllm" in _cmdline(p).lower()]
+    proc.send_signal(signal.SIGTERM)
+    at_kill, steps_at_kill = time.monotonic() - t0, finished()
+    code = proc.wait(timeout=120)
+    steps1 = finished()  # a step busy at the kill may still finish (and record itself) while the release stops
+    deadline, left = time.monotonic() + 60, _tagged(tag)
+    while left and time.monotonic() < deadline:  # the release stops its tree; give slow exits a minute
+        time.sleep(0.5)
+        left = _tagged(tag)
+    assert left == [], f"left running after SIGTERM: {_describe(left)}"
+    assert code == 128 + signal.SIGTERM and "ConnectError" not in log1.read_text(errors="replace"), _tail(log1)
+    # measured before the SIGTERM stopped the release (a step whose server the stop killed ends as a serving
+    # failure of that dead run: it is measured again)
+    measured = {v for v in ("baseline", "int8-w8a8")
+                if f"serve and measure {v}" in steps1 and not (run1 / v / "error.json").exists()}
+
+    t1 = time.monotonic()
+    runs = [root / "results" / "runs" / f"sigterm-{i}" for i in (2, 3)]
+    tags = [secrets.token_hex(6) for _ in runs]
+    again = [_release(spec, env, "--run-id", run.name, tag=t) for run, t in zip(runs, tags)]
+    for p, _ in again:
+        p.wait(timeout=1800)
+    wall2 = time.monotonic() - t1
+    served: dict[str, list[bool]] = {"baseline": [], "int8-w8a8": []}
+    for (p, log), run, t in zip(again, runs, tags):
+        assert p.returncode in (0, 3, 4), _tail(log)  # a decision (PROMOTE, REJECT or INCONCLUSIVE)
+        # a normal end: every process the release started stopped before it exited, without a traceback
+        assert _tagged(t) == [] and "Traceback" not in log.read_text(errors="replace"), _tail(log)
+        summary, decision = (json.loads((run / f).read_text()) for f in ("summary.json", "decision.json"))
         assert summary["candidates"]["int8-w8a8"]["decision"] == decision["candidates"]["int8-w8a8"]["decision"]
-        assert summary["run"] == run.name
-        for v in ("baseline", "int8-w8a8"):
+        quant = json.loads((run / "int8-w8a8" / "quantization.json").read_text())
+        assert quant["reused"] is True  # quantized before the SIGTERM: not quantized again
+        for v in served:
             ev = json.loads((run / v / "evidence.json").read_text())
-            served[(run.name, v)] = ev["served"]
+            served[v].append(ev["served"])
             assert is_complete(ev["evals"]["default"])
-    for v in ("baseline", "int8-w8a8"):  # each variant was measured by one release and reused by the other
-        assert sorted(served[(r.name, v)] for r in runs) == [False, True], served
+    for v, flags in served.items():  # measured once: before the kill, else by exactly one of the two re-runs
+        assert sorted(flags) == ([False, False] if v in measured else [False, True]), (v, measured, served)
     bad = _bad_files(root / "results" / "cache")
     assert bad == [], bad
-    n_files = sum(1 for f in (root / "results" / "cache").rglob("*") if f.is_file())
-    print(f"\ntwo releases at once: {wall:.0f} s wall, runs {runs[0].name} and {runs[1].name}, decisions "
-          f"{[json.loads((r / 'summary.json').read_text())['decision'] for r in runs]}; served: "
-          f"{ {k[0][-8:] + '/' + k[1]: s for k, s in served.items()} }; {n_files} cache files, 0 corrupt")
+    rows2 = {r["step"]: r["seconds"] for r in _rows(runs[0])}
+    print(f"\nflow SIGTERM: killed {at_kill:.0f} s in (exit {code}), after {sorted(steps_at_kill)} (finished by the exit: "
+          f"{sorted(steps1 - steps_at_kill) or 'nothing more'}); {len(alive)} processes of "
+          f"the release alive at the kill ({len(servers)} vLLM), {len(left)} left after it (/proc, by an inherited tag)"
+          f"\ntwo re-runs at once: {wall2:.0f} s wall; quantization reused ({rows2['quantize int8-w8a8']} s); "
+          f"served (run 2, run 3): {served}; cache files intact")
 
 
 # --- `quantgate release` told to stop: its whole process tree goes with it -------------------------------------
@@ -426,3 +410,172 @@ def test_a_stop_signal_takes_the_whole_process_tree_down(tmp_path):
     assert alive == [], _describe(alive)
     print(f"\nstop signal: {len(tree)} processes below the release (2 in sessions of their own, one ignoring "
           f"SIGTERM), {len(alive)} left")
+
+
+# --- Prefect's temporary API server: owned, guarded, stopped last ----------------------------------------------
+
+PREFECT_APP = "prefect.server.api.server:create_app"
+
+
+def _listening(pids: list[int]) -> dict[int, set[int]]:
+    """pid -> the TCP ports it listens on (psutil), for the pids still alive."""
+    out = {}
+    for pid in pids:
+        try:
+            ports = {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            continue
+        out[pid] = ports
+    return out
+
+
+def _wait_for_prefect_server(proc: subprocess.Popen, log: Path, timeout_s: float = 600) -> tuple[psutil.Process, int]:
+    """Prefect's temporary API server below `proc` (uvicorn running Prefect's app), once it listens: (it, its port)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, _tail(log)
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if "uvicorn" in p.cmdline() and PREFECT_APP in p.cmdline():
+                    ports = [c.laddr.port for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+                    if ports:
+                        return p, ports[0]
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"Prefect's API server never listened below pid {proc.pid}: {_tail(log)}")
+
+
+def _live(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _fresh_env(workspace, tmp_path: Path) -> dict:
+    """The module's environment (its Prefect home: the server's database is migrated once), a fresh results folder."""
+    _, env = workspace
+    return {**env, "QUANTGATE_RESULTS": str(tmp_path / "results")}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_sigkilled_release_leaves_no_process_and_no_port_prefects_api_server_included(workspace, tmp_path):
+    env, tag = _fresh_env(workspace, tmp_path), secrets.token_hex(6)
+    proc, log = _release(_spec(tmp_path, "sigkill", 12), env, tag=tag)
+    t0 = time.monotonic()
+    try:
+        server, port = _wait_for_prefect_server(proc, log)
+        up = time.monotonic() - t0
+        assert server.parent() is not None and "procguard" in " ".join(server.parent().cmdline())  # under the guard
+        assert os.getsid(server.pid) != os.getsid(proc.pid)  # a session of its own: a terminal's Ctrl-C misses it
+        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        ports = set().union(*_listening(tree).values()) | {port}
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        time.sleep(15)
+        left = _live(tree) + [p for p in _tagged(tag) if p not in tree]
+        bound = procs.listening(ports)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert left == [], f"alive 15 s after the release was SIGKILLed: {_describe(left)}"
+    assert bound == {}, f"still listening 15 s after the release was SIGKILLed: {bound}"
+    print(f"\nrelease SIGKILLed {up:.0f} s in, as soon as Prefect's API server listened (port {port}): {len(tree)} "
+          f"processes below it then, listening on {sorted(ports)}; 15 s later: {len(left)} alive, {len(bound)} ports bound")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_sigtermed_flow_script_stops_its_tree_prefects_api_server_last_within_15_s(workspace, tmp_path):
+    """`python flows/release.py SPEC` told to stop while a task runs a child: exit 143 within 15 s, nothing left,
+    Prefect's API server the last to go, no connection error. (Before: Prefect's engine took SIGTERM from the flow's
+    handler and waited for the running tasks, minutes.)"""
+    tag = secrets.token_hex(6)
+    env = {**_fresh_env(workspace, tmp_path), TAG_VAR: tag}
+    log = tmp_path / "flow.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, str(REPO / "flows" / "release.py"), str(_spec(tmp_path, "term", 12))],
+                                env=env, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        server, port = _wait_for_prefect_server(proc, log)
+        prefect = {server.pid, server.ppid()}  # uvicorn and its guard
+        deadline = time.monotonic() + 600
+        while True:  # a task is running: a guarded child (the quantization or a vLLM server) besides Prefect's
+            tree = psutil.Process(proc.pid).children(recursive=True)
+            guards = [p for p in tree if p.pid not in prefect and "procguard" in " ".join(_cmdline(p.pid).split()[:4])]
+            if guards:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, _tail(log)
+            time.sleep(0.2)
+        pids = [p.pid for p in tree]
+        proc.send_signal(signal.SIGTERM)
+        t0, gone = time.monotonic(), {}
+        while proc.poll() is None and time.monotonic() - t0 < 30:  # when each process of the tree went
+            gone |= {p: time.monotonic() - t0 for p in pids if p not in gone and not _live([p])}
+            time.sleep(0.02)
+        took = time.monotonic() - t0
+        code = proc.wait(timeout=30)
+        left = _live(pids) + [p for p in _tagged(tag) if p not in pids]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log.read_text(errors="replace")
+    assert code == 128 + signal.SIGTERM and took < 15, (code, took, out[-3000:])
+    assert left == [], f"left after SIGTERM: {_describe(left)}"
+    assert procs.listening([port]) == {}
+    others = [t for p, t in gone.items() if p not in prefect]
+    assert server.pid in gone and others and gone[server.pid] >= max(others), gone  # Prefect's server went last
+    assert "ConnectError" not in out and "Traceback" not in out[out.index("quantgate: SIGTERM"):], out[-3000:]
+    print(f"\nflows/release.py SIGTERMed while {len(guards)} guarded child(ren) ran ({len(pids)} processes): exit {code} "
+          f"after {took:.1f} s; the others gone by {max(others):.1f} s, Prefect's API server at {gone[server.pid]:.1f} s; "
+          f"{len(left)} left, port {port} free")
+
+
+TINY_FLOW = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from prefect import flow, get_run_logger, task
+    from quantgate.release.stopping import run_flow
+
+    @task
+    def wait_for(go: str) -> str:
+        while not Path(go).exists():
+            time.sleep(0.1)
+        get_run_logger().info("task done")  # logs and events sent right before the end: drained, then the server stops
+        return "done"
+
+    @flow
+    def tiny(go: str) -> str:
+        return wait_for.submit(go).result()
+
+    print("result", run_flow(tiny, go=sys.argv[1]), flush=True)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_flow_run_by_run_flow_stops_its_prefect_api_server_at_the_end_without_errors(workspace, tmp_path):
+    _, env = workspace
+    go, log = tmp_path / "go", tmp_path / "tiny.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-c", TINY_FLOW, str(go)], env={**env, "PYTHONPATH": str(REPO)},
+                                cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        server, port = _wait_for_prefect_server(proc, log)
+        pids = [server.pid, server.ppid()]
+        go.write_text("go")
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log.read_text(errors="replace")
+    assert code == 0 and "result done" in out, out[-3000:]
+    assert _live(pids) == [] and procs.listening([port]) == {}, "Prefect's API server outlived the flow's process"
+    assert "Traceback" not in out and "ConnectError" not in out and "Stopping temporary server" in out, out[-3000:]
+    print(f"\nrun_flow: the flow ended, Prefect's API server (port {port}) stopped before the process exited, no error")

@@ -25,11 +25,14 @@ from conftest import CPU_TEST_ARGS, CPU_TEST_ENV
 
 from quantgate.base import http
 from quantgate.base.errors import QuantgateError
-from quantgate.base.procs import TAG_VAR, guarded, leftovers, listening, tag_env, tagged, verify_gone
+from quantgate.base.procguard import SHM_EVERY_S
+from quantgate.base.procs import TAG_VAR, guarded, leftovers, listening, shm_held, tag_env, tagged, verify_gone
 from quantgate.evals.client import ClientConfig, Request, read_results, run
+from quantgate.release.spec import load_spec
+from quantgate.release.variants import Variant, make_server, server_config
 from quantgate.serving import server as server_mod
 from quantgate.serving.server import ServerConfig, VLLMServer
-from quantgate.serving.watchdog import IN_FLIGHT, PROGRESS, Sample, advance, parse_metrics
+from quantgate.serving.watchdog import IN_FLIGHT, PROGRESS, STALL_S, Sample, advance, parse_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 SECRETS = {"OPENAI_API_KEY": "sk-parent-secret", "AWS_SECRET_ACCESS_KEY": "aws-parent-secret", "HF_TOKEN": "hf-secret"}
@@ -136,6 +139,57 @@ def test_the_guard_forwards_sigterm_and_sweeps_leftovers():
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == -signal.SIGTERM  # bash died of the forwarded SIGTERM; its sleep was swept
     assert tagged(tag[TAG_VAR]) == []
+
+
+# --- shared memory the group leaves in /dev/shm ------------------------------------------------------------------
+
+SHM_CHILD = """
+import mmap, os, sys, time
+maps = []
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # as shm_open does; the fd stays open, the file mapped
+    os.ftruncate(fd, 4096)
+    maps.append(mmap.mmap(fd, 4096))
+print("mapped", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("killed", ["parent", "child"])
+def test_the_guard_removes_the_shared_memory_its_group_held_and_nothing_else(tmp_path, killed):
+    """A vLLM engine that is killed leaves its psm_* files in /dev/shm. The guard removes those its group held once
+    nobody holds them: not a file another process still maps, nor one the group never touched."""
+    token = tag_env()[TAG_VAR]
+    own, shared, foreign = (Path(f"/dev/shm/psm_qgtest_{token}_{n}") for n in ("own", "shared", "foreign"))
+    foreign.write_bytes(b"\0" * 16)  # nobody of the group opens it
+    tag = tag_env()
+    env = {**os.environ, **tag, "PYTHONPATH": str(REPO)}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, f"exec {sys.executable} -c '{SHM_CHILD}' {own} {shared}"],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    guard, outsider = int(parent.stdout.readline()), None
+    try:
+        wait_until(lambda: own.exists() and shared.exists(), 30)
+        outsider = subprocess.Popen([sys.executable, "-c", SHM_CHILD, str(shared)], stdout=subprocess.PIPE, text=True)
+        assert outsider.stdout.readline().strip() == "mapped"  # another program maps `shared` too
+        wait_until(lambda: {str(own), str(shared)} <= shm_held(leftovers(guard, None)), 10)
+        if killed == "parent":  # the guard notes the files before its sweep
+            parent.send_signal(signal.SIGKILL)
+        else:  # the child dies first (as a SIGKILLed engine): the guard noted its files while it ran
+            time.sleep(SHM_EVERY_S + 1)
+            (child,) = psutil.Process(guard).children()
+            child.send_signal(signal.SIGKILL)
+        took = wait_until(lambda: not own.exists(), 15)
+        wait_until(lambda: not alive([guard]), 15)
+        assert shared.exists() and foreign.exists()  # held by another process / never the group's
+    finally:
+        for proc in (parent, outsider):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for path in (own, shared, foreign):
+            path.unlink(missing_ok=True)
+    print(f"\nshared memory: {killed} SIGKILLed, the group's own file removed {took:.2f} s later; the file another "
+          "process maps and the one the group never held kept")
 
 
 # --- /proc and socket tables -------------------------------------------------------------------------------------
@@ -245,6 +299,25 @@ def test_stall_decision(samples, stall_s, verdict):
         assert why is None
     else:
         assert why is not None and verdict in why, why
+
+
+def _spec(tmp_path: Path, extra: str = ""):
+    path = tmp_path / "spec.yaml"
+    path.write_text("version: 1\nname: stall\nmodel: demo\nhardware: x86-cpu\ncontext: 1024\nconcurrency: 2\n"
+                    f"schemes: [int8-w8a8]\nrecall: null\n{extra}")
+    return load_spec(path)
+
+
+@pytest.mark.parametrize("stall,expected", [(None, STALL_S), ("42", 42.0), ("null", None)])
+def test_the_specs_stall_timeout_reaches_every_server_it_makes(tmp_path, demo_model, stall, expected):
+    """serving.stall_timeout_s is the server's watchdog limit (test_a_hung_engine_is_named_by_the_watchdog serves
+    one made this way); null: no watchdog. A multi-node server's too."""
+    variant = Variant(name="demo", path=demo_model, content_hash="x", size_bytes=1)
+    field = "" if stall is None else f"stall_timeout_s: {stall}, "
+    cfg = server_config(_spec(tmp_path, f"serving: {{{field}replicas: 1}}\n"), variant, tmp_path / "demo")
+    assert cfg.stall_timeout_s == expected and make_server(cfg, tmp_path / "demo").config.stall_timeout_s == expected
+    multi = _spec(tmp_path, f"gpus: 1\nnodes: 2\nserving: {{{field}local_nodes: true, replicas: 1}}\n")
+    assert server_config(multi, variant, tmp_path / "multi").stall_timeout_s == expected
 
 
 def test_prometheus_text_is_summed_over_labels():
@@ -376,11 +449,17 @@ def test_a_quantization_child_dies_with_its_sigkilled_parent(demo_model, tmp_pat
 @pytest.mark.slow
 def test_a_hung_engine_is_named_by_the_watchdog(demo_model, tmp_path):
     """SIGSTOP the engine core under load: no token for stall_timeout_s while requests are in flight, so the
-    watchdog stops the server, the waiting client fails at once, and raise_if_dead names the server."""
-    cfg = ServerConfig(model=demo_model, name="demo", args=CPU_TEST_ARGS, env=CPU_TEST_ENV, stall_timeout_s=20)
+    watchdog stops the server, the waiting client fails at once, and raise_if_dead names the server. The server is
+    the release's (release.variants.server_config), its limit the spec's serving.stall_timeout_s. Its engine,
+    killed, cannot unlink its shared memory: the stop removes it from /dev/shm."""
+    variant = Variant(name="demo", path=demo_model, content_hash="x", size_bytes=1)
+    cfg = server_config(_spec(tmp_path, "serving: {stall_timeout_s: 20}\n"), variant, tmp_path / "demo")
     errors: list[BaseException] = []
     with VLLMServer(cfg, log_path=tmp_path / "server.log") as srv:
         tag, pid = srv.tag[TAG_VAR], srv.proc.pid
+        assert srv._watchdog is not None and srv._watchdog.stall_s == 20  # the spec's limit is the watchdog's
+        shm = shm_held(leftovers(pid, tag))
+        assert shm, "vLLM holds no /dev/shm file: the assertion below proves nothing"
         job = ClientConfig(endpoint=srv.base_url, model="demo", api_key=srv.api_key, concurrency=4, progress=False,
                            timeout_s=900, max_attempts=2, backoff_s=0.2)
 
@@ -410,3 +489,7 @@ def test_a_hung_engine_is_named_by_the_watchdog(demo_model, tmp_path):
               f"ended with: {type(errors[0]).__name__ if errors else 'no error'}")
         assert f"at {root} (pid {pid}) is stalled" in text and "in flight" in text and "last log lines" in text.lower()
     assert tagged(tag) == [] and listening([srv.port]) == {}
+    left = sorted(p for p in shm if os.path.exists(p))
+    assert left == [], f"shared memory of the stopped server left in /dev/shm: {left}"
+    print(f"the stopped server's {len(shm)} /dev/shm files ({', '.join(sorted(os.path.basename(p) for p in shm))}) "
+          "removed")

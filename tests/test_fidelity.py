@@ -4,6 +4,7 @@ scoring through a real vLLM server of the demo model (slow): response shape, noi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 import time
 
@@ -12,12 +13,11 @@ import numpy as np
 import pytest
 
 from _fake_openai import FakeServer
-from conftest import CPU_TEST_ARGS
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.paths import EVAL_SETS
 from quantgate.fidelity import run
 from quantgate.fidelity.core import (FidelityStats, Interval, SampleFidelity, ScoredSample, compare_sample, kl_topk,
-                                     needed_samples, score_position, summarize)
+                                     merge_draws, needed_samples, score_position, summarize)
 
 L = math.log
 CORPUS = EVAL_SETS / "fidelity_corpus.txt"
@@ -64,14 +64,53 @@ def test_kl_topk_refuses_empty_lists():
         kl_topk({}, {0: 0.0})
 
 
-def test_score_position_adds_the_actual_token_and_compares_argmax():
+def test_score_position_kl_is_the_log_ratio_and_topk_adds_the_actual_token():
     base, cand = {0: L(.6), 1: L(.3)}, {1: L(.6), 0: L(.3)}
     s = score_position(base, cand, token=7, base_lp=L(.05), cand_lp=L(.01))
     assert not s.top1_agree
     assert s.dnll == pytest.approx(-L(.01) + L(.05))  # candidate finds the token less likely: > 0
-    assert s.kl == pytest.approx(kl_topk({**base, 7: L(.05)}, {**cand, 7: L(.01)}))
+    # tokens 0 and 1 are in both lists: their part of the KL exactly; token 7 (outside them) by its log-ratio
+    assert s.kl == pytest.approx(.6 * (L(.6) - L(.3)) + .3 * (L(.3) - L(.6)) + L(.05) - L(.01))
+    apart = score_position({0: L(.6)}, {1: L(.6)}, token=7, base_lp=L(.05), cand_lp=L(.01))
+    assert apart.kl == pytest.approx(L(.05) - L(.01))  # no token in both lists: the plain log-ratio
+    shared = score_position({0: L(.6), 1: L(.3)}, {0: L(.5), 2: L(.3)}, token=0, base_lp=L(.6), cand_lp=L(.5))
+    assert shared.kl == pytest.approx(.6 * (L(.6) - L(.5)))  # token 0 is in both lists: the exact head, no tail
+    outside = score_position({0: L(.6), 1: L(.3)}, {0: L(.5), 2: L(.3)}, token=7, base_lp=L(.01), cand_lp=L(.02))
+    assert outside.kl == pytest.approx(.6 * (L(.6) - L(.5)) + L(.01) - L(.02))
+    assert s.kl_topk == pytest.approx(kl_topk({**base, 7: L(.05)}, {**cand, 7: L(.01)}, cand_ranked=cand))
     same = score_position(base, base, token=1, base_lp=L(.3), cand_lp=L(.3))
-    assert same == (0.0, True, 0.0)
+    assert same == (0.0, 0.0, True, 0.0)
+
+
+def test_topk_guess_for_missing_tokens_ignores_a_far_down_actual_token():
+    """The actual token (p 1e-7 on cand's side) joins cand's list, but the tokens cand does not list are guessed
+    from cand's own top-k: before the fix every missing base token was guessed at 1e-7, reading the KL high."""
+    base = {0: L(.5), 1: L(.3), 2: L(.1)}
+    cand = {0: L(.5), 3: L(.3), 4: L(.1)}  # tokens 1 and 2 missing; cand's smallest listed is 0.1
+    far = {**cand, 9: math.log(1e-7)}
+    with_actual = kl_topk({**base, 9: math.log(1e-7)}, far, cand_ranked=cand)
+    old_way = kl_topk({**base, 9: math.log(1e-7)}, far)  # guesses from the list with the far token in it
+    assert with_actual < old_way / 3
+    assert with_actual == pytest.approx(kl_topk({**base, 9: math.log(1e-7)}, far, cand_ranked=cand))
+
+
+def test_sampled_estimate_is_unbiased_for_the_full_kl_and_less_noisy_than_the_log_ratio():
+    """Tokens drawn from P_base: the gate's estimate converges on the exact full-vocabulary KL, with a smaller
+    spread than the plain log-ratio; the top-k diagnostic on the same draws does not converge on it."""
+    rng = np.random.default_rng(7)
+    p = rng.dirichlet(np.full(200, 0.1))  # peaked, as a language model's next token mostly is
+    q = p * np.exp(rng.normal(0, 0.4, 200))
+    q /= q.sum()
+    exact = float(np.sum(p * (np.log(p) - np.log(q))))
+    top_b = {int(t): float(np.log(p[t])) for t in np.argsort(-p)[:10]}
+    top_c = {int(t): float(np.log(q[t])) for t in np.argsort(-q)[:10]}
+    scores = [score_position(top_b, top_c, int(x), float(np.log(p[x])), float(np.log(q[x])))
+              for x in rng.choice(200, size=20000, p=p)]
+    est, ratio = np.array([s.kl for s in scores]), np.array([s.dnll for s in scores])
+    se = est.std() / math.sqrt(len(est))
+    assert abs(est.mean() - exact) < 4 * se and abs(ratio.mean() - exact) < 4 * ratio.std() / math.sqrt(len(ratio))
+    assert est.std() < 0.9 * ratio.std()
+    assert abs(np.mean([s.kl_topk for s in scores]) - exact) > 4 * se
 
 
 # --- compare_sample ----------------------------------------------------------------------------------------------
@@ -87,8 +126,10 @@ def test_compare_sample_sums_per_position():
     tops_b = [{4: L(.6), 3: L(.3)}, {5: L(.9)}]
     r = compare_sample(_scored("s1", [1, 3, 5], tops_a), _scored("s1", [1, 3, 5], tops_b))
     assert (r.n_tokens, r.top1_agree) == (2, 1)
-    assert r.kl_sum == pytest.approx(kl_topk(tops_a[0], tops_b[0])) and r.kl_max == pytest.approx(r.kl_sum)
+    assert r.kl_topk_sum == pytest.approx(kl_topk(tops_a[0], tops_b[0])) and r.kl_max == pytest.approx(r.kl_topk_sum)
     assert r.dnll_sum == pytest.approx(-L(.3) + L(.6))
+    first = score_position(tops_a[0], tops_b[0], 3, L(.6), L(.3))
+    assert r.kl_sum == pytest.approx(first.kl)  # the second position agrees exactly: 0
 
 
 def test_compare_sample_of_identical_dumps_is_zero():
@@ -208,9 +249,9 @@ def test_a_refused_top_k_names_the_server_flag():
 def test_stratified_limit_is_deterministic_and_covers_categories():
     items = [{"id": f"{c}-{i}", "category": c} for c in ("b", "a", "c") for i in range(5, 0, -1)]
     items += [{"id": "z-1", "category": "z"}]
-    picked = run._stratified(items, 6)
+    picked = run.stratified(items, 6)
     assert [it["id"] for it in picked] == ["a-1", "b-1", "c-1", "z-1", "a-2", "b-2"]
-    assert run._stratified(items, None) == items
+    assert run.stratified(items, None) == items
 
 
 def test_sequences_hash_ignores_order_and_sees_tokens():
@@ -236,6 +277,32 @@ def test_a_torn_last_line_is_dropped_and_a_foreign_dump_refused(tmp_path):
         run._kept(path, [seq], top_k=5)
     with pytest.raises(QuantgateError, match="other tokens"):
         run._kept(path, [run.Sequence(id="a", category="c", token_ids=[1, 3])], top_k=1)
+
+
+def _dump(folder: Path, ids: list[str]) -> Path:
+    folder.mkdir(parents=True)
+    lines = [{"id": i, "category": i.split("-")[0], "ids": [1, 2, 3], "score_from": 1, "lp": [-1.0, -0.5],
+              "top": [[[2, 4], [-1.0, -2.0]], [[3, 4], [-0.5, -2.0]]]} for i in ids]
+    (folder / run.DUMP).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (folder / run.MANIFEST).write_text(json.dumps({"status": "complete"}))
+    return folder
+
+
+def test_the_floor_scores_a_stratified_subset_and_is_compared_on_it(tmp_path):
+    from quantgate.release.fidelity_step import floor_subset
+
+    ids = [f"{c}-{k}" for c in ("qa", "math", "context:4096") for k in range(10)]
+    seqs = [run.Sequence(id=i, category=i.split("-")[0], token_ids=[1, 2, 3], score_from=1) for i in ids]
+    picked = floor_subset(seqs, 7)
+    assert len(picked) == 7 and {s.category for s in picked} == {"qa", "math", "context:4096"}
+    assert floor_subset(seqs, None) == seqs
+    main, alt = _dump(tmp_path / "main", ids), _dump(tmp_path / "alt", [s.id for s in picked])
+    floor = run.compare_dumps(main, alt, subset=True)
+    assert sorted(f.id for f in floor) == sorted(s.id for s in picked) and all(f.kl_sum == 0 for f in floor)
+    with pytest.raises(QuantgateError, match="different samples"):  # a candidate must hold every sequence
+        run.compare_dumps(main, alt)
+    with pytest.raises(QuantgateError, match="different samples"):  # and a subset only ids the baseline has
+        run.compare_dumps(alt, main, subset=True)
 
 
 def test_load_dump_refuses_a_partial_dump(tmp_path):
@@ -363,11 +430,22 @@ def test_real_scoring_resumes_after_losing_lines(demo_server, sequences, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_server_with_small_max_logprobs_is_named(demo_model, vllm_server, sequences, tmp_path):
-    with vllm_server(demo_model, name="demo", args=CPU_TEST_ARGS + ["--max-logprobs", "2"]) as srv:
-        with pytest.raises(ConfigError, match=r"--max-logprobs 10") as err:
-            run.score_sequences(srv.base_url, "demo", srv.api_key, sequences[:3], tmp_path / "k10", top_k=10)
-        assert "max allowed: 2" in str(err.value)
-        assert not (tmp_path / "k10" / run.MANIFEST).exists()
-        run.score_sequences(srv.base_url, "demo", srv.api_key, sequences[:3], tmp_path / "k2", top_k=2)
-        assert run.is_complete(tmp_path / "k2", run.sequences_hash(sequences[:3]), top_k=2)
+def test_a_server_with_small_max_logprobs_is_named(odd_demo_server, sequences, tmp_path):
+    srv = odd_demo_server  # --max-logprobs 2 (tests/conftest.py)
+    with pytest.raises(ConfigError, match=r"--max-logprobs 10") as err:
+        run.score_sequences(srv.base_url, "demo", srv.api_key, sequences[:3], tmp_path / "k10", top_k=10)
+    assert "max allowed: 2" in str(err.value)
+    assert not (tmp_path / "k10" / run.MANIFEST).exists()
+    run.score_sequences(srv.base_url, "demo", srv.api_key, sequences[:3], tmp_path / "k2", top_k=2)
+    assert run.is_complete(tmp_path / "k2", run.sequences_hash(sequences[:3]), top_k=2)
+
+
+def test_draws_of_one_prompt_merge_into_one_sample():
+    a = SampleFidelity(id="set/q1#0", category="c", n_tokens=3, kl_sum=0.3, top1_agree=2, dnll_sum=0.2, kl_max=0.5,
+                       kl_topk_sum=0.1)
+    b = a.model_copy(update={"id": "set/q1#1", "n_tokens": 5, "kl_sum": -0.1, "kl_max": 0.9})
+    c = a.model_copy(update={"id": "set/q2#0"})
+    merged = merge_draws([c, b, a])
+    assert [m.id for m in merged] == ["set/q1", "set/q2"]
+    assert (merged[0].n_tokens, merged[0].kl_sum, merged[0].top1_agree, merged[0].kl_max) == (8, pytest.approx(0.2), 4, 0.9)
+    assert merged[1] == c.model_copy(update={"id": "set/q2"})

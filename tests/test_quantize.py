@@ -116,7 +116,7 @@ def test_reuse_only_for_a_complete_output_with_the_same_key(tmp_path):
 
 def test_existing_output_from_other_inputs_is_not_replaced_silently(no_child, tiny, tmp_path):
     (tmp_path / "out").mkdir()
-    with pytest.raises(QuantgateError, match="--overwrite"):
+    with pytest.raises(QuantgateError, match="`overwrite`"):
         quantize(req(tiny, tmp_path))
 
 

@@ -23,6 +23,18 @@ def test_timed_appends_each_step_in_order_and_records_failures(tmp_path):
     assert rows[0]["seconds"] >= 0.2
 
 
+def test_a_step_failing_while_the_release_is_being_stopped_is_recorded_as_stopped(tmp_path, monkeypatch):
+    from quantgate.release import stopping
+
+    stop = threading.Event()
+    monkeypatch.setattr(stopping, "_stopping", stop)
+    stop.set()  # as the first SIGTERM does, before it stops the servers
+    with pytest.raises(ConnectionError):
+        with timed(tmp_path, "serve and measure baseline"):
+            raise ConnectionError("the server went away")
+    assert [(r["step"], r["status"]) for r in timings(tmp_path)] == [("serve and measure baseline", "stopped")]
+
+
 def test_no_or_broken_timings_file_reads_as_empty(tmp_path):
     assert timings(tmp_path) == []
     (tmp_path / "timings.json").write_text("{not json")
@@ -65,7 +77,7 @@ def test_an_existing_run_folder_is_refused_not_reused(results):
     with pytest.raises(QuantgateError) as again:
         run_dir("r1")
     for e in (err.value, again.value):
-        assert str(first) in e.render() and "--run-id" in e.fix
+        assert str(first) in e.render() and "run id" in e.fix
     assert (first / "run.json").read_text() == "{}"
 
 

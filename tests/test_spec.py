@@ -169,3 +169,16 @@ def test_fp32_serving_of_cpu_candidates_is_refused_before_any_work(tmp_path):
         load_spec(write(tmp_path, GOOD.replace("[w4a16-gptq]", "[int8-w8a8]") + "serving: {dtype: float32}\n"))
     assert str(tmp_path / "spec.yaml") in err.value.render()
     assert load_spec(write(tmp_path, GOOD.replace("[w4a16-gptq]", "[int8-w8a8]") + "serving: {dtype: bfloat16}\n"))
+
+
+def test_haystack_continuations_must_fit_the_context(tmp_path):
+    """fidelity continues a haystack of every recall length by fidelity.context_new_tokens: the longest must fit."""
+    text = GOOD + "context: 4608\nrecall: {lengths: [1024, 4096]}\nfidelity: {context_new_tokens: 600}\n"
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_spec(path)
+    out = err.value.render()
+    assert "fidelity.context_new_tokens" in out or "field 'fidelity.context_new_tokens'" in out, out
+    assert "4096 + 600 sampled tokens = 4696 do not fit context 4608" in out, out
+    assert load_spec(write(tmp_path, text.replace("600", "256"))).fidelity.context_new_tokens == 256
+    assert load_spec(write(tmp_path, text.replace("context_new_tokens: 600", "context_prompts: 0"))).fidelity

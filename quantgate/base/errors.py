@@ -32,7 +32,7 @@ class SettingError(ConfigError):
         self.setting = setting
         super().__init__(message, where=where or setting, fix=fix)
 
-    def in_terms(self, name: str) -> "SettingError":
+    def in_terms(self, name: str) -> SettingError:
         """The same error, its setting called `name` (a flag, a field with its file and line)."""
         return SettingError(self.message, setting=self.setting, fix=self.fix, where=name)
 

@@ -169,14 +169,14 @@ def resolve_api_key(api_key_env: str | None = None, prefect_secret: str | None =
         key = os.environ.get(api_key_env)
         if not key:
             raise SettingError(f"environment variable {api_key_env} is not set or empty", setting="api_key_env",
-                                 fix=f"export {api_key_env}=... or drop --api-key-env")
+                                 fix=f"export {api_key_env}=..., or leave `api_key_env` out")
         return key
     if prefect_secret:
         try:
             from prefect.blocks.system import Secret
 
             return Secret.load(prefect_secret).get()
-        except Exception as exc:  # import error, unknown block, unreachable Prefect API
+        except Exception as exc:  # noqa: BLE001 - import error, unknown block, unreachable Prefect API
             raise SettingError(f"cannot read Prefect Secret block {prefect_secret!r}: {exc}", setting="prefect_secret",
                                  fix="create it (prefect block create secret) and check PREFECT_API_URL") from None
     return None

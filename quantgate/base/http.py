@@ -103,7 +103,7 @@ async def _send(client: httpx.AsyncClient, method: str, url: str, payload: Any, 
     step = _Step()
     try:
         return await asyncio.wait_for(client.request(method, url, json=payload, extensions={"trace": step}), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise _NoAnswer(f"{step.timeout}: no answer within {timeout_s:g} s") from None
     except httpx.TransportError as exc:  # connect/read/write errors, dropped connections
         raise _NoAnswer(f"{type(exc).__name__}: {exc}".rstrip(": ")) from None

@@ -13,7 +13,11 @@ driver) through this guard, in a session of its own (quantgate.base.procs.guarde
 - when the parent dies: SIGTERM to the whole process group, SIGKILL to what is left after GRACE_S, and exit;
 - when COMMAND exits: the same sweep of its leftovers (engine cores, workers), then exit with COMMAND's status
   (a signal death is re-raised, so the parent sees the same return code as without the guard);
-- on SIGTERM/SIGINT: forwards SIGTERM to COMMAND and waits for it, as above.
+- on SIGTERM/SIGINT: forwards SIGTERM to COMMAND and waits for it, as above;
+- after each sweep: removes the shared-memory files (/dev/shm) the group had open or mapped while it ran (vLLM's
+  `psm_*` message queues, multiprocessing semaphores), once no live process holds them: a SIGKILLed engine never
+  unlinks its own. Only the group's files (seen in /proc/<pid>/maps and /proc/<pid>/fd of its members, looked at
+  every SHM_EVERY_S and before the sweep) are removed, never another program's.
 
 No quantgate imports: the serving environment runs it too. `set_parent_death_signal` is also used in-process.
 """
@@ -28,6 +32,8 @@ import time
 
 PR_SET_PDEATHSIG = 1
 PARENT_DIED = signal.SIGUSR2  # the guard's own parent-death signal: catchable, so it can sweep the group first
+SHM = "/dev/shm/"
+SHM_EVERY_S = 5.0  # how often the guard notes the group's shared-memory files (vLLM creates them at start-up)
 
 
 def set_parent_death_signal(sig: int) -> bool:
@@ -71,6 +77,56 @@ def sweep(grace_s: float) -> None:
         deadline = time.monotonic() + wait_s
         while group_members(pgid, exclude=me) and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+def shm_held(pids: list[int]) -> set[str]:
+    """Paths of the files under /dev/shm that `pids` have mapped or open (/proc/<pid>/maps and /proc/<pid>/fd);
+    files already unlinked are left out."""
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                for line in f:
+                    at = line.find(b" " + SHM.encode())
+                    if at >= 0:
+                        out.add(line[at + 1:].rstrip(b"\n").decode(errors="replace"))
+        except OSError:
+            pass
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            fds = []
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(SHM):
+                out.add(target)
+    return {p for p in out if not p.endswith(" (deleted)") and "/" not in p[len(SHM):]}
+
+
+def _live_pids(exclude: int) -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != exclude]
+
+
+def remove_shm(paths: set[str]) -> list[str]:
+    """Unlink each of `paths` (files directly under /dev/shm) that still exists and that no live process has mapped
+    or open any more; returns the paths removed. A file another process still holds is kept."""
+    there = [p for p in sorted(paths) if p.startswith(SHM) and os.path.isfile(p)]
+    if not there:
+        return []
+    held = shm_held(_live_pids(exclude=os.getpid()))
+    removed = []
+    for path in there:
+        if path in held:
+            continue
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
 
 
 class _ParentDied(Exception):
@@ -126,27 +182,35 @@ def main(argv: list[str]) -> None:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    shm: set[str] = set()  # the group's shared-memory files, removed after the sweep
     try:
+        noted = 0.0
         while True:
             done, status = os.waitpid(child, os.WNOHANG)
             if done:
                 break
             if os.getppid() != parent:
                 raise _ParentDied
+            if time.monotonic() - noted >= SHM_EVERY_S:
+                shm |= shm_held(group_members(os.getpgid(0), exclude=os.getpid()))
+                noted = time.monotonic()
             time.sleep(0.5)
     except _ParentDied:
-        _sweep_uninterrupted(grace_s)
+        _sweep_uninterrupted(grace_s, shm)
         os._exit(1)
-    _sweep_uninterrupted(grace_s)  # COMMAND is reaped: nothing to forward to any more
+    _sweep_uninterrupted(grace_s, shm)  # COMMAND is reaped: nothing to forward to any more
     _exit_like(status)
 
 
-def _sweep_uninterrupted(grace_s: float) -> None:
+def _sweep_uninterrupted(grace_s: float, shm: set[str]) -> None:
     """The final sweep, deaf to SIGTERM (it SIGTERMs the group, the guard included) and to further parent-death
-    signals: the kernel sends one again each time an orphan's new parent (a subreaper) exits."""
+    signals: the kernel sends one again each time an orphan's new parent (a subreaper) exits. Then the group's
+    shared-memory files that nobody holds any more are removed."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(PARENT_DIED, signal.SIG_IGN)
+    shm |= shm_held(group_members(os.getpgid(0), exclude=os.getpid()))
     sweep(grace_s)
+    remove_shm(shm)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@
   the socket tables /proc/net/tcp and /proc/net/tcp6.
 - `verify_gone(...)`: the check a stop() ends with: SIGKILL what is left, wait, and raise naming pids and ports
   when something survives.
+- `shm_held(pids)`, `remove_shm(paths)` (from procguard, which also runs them after its sweep): the /dev/shm files
+  a server's processes have mapped or open, noted before its stop, and removed after it once nobody holds them.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.procguard import group_members, set_parent_death_signal
+from quantgate.base.procguard import group_members, remove_shm, set_parent_death_signal, shm_held
 
-__all__ = ["GUARD", "TAG_VAR", "guarded", "group_members", "holders", "leftovers", "listening", "set_parent_death_signal",
-           "tag_env", "tagged", "verify_gone"]
+__all__ = ["GUARD", "TAG_VAR", "guarded", "group_members", "holders", "leftovers", "listening", "remove_shm",
+           "set_parent_death_signal", "shm_held", "tag_env", "tagged", "verify_gone"]
 
 GUARD = Path(__file__).with_name("procguard.py")
 TAG_VAR = "QUANTGATE_CHILD_TAG"

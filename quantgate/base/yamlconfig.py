@@ -14,13 +14,19 @@ Input rules, the same for every file:
   Validation runs in pydantic's strict JSON mode, where strings still become paths, literals and enums (what a
   YAML file can express), but nothing is coerced from a string to a number. Exponent notation is a number
   (`1e-3`, `8.0e9`: YAML 1.2 rules; YAML 1.1 would read them as text);
-- an unknown key is refused with the closest known one suggested.
+- an unknown key is refused with the closest known one suggested;
+- parser limits are input errors naming the line, never a crash: nesting deeper than MAX_DEPTH levels, more than
+  MAX_VALUES values (aliases expanding into an "alias bomb"), a number of more than Python's 4300 digits, a date
+  that does not exist (`2024-13-01`). A path the file names that cannot be looked at (a symlink loop) is refused
+  naming the field that holds it (`load_model`).
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import json
+import os
 import re
 import types
 from pathlib import Path
@@ -39,8 +45,39 @@ _MERGE = "tag:yaml.org,2002:merge"
 _BOM = "\ufeff"
 
 
+MAX_DEPTH = 100  # mappings and lists inside each other; quantgate's own files nest fewer than 10 levels
+MAX_VALUES = 200_000  # values in one file, aliases expanded (the largest shipped file has a few thousand)
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads YAML 1.2 exponent floats (`1e-3`, `8.0e9`) as numbers, not text."""
+    """SafeLoader that also reads YAML 1.2 exponent floats (`1e-3`, `8.0e9`) as numbers, not text; that refuses
+    nesting deeper than MAX_DEPTH (the composer recurses: Python's stack would overflow) and turns a value Python
+    cannot construct (a 5000-digit integer, the 13th month) into a YAML error at the value's line."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self._depth >= MAX_DEPTH:
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep (mappings and "
+                                              "lists inside each other)", event.start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:  # int(), datetime.date(): Python's limits, not YAML syntax
+            problem = f"the value {_short(node)} cannot be read: {str(exc).split('; use sys.', 1)[0]}"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
+
+
+def _short(node: yaml.Node) -> str:
+    text = node.value if isinstance(node, yaml.ScalarNode) else f"<{node.id}>"
+    return repr(text if len(text) <= 40 else f"{text[:20]}...{text[-10:]} ({len(text)} characters)")
 
 
 _Loader.add_implicit_resolver(
@@ -71,7 +108,16 @@ def read_text(path: Path | str) -> str:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("file not found", where=str(path), fix="check the path (relative paths are from the current directory)")
-    return decode_utf8(path.read_bytes(), path)
+    return decode_utf8(read_bytes(path), path)
+
+
+def read_bytes(path: Path) -> bytes:
+    """A file's bytes; a ConfigError naming it when it cannot be read (permissions, an I/O error)."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the file: {exc.strerror or exc}", where=str(path),
+                          fix="check its permissions (and the disk it is on)") from None
 
 
 # --- YAML ------------------------------------------------------------------------------------------------
@@ -93,6 +139,11 @@ def _line_index(node: yaml.Node, source: Path | str = "", path: tuple = (), out:
     a list item's own line. Refuses a key given twice in one mapping (ConfigError at the second one)."""
     out = {} if out is None else out
     out.setdefault(path, node.start_mark.line + 1)
+    if len(out) > MAX_VALUES or len(path) > MAX_DEPTH:  # aliases only: the composer bounds the depth of the text
+        what = f"more than {MAX_VALUES} values" if len(out) > MAX_VALUES else f"values nested more than {MAX_DEPTH} levels"
+        raise ConfigError(f"the file expands to {what} through its aliases (`*name`)",
+                          where=f"{source}:{node.start_mark.line + 1} field '{_dotted(path)}'",
+                          fix="write the values out instead of nesting aliases inside each other")
     if id(node) in _active:
         raise ConfigError("a recursive alias: the value contains itself", where=f"{source}:{node.start_mark.line + 1} "
                           f"field '{_dotted(path)}'", fix="write the value out instead of referring to itself")
@@ -133,8 +184,12 @@ def _yaml_error(path: Path, text: str, exc: yaml.YAMLError) -> ConfigError:
     if isinstance(exc, yaml.reader.ReaderError):
         char = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "\0")
         problem = f"character U+{char:04X} is not allowed in YAML (a control or non-printable character)"
-    return ConfigError(f"invalid YAML: {problem}", where=f"{path}:{line}" if line else str(path),
-                       fix="correct the YAML syntax at that line")
+    fix = "correct the YAML syntax at that line"
+    if problem.startswith("nested more than"):
+        fix = "flatten the structure: no quantgate file nests more than a few levels"
+    elif problem.startswith("the value "):
+        fix = "correct the value, or quote it to make it text"
+    return ConfigError(f"invalid YAML: {problem}", where=f"{path}:{line}" if line else str(path), fix=fix)
 
 
 def read_yaml(path: Path | str) -> tuple[Any, dict[tuple, int]]:
@@ -150,8 +205,10 @@ def read_yaml(path: Path | str) -> tuple[Any, dict[tuple, int]]:
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         raise _yaml_error(path, text, exc) from None
-    except RecursionError:
-        raise ConfigError("YAML nested too deeply", where=str(path), fix="flatten the structure") from None
+    except RecursionError:  # a stack already deep where read_yaml was called: the line the reader had reached
+        line = loader.line + 1 if loader is not None else None
+        raise ConfigError("YAML nested too deeply for the parser", where=f"{path}:{line}" if line else str(path),
+                          fix="flatten the structure") from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -263,8 +320,51 @@ def load_model(path: Path | str, model: type[M], **context: Any) -> M:
     path = Path(path)
     data, lines = read_yaml(path)
     if not isinstance(data, dict):
-        raise ConfigError("expected a mapping at the top level", where=f"{path}:1", fix=f"write the file as `key: value` fields of {model.__name__}")
+        got = "nothing" if data is None else f"a {'list' if isinstance(data, list) else type(data).__name__}"
+        raise ConfigError(f"expected a mapping at the top level, got {got}", where=f"{path}:{top_line(lines)}",
+                          fix=f"write the file as `key: value` fields of {model.__name__}")
     try:
         return model.model_validate_json(json.dumps(_jsonable(data)), strict=True, context={"path": path, **context})
     except ValidationError as exc:
         raise validation_error(path, exc, lines, f"{model.__module__}.{model.__name__}", model) from None
+    except (OSError, RuntimeError) as exc:  # a validator looked at a path the file names: a loop, no permission
+        if isinstance(exc, RuntimeError) and not str(exc).startswith("Symlink loop"):
+            raise
+        raise path_error(path, exc, data, lines) from None
+
+
+def top_line(lines: dict[tuple, int]) -> int:
+    """The line where a file's top-level value starts (after leading comments); 1 for an empty file."""
+    return lines.get((), 1)
+
+
+def _holder(data: Any, named: str, base: Path, at: tuple = ()) -> tuple | None:
+    """The key path of the first string in `data` that names the file `named` (as written, or relative to `base`)."""
+    if isinstance(data, dict):
+        items = list(data.items())
+    elif isinstance(data, list):
+        items = list(enumerate(data))
+    else:
+        if isinstance(data, str) and data.strip():
+            written = Path(data).expanduser()
+            for p in (written, base / written):
+                if os.path.abspath(p) == os.path.abspath(named) or str(p) == named:
+                    return at
+        return None
+    for k, v in items:
+        if (found := _holder(v, named, base, at + (k,))) is not None:
+            return found
+    return None
+
+
+def path_error(path: Path, exc: OSError | RuntimeError, data: Any, lines: dict[tuple, int]) -> ConfigError:
+    """A path named in the file that could not be looked at, at the line and field that names it."""
+    if isinstance(exc, OSError):
+        named = exc.filename or ""
+        why = "a symlink loop" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+    else:  # Python < 3.13 pathlib: RuntimeError("Symlink loop from '<path>'")
+        named, why = str(exc).partition("'")[2].rpartition("'")[0], "a symlink loop"
+    at = _holder(data, str(named), path.parent) if named else None
+    where = f"{path}:{lines.get(at, top_line(lines))} field '{_dotted(at)}'" if at is not None else str(path)
+    return ConfigError(f"cannot use {named or 'a path this file names'}: {why}", where=where,
+                       fix="point the field at an existing file or folder (resolve the link, or fix its permissions)")

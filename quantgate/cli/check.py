@@ -3,11 +3,18 @@
 Kinds (detected per file, or forced with --kind):
   spec     release spec YAML: a `model:` key, or a YAML file under releases/ (not releases/policies/)
   policy   gate policy YAML: `primary:` or another check key, or a YAML file under releases/policies/
-  evalset  eval set: `<name>.jsonl` with its `<name>.meta.yaml` sidecar (either file may be named)
-  review   filled human-review CSV (`quantgate review export`); review ids are not matched against the key
-A spec is checked with everything it names: each eval set (prompts against the spec's `context`, an estimate of
-characters/4) and its gate policy (default: releases/policies/default.yaml). Its schemes are checked against what
-this machine's serving build runs (the kernel probe, quantgate.serving.cpu_kernels) when its hardware is a CPU profile:
+  evalset  eval set: `<name>.jsonl` with its `<name>.meta.yaml` sidecar (either file may be named); its prompts are
+           checked against a context (an estimate of characters/4) when one is given: `--context N`, `--spec SPEC`
+           (its `context`) or `--model MODEL` (its config.json's max_position_embeddings); without one a `note` says
+           that lengths were not checked
+  review   filled human-review CSV (`quantgate review export`); its review ids are matched against the key given
+           with `--review-key` (the key file or the judge folder holding review_key.json), else a `note` says not
+A spec is checked with everything it names: each eval set (prompts against the spec's `context`) and its gate policy
+(default: releases/policies/default.yaml); its model folder (unless a catalogue id), each candidate checkpoint and a
+judge it serves from a folder: there, readable, no symlink loop, a config.json, weights files, and for a quantized
+checkpoint weights stored as its scheme says (safetensors headers; quantgate.release.external.checkpoint_problems).
+A relative `model` folder is taken from the current directory, as the release resolves it. Its schemes are checked
+against what this machine's serving build runs (the kernel probe, quantgate.serving.cpu_kernels) when its hardware is a CPU profile:
 an explicit scheme that cannot run here is an error naming the probe's finding (`skip_unsupported: true` drops it
 instead); what `hardware: auto` and `skip_unsupported` decided is printed as `note` lines on stderr.
 
@@ -19,22 +26,27 @@ Exit 0 when every file is good, 2 when any is bad. No traceback for bad input.
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import re
 import sys
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.yamlconfig import read_yaml
+from quantgate.base.yamlconfig import read_yaml, top_line
 from quantgate.evals.dataset import load_evalset, meta_path_for
 from quantgate.gate.policy import CHECK_SECTIONS, DEFAULT_POLICY, GatePolicy, load_policy
-from quantgate.judge.review import check_csv
+from quantgate.judge.review import check_csv, key_path_for, load_key
+from quantgate.release.autoschemes import local_config
+from quantgate.release.external import checkpoint_problems, read_config
 from quantgate.release.spec import ReleaseSpec, load_spec
 from quantgate.serving.cpu_kernels import split_schemes
+from quantgate.target.catalogue import load_catalogue
 
 
 class Kind(str, Enum):
@@ -103,19 +115,28 @@ def detect_kind(path: Path) -> Kind:
     if not name.endswith((".yaml", ".yml")):
         raise QuantgateError("cannot tell what kind of file this is", where=str(path),
                              fix="pass --kind spec|policy|evalset|review")
+    line = 1
     try:
-        data, _ = read_yaml(path)
-        keys = set(data) if isinstance(data, dict) else set()
+        data, lines = read_yaml(path)
+        keys, line = (set(data) if isinstance(data, dict) else set()), top_line(lines)
     except QuantgateError as exc:  # unreadable YAML: its top-level keys from the text, to name the kind
-        keys = set(_TOP_KEY.findall(path.read_bytes().decode("utf-8", "replace")))
+        try:
+            keys = set(_TOP_KEY.findall(path.read_bytes().decode("utf-8", "replace")))
+        except OSError:
+            raise exc from None
         kind = _kind_from_keys(keys) or _kind_from_folder(path)
         if kind is None:
             raise exc from None
         return kind
     kind = _kind_from_keys(keys) or _kind_from_folder(path)
     if kind is None:
+        if data is not None and not isinstance(data, dict):
+            got = "list" if isinstance(data, list) else type(data).__name__
+            raise QuantgateError(f"expected a mapping at the top level, got a {got}", where=f"{path}:{line}",
+                                 fix="write the file as `key: value` fields: a release spec (version, name, model, "
+                                     "...) or a gate policy")
         raise QuantgateError("cannot tell what kind of YAML file this is: it has neither a `model:` key (release spec) "
-                             "nor a check section such as `primary:` (gate policy)", where=f"{path}:1",
+                             "nor a check section such as `primary:` (gate policy)", where=f"{path}:{line}",
                              fix="pass --kind spec or --kind policy")
     return kind
 
@@ -132,9 +153,16 @@ def _attempt(kind: Kind | None, path: Path, fn, *args, **kwargs) -> tuple[Result
         raise
     except QuantgateError as exc:
         return (kind, path, exc), None
-    except Exception as exc:  # not the user's input: no traceback either
+    except Exception as exc:  # noqa: BLE001 - not the user's input: no traceback either
         return (kind, path, QuantgateError(f"unexpected {type(exc).__name__}: {exc}", where=str(path),
                                            fix="report this as a quantgate bug, with the file")), None
+
+
+@dataclass
+class Given:
+    """What the options gave the checks: the context standalone eval sets are checked against, the review key."""
+    context: int | None = None
+    key: dict | None = None
 
 
 def _check_evalset(path: Path, max_context: int | None = None) -> None:
@@ -161,53 +189,188 @@ def _check_machine(path: Path, spec: ReleaseSpec) -> None:
                              "`skip_unsupported: true` to drop it with a logged note")
 
 
+def _model_folders(spec: ReleaseSpec) -> list[tuple[tuple, Path, str | None, bool, str]]:
+    """(key path, folder, scheme, weights needed, fix) of every checkpoint folder the spec names: `model` and a
+    `judge.serve` when they are no catalogue id (taken from the current directory, as `resolve_model` does), each
+    candidate checkpoint. The model needs weights unless only its config and tokenizer are used (endpoint baseline,
+    no scheme to quantize)."""
+    catalogue = load_catalogue()
+    fix_model = (f"give a catalogue id ({', '.join(sorted(catalogue))}: releases/models.yaml) or a Hugging Face "
+                 "checkpoint folder holding config.json and its weights")
+    out = []
+    if spec.model not in catalogue:
+        weights = spec.baseline is None or bool(spec.schemes) or bool(spec.auto_schemes)
+        out.append((("model",), Path(spec.model).expanduser(), None, weights, fix_model))
+    serve = spec.judge.serve if spec.judge is not None else None
+    if serve and serve not in catalogue:
+        out.append((("judge", "serve"), Path(serve).expanduser(), None, True, fix_model))
+    for i, c in enumerate(spec.candidates):
+        if c.checkpoint is not None:
+            out.append((("candidates", i, "checkpoint"), c.checkpoint, c.scheme, True,
+                        "point `checkpoint` at a folder holding config.json and the weights it describes (what "
+                        "`quantgate quantize` or llmcompressor wrote)"))
+    return out
+
+
+def _check_folders(path: Path, spec: ReleaseSpec) -> None:
+    """Refuse a model, judge or candidate folder that quantgate could not serve, at the line of the field naming it."""
+    problems = []
+    for at, folder, scheme, weights, fix in _model_folders(spec):
+        found = checkpoint_problems(folder, scheme, weights=weights)
+        beside = path.parent / folder
+        if found and at[0] != "candidates" and not folder.is_absolute() and not os.path.lexists(folder) \
+                and os.path.lexists(beside):
+            found[-1] += (f"; a relative folder is taken from the current directory ({Path.cwd()}), not from the "
+                          f"spec's: write {beside.resolve()}")
+        problems += [(at, why, fix) for why in found]
+    if not problems:
+        return
+    _, lines = read_yaml(path)
+    where = [f"{path}:{lines.get(at, top_line(lines))} field '{'.'.join(map(str, at))}'" for at, _, _ in problems]
+    (at, why, fix), rest = problems[0], "".join(f"\n  {w}: {p[1]}" for w, p in zip(where[1:], problems[1:]))
+    raise QuantgateError(why + rest, where=where[0], fix=fix)
+
+
 def _load_spec(path: Path) -> ReleaseSpec:
-    """The spec, its schemes checked against this machine; the notes of `hardware: auto` / skip_unsupported."""
+    """The spec, its schemes checked against this machine, its model and checkpoint folders looked at; the notes
+    of `hardware: auto` / skip_unsupported."""
     spec = load_spec(path)
     _check_machine(path, spec)
+    _check_folders(path, spec)
     for note in spec.machine_notes:
         print(f"note spec {_show(path)}: {note}", file=sys.stderr, flush=True)
     return spec
 
 
-def _check_one(path: Path, kind: Kind, done: set[Path]) -> list[Result]:
+def _note(kind: Kind, path: Path, given: Given) -> None:
+    """What a check of a good file could not do for want of an option, on stderr (the file is still ok)."""
+    if kind is Kind.evalset and given.context is None:
+        why = "prompt lengths not checked: no context given (--context N, --spec SPEC or --model MODEL)"
+    elif kind is Kind.review and given.key is None:
+        why = "review ids not matched against a key (--review-key KEY, or the judge folder holding review_key.json)"
+    else:
+        return
+    print(f"note {kind.value} {_show(path)}: {why}", file=sys.stderr, flush=True)
+
+
+def _check_one(path: Path, kind: Kind, done: set[Path], given: Given | None = None) -> list[Result]:
     """(kind, path, error or None) for the file and, for a spec, every file it names; files in `done` are skipped."""
+    given = given or Given()
     if kind is Kind.evalset and path.name.endswith(".meta.yaml"):
         path = path.with_name(path.name.removesuffix(".meta.yaml") + ".jsonl")
     if path.resolve() in done:
         return []
     done.add(path.resolve())
-    loader = {Kind.spec: _load_spec, Kind.policy: load_policy, Kind.evalset: _check_evalset, Kind.review: check_csv}[kind]
-    result, value = _attempt(kind, path, loader, path)
+    loader = {Kind.spec: _load_spec, Kind.policy: load_policy,
+              Kind.evalset: lambda p: _check_evalset(p, given.context), Kind.review: lambda p: check_csv(p, given.key)}
+    result, value = _attempt(kind, path, loader[kind], path)
+    if result[2] is None:
+        _note(kind, path, given)
     results = [result]
     if kind is Kind.spec and isinstance(value, ReleaseSpec):
         for es in value.eval_sets:
             if es.resolve() not in done:
                 done.add(es.resolve())
                 results.append(_attempt(Kind.evalset, es, _check_evalset, es, max_context=value.context)[0])
-        results += _check_one(value.policy or DEFAULT_POLICY, Kind.policy, done)
+        results += _check_one(value.policy or DEFAULT_POLICY, Kind.policy, done, given)
     return results
+
+
+def _model_context(model: str) -> int:
+    """max_position_embeddings of a catalogue model on disk or a checkpoint folder's config.json."""
+    config = local_config(model)
+    if config is None:
+        raise QuantgateError("no config.json for this model on disk", where=model,
+                             fix="give a checkpoint folder, a catalogue model already fetched (quantgate models demo), "
+                                 "or --context N")
+    try:
+        n = read_config(config.parent).get("max_position_embeddings")
+    except ValueError as exc:
+        raise QuantgateError(str(exc), where=str(config), fix="give another model, or --context N") from None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise QuantgateError(f"config.json has no max_position_embeddings (got {n!r})", where=str(config),
+                             fix="give the served context with --context N")
+    return n
+
+
+def _given(context: int | None, spec: Path | None, model: str | None,
+           review_key: Path | None) -> tuple[Given, list[Result]]:
+    """The options as a Given, and an error (kind None) for each option whose file could not be used."""
+    given, errors = Given(), []
+    if context is not None:
+        given.context = context
+    elif spec is not None:
+        (_, _, err), value = _attempt(Kind.spec, spec, load_spec, spec)
+        if err is not None:
+            errors.append((Kind.spec, spec, err))
+        else:
+            given.context = value.context
+    elif model is not None:
+        (_, _, err), value = _attempt(None, Path(model), _model_context, model)
+        if err is not None:
+            errors.append((None, Path(model), err))
+        else:
+            given.context = value
+    if review_key is not None:
+        (_, _, err), value = _attempt(Kind.review, key_path_for(review_key), load_key, review_key)
+        if err is not None:
+            errors.append((Kind.review, key_path_for(review_key), err))
+        given.key = value
+    return given, errors
 
 
 def _indent(text: str) -> str:
     return "\n".join(f"  {line}" for line in text.splitlines())
 
 
+def _is_loop(path: Path) -> bool:
+    """A path whose symlinks point back at themselves (Path.exists() only says False)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
+
+
+def _report(results: list[Result]) -> int:
+    """Print `ok` (stdout) or `error` (stderr) per result; the number of errors."""
+    bad = 0
+    for k, p, err in results:
+        label = k.value if k else ("yaml" if p.suffix in (".yaml", ".yml") else "file")
+        if err is None:
+            print(f"ok {label} {_show(p)}", flush=True)
+        else:
+            bad += 1
+            print(f"error {label} {_show(p)}\n{_indent(err.render())}", file=sys.stderr, flush=True)
+    return bad
+
+
 def check(
     paths: Annotated[list[Path], typer.Argument(help="files to check: release specs, gate policies, eval sets "
                                                      "(.jsonl), human-review CSVs", show_default=False)],
-    kind: Annotated[Optional[Kind], typer.Option(help="the kind of every PATH (default: detected per file)")] = None,
+    kind: Annotated[Kind | None, typer.Option(help="the kind of every PATH (default: detected per file)")] = None,
+    context: Annotated[int | None, typer.Option(min=1, help="served context in tokens: eval-set prompts "
+                                                   "(characters/4) plus max_tokens must fit it")] = None,
+    spec: Annotated[Path | None, typer.Option(help="release spec whose `context` eval sets must fit (when no "
+                                                 "--context)")] = None,
+    model: Annotated[str | None, typer.Option(help="model (catalogue id on disk, or checkpoint folder) whose "
+                                                 "max_position_embeddings eval sets must fit (when no --context "
+                                                 "or --spec)")] = None,
+    review_key: Annotated[Path | None, typer.Option(help="review key (review_key.json) or the judge folder "
+                                                       "holding it: review CSV ids must be in it")] = None,
 ) -> None:
     """Validate input files without serving or quantizing anything: `ok KIND PATH` per good file, the problem
     (file, line, field, fix) per bad one. Exit 0 when all are good, 2 when any is bad."""
-    bad = 0
     done: set[Path] = set()
+    given, errors = _given(context, spec, model, review_key)
+    bad = _report(errors)
     for path in paths:
         if path.is_dir():
             results: list[Result] = [(kind, path, QuantgateError("is a folder", where=str(path),
                                                                  fix="name the files, e.g. releases/*.yaml"))]
         elif not path.exists():
-            results = [(kind, path, QuantgateError("file not found", where=str(path), fix="check the path"))]
+            results = [(kind, path, QuantgateError("a symlink loop" if _is_loop(path) else "file not found",
+                                                   where=str(path), fix="check the path"))]
         else:
             try:
                 result, detected = (kind, path, None), kind
@@ -216,14 +379,8 @@ def check(
             except Skip as why:
                 print(f"skip {_show(path)}: {why}, not a kind `quantgate check` validates", flush=True)
                 continue
-            results = _check_one(path, detected, done) if detected else [result]
-        for k, p, err in results:
-            label = k.value if k else ("yaml" if p.suffix in (".yaml", ".yml") else "file")
-            if err is None:
-                print(f"ok {label} {_show(p)}", flush=True)
-            else:
-                bad += 1
-                print(f"error {label} {_show(p)}\n{_indent(err.render())}", file=sys.stderr, flush=True)
+            results = _check_one(path, detected, done, given) if detected else [result]
+        bad += _report(results)
     if bad:
         print(f"check: {bad} bad file(s)", file=sys.stderr)
         raise typer.Exit(2)

@@ -7,7 +7,7 @@ import contextlib
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -23,15 +23,15 @@ def eval_cmd(
     endpoint: Annotated[str, typer.Option(help="OpenAI-compatible server, e.g. http://127.0.0.1:8000")],
     model: Annotated[str, typer.Option(help="served model name")],
     out: Annotated[Path, typer.Option(help="run directory; re-running into it resumes")],
-    evalset: Annotated[Optional[Path], typer.Option(help="eval set JSONL (with its .meta.yaml beside it)")] = None,
-    lm_eval_task: Annotated[Optional[str], typer.Option(help="instead of --evalset: an lm-evaluation-harness task "
+    evalset: Annotated[Path | None, typer.Option(help="eval set JSONL (with its .meta.yaml beside it)")] = None,
+    lm_eval_task: Annotated[str | None, typer.Option(help="instead of --evalset: an lm-evaluation-harness task "
                                                         "(a `task:` name under --include-path), run by lm-eval")] = None,
     include_path: Annotated[Path, typer.Option(help="folder of lm-eval task files")] = DEFAULT_INCLUDE,
-    num_fewshot: Annotated[Optional[int], typer.Option(min=0, help="lm-eval few-shot examples (default: the task's)")] = None,
+    num_fewshot: Annotated[int | None, typer.Option(min=0, help="lm-eval few-shot examples (default: the task's)")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="requests in flight")] = 16,
-    limit: Annotated[Optional[int], typer.Option(min=1, help="N samples, round-robin over categories (CI subsets); an lm-eval task: its first N documents")] = None,
-    api_key_env: Annotated[Optional[str], typer.Option(help="environment variable holding the API key")] = None,
-    model_hash: Annotated[Optional[str], typer.Option(help="checkpoint hash for the cache key (default: the name)")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="N samples, round-robin over categories (CI subsets); an lm-eval task: its first N documents")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="environment variable holding the API key")] = None,
+    model_hash: Annotated[str | None, typer.Option(help="checkpoint hash for the cache key (default: the name)")] = None,
     seed: Annotated[int, typer.Option(help="sampling seed sent with every request")] = 0,
     timeout: Annotated[float, typer.Option(help="seconds per request (eval sets; lm-eval: its own 300 s)")] = 120.0,
     max_error_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="stop when this share of requests fails")] = 0.05,
@@ -73,7 +73,7 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 def compare_cmd(
     base_dir: Annotated[Path, typer.Argument(help="baseline run directory")],
     cand_dir: Annotated[Path, typer.Argument(help="candidate run directory")],
-    out: Annotated[Optional[Path], typer.Option(help="write the full comparison as JSON here")] = None,
+    out: Annotated[Path | None, typer.Option(help="write the full comparison as JSON here")] = None,
     n_boot: Annotated[int, typer.Option(min=100, help="bootstrap resamples")] = 2000,
     seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
 ) -> None:

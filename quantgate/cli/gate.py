@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from quantgate.base.errors import QuantgateError
-from quantgate.gate.evidence import gate_run, overall
+from quantgate.gate.decisionfile import overall
+from quantgate.gate.evidence import gate_run
 from quantgate.gate.models import EXIT_CODES
 from quantgate.gate.policy import DEFAULT_POLICY, load_policy
 from quantgate.gate.sizing import recall_sizing, sizing
@@ -23,9 +24,9 @@ from quantgate.report.junit import write_junit
 def gate(
     policy: Annotated[Path, typer.Option(help="gate policy YAML, e.g. releases/policies/default.yaml")],
     evidence: Annotated[Path, typer.Option(help="run folder of a release (results/runs/<run-id>)")],
-    candidate: Annotated[Optional[list[str]], typer.Option(help="candidate (scheme id) to gate; repeatable; "
+    candidate: Annotated[list[str] | None, typer.Option(help="candidate (scheme id) to gate; repeatable; "
                                                                  "default: every candidate compared in the run")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="write the decision here instead of <run>/decision.json")] = None,
+    out: Annotated[Path | None, typer.Option(help="write the decision here instead of <run>/decision.json")] = None,
 ) -> None:
     """Check a release's evidence against a policy; write decision.json; exit 0 PROMOTE, 3 REJECT, 4 INCONCLUSIVE."""
     try:
@@ -50,10 +51,10 @@ def gate(
 def sizing_cmd(
     policy: Annotated[Path, typer.Option(help="gate policy YAML")] = DEFAULT_POLICY,
     family: Annotated[str, typer.Option(help="scheme family whose limits to size (fp8, int8, w4a16, ...)")] = "w4a16",
-    n: Annotated[Optional[list[int]], typer.Option(help="paired samples per check; repeatable")] = None,
+    n: Annotated[list[int] | None, typer.Option(help="paired samples per check; repeatable")] = None,
     base: Annotated[float, typer.Option(help="baseline accuracy of the binary measure")] = 0.4,
     discordance: Annotated[float, typer.Option(help="share of samples that change either way")] = 0.10,
-    needles: Annotated[Optional[list[int]], typer.Option(help="recall needles (paired) to size; repeatable")] = None,
+    needles: Annotated[list[int] | None, typer.Option(help="recall needles (paired) to size; repeatable")] = None,
     recall_base: Annotated[float, typer.Option(help="baseline recall per needle")] = 0.5,
     design_effect: Annotated[float, typer.Option(help="needles sharing a haystack count as n / this independent "
                                                       "ones (a run's recall delta.json reports it)")] = 1.0,

@@ -4,7 +4,7 @@ quantgate.judge.review (imports stay lazy)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -25,15 +25,15 @@ def judge_cmd(
     candidate: Annotated[Path, typer.Option("--candidate", "--cand", help="candidate run directory (quantgate eval)")],
     out: Annotated[Path, typer.Option(help="output directory; re-running into it resumes")],
     judge: Annotated[Path, typer.Option(help="judge template (sidecar .yaml beside it)")] = JUDGES / "pairwise.md",
-    calibration_bar: Annotated[Optional[float], typer.Option(min=0.0, max=1.0, help="calibration accuracy below which the judge is unreliable (default: judges/calibration.yaml)")] = None,
+    calibration_bar: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="calibration accuracy below which the judge is unreliable (default: judges/calibration.yaml)")] = None,
     margin: Annotated[float, typer.Option(min=0.0, max=1.0, help="non-inferiority margin on win rate - loss rate")] = 0.05,
-    api_key_env: Annotated[Optional[str], typer.Option(help="environment variable holding the judge's API key")] = None,
-    prefect_secret: Annotated[Optional[str], typer.Option(help="Prefect Secret block holding the API key (optional)")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="environment variable holding the judge's API key")] = None,
+    prefect_secret: Annotated[str | None, typer.Option(help="Prefect Secret block holding the API key (optional)")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="judge requests in flight")] = 8,
     timeout: Annotated[float, typer.Option(help="seconds per judge request")] = 120.0,
-    limit: Annotated[Optional[int], typer.Option(min=1, help="judge only the first N pairs")] = None,
-    calibration_per_type: Annotated[Optional[int], typer.Option(min=1, help="calibration pairs per corruption type")] = None,
-    judge_model_hash: Annotated[Optional[str], typer.Option(help="judge checkpoint hash, to spot a judge that is a judged model")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="judge only the first N pairs")] = None,
+    calibration_per_type: Annotated[int | None, typer.Option(min=1, help="calibration pairs per corruption type")] = None,
+    judge_model_hash: Annotated[str | None, typer.Option(help="judge checkpoint hash, to spot a judge that is a judged model")] = None,
     judge_not_stronger: Annotated[bool, typer.Option(help="declare that the judge is not stronger than the judged models")] = False,
     seed: Annotated[int, typer.Option(help="seed sent with every judge request")] = 0,
 ) -> None:
@@ -64,7 +64,7 @@ def review_export(
     out: Annotated[Path, typer.Option(help="where review.csv and review.html go (to send to reviewers)")],
     n: Annotated[int, typer.Option(min=1, help="pairs to export (the practice is 50 or more)")] = 50,
     seed: Annotated[int, typer.Option(help="seed of the sample and of the A/B order")] = 0,
-    key: Annotated[Optional[Path], typer.Option(help="key file (default: <judge-dir>/review_key.json); keep it from reviewers")] = None,
+    key: Annotated[Path | None, typer.Option(help="key file (default: <judge-dir>/review_key.json); keep it from reviewers")] = None,
     include_identical: Annotated[bool, typer.Option(help="also export pairs whose answers are identical")] = False,
 ) -> None:
     """Export a stratified, blinded sample of pairs as CSV and a self-contained HTML form."""
@@ -78,7 +78,7 @@ def review_export(
 def review_import(
     judge_dir: Annotated[Path, typer.Option(help="output directory of `quantgate judge`")],
     csv: Annotated[Path, typer.Option(help="the filled review CSV")],
-    key: Annotated[Optional[Path], typer.Option(help="key file (default: <judge-dir>/review_key.json)")] = None,
+    key: Annotated[Path | None, typer.Option(help="key file (default: <judge-dir>/review_key.json)")] = None,
 ) -> None:
     """Import a filled review CSV: human win rate and human-judge agreement, added to the judge report."""
     h = import_review(judge_dir, csv, key)

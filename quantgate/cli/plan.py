@@ -14,14 +14,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from quantgate.base.errors import ConfigError
-from quantgate.plan.build import PLANNER_FILE, build_plan
+from quantgate.plan.build import build_plan
 from quantgate.plan.knobs import CudagraphMode
 from quantgate.plan.models import Plan
 
 # Placeholders a printed command keeps for the user's launcher to fill (quant_recipes/planner.yaml's master_addr is
 # "$HEAD_IP"): these stay expandable; every other character of a printed command is quoted for the shell.
 PLACEHOLDERS = ("HEAD_IP", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
-_PLACEHOLDER = re.compile(r"\$(?:\{(%s)\}|(%s)(?![A-Za-z0-9_]))" % ("|".join(PLACEHOLDERS), "|".join(PLACEHOLDERS)))
+_NAMES = "|".join(PLACEHOLDERS)
+_PLACEHOLDER = re.compile(rf"\$(?:\{{({_NAMES})\}}|({_NAMES})(?![A-Za-z0-9_]))")
 
 
 def _word(t: str) -> str:

@@ -8,7 +8,6 @@ the probe's finding, and `--scheme S` exits 2 when S cannot run here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -57,7 +56,7 @@ def schemes(
                                  "or auto (this machine's CPU profile, from the kernel probe)"),
     workload: str = typer.Option("throughput", "--workload", "-w", help="latency | throughput | fit"),
     model: Path = typer.Option(..., "--model", help="Hugging Face checkpoint folder (config.json + safetensors)"),
-    scheme: List[str] = typer.Option([], "--scheme", help="exit 2 unless this scheme runs here (repeatable)"),
+    scheme: list[str] = typer.Option([], "--scheme", help="exit 2 unless this scheme runs here (repeatable)"),
 ) -> None:
     """Rank quantization schemes for a model on a hardware target, with a reason per row."""
     con = Console()
@@ -88,19 +87,19 @@ def quantize(
     model: Path = typer.Option(..., "--model", help="16-bit Hugging Face checkpoint folder"),
     scheme: str = typer.Option(..., "--scheme", help="fp8-dynamic | int8-w8a8 | w4a16-gptq | w4a16-awq | nvfp4"),
     out: Path = typer.Option(..., "--out", help="output folder for the compressed-tensors checkpoint"),
-    hardware: Optional[str] = typer.Option(None, "--hardware", "-H", help="refuse schemes this hardware cannot run"),
-    recipe: Optional[Path] = typer.Option(None, "--recipe", help="use this llmcompressor recipe instead of the scheme's"),
-    group_size: Optional[int] = typer.Option(None, "--group-size", help="weight group size (group-wise int schemes)"),
-    ignore: List[str] = typer.Option([], "--ignore", help="extra module name or `re:` pattern to keep at 16 bits (repeatable)"),
-    smoothing_strength: Optional[float] = typer.Option(None, "--smoothing-strength", help="SmoothQuant alpha (int8-w8a8)"),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", help="JSONL of {text} or {messages} records"),
-    calibration_dataset: Optional[str] = typer.Option(None, "--calibration-dataset", help="`datasets` name or local file"),
+    hardware: str | None = typer.Option(None, "--hardware", "-H", help="refuse schemes this hardware cannot run"),
+    recipe: Path | None = typer.Option(None, "--recipe", help="use this llmcompressor recipe instead of the scheme's"),
+    group_size: int | None = typer.Option(None, "--group-size", help="weight group size (group-wise int schemes)"),
+    ignore: list[str] = typer.Option([], "--ignore", help="extra module name or `re:` pattern to keep at 16 bits (repeatable)"),
+    smoothing_strength: float | None = typer.Option(None, "--smoothing-strength", help="SmoothQuant alpha (int8-w8a8)"),
+    calibration: Path | None = typer.Option(None, "--calibration", help="JSONL of {text} or {messages} records"),
+    calibration_dataset: str | None = typer.Option(None, "--calibration-dataset", help="`datasets` name or local file"),
     split: str = typer.Option("train", "--split", help="split of --calibration-dataset"),
-    samples: Optional[int] = typer.Option(None, "--samples", help="calibration samples (default: the scheme's)"),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="tokens per calibration sample (default: the scheme's)"),
+    samples: int | None = typer.Option(None, "--samples", help="calibration samples (default: the scheme's)"),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="tokens per calibration sample (default: the scheme's)"),
     seed: int = typer.Option(0, "--seed", help="seed for sampling calibration records"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing output made from other inputs"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="stop the child after this many seconds"),
+    timeout: float | None = typer.Option(None, "--timeout", help="stop the child after this many seconds"),
 ) -> None:
     """Quantize with llmcompressor (child process) into a compressed-tensors checkpoint plus manifest."""
     from pydantic import ValidationError

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -32,15 +32,15 @@ def recall(
                                           "at every depth, one question each), together (one question for all), "
                                           "single (one needle per haystack)")] = "turns",
     seed: Annotated[int, typer.Option(help="generator seed (same seed, same prompts)")] = 0,
-    baseline: Annotated[Optional[Path], typer.Option(help="baseline run directory: also write deltas")] = None,
-    max_model_len: Annotated[Optional[int], typer.Option(min=1, help="served context (default: asked from the server)")] = None,
+    baseline: Annotated[Path | None, typer.Option(help="baseline run directory: also write deltas")] = None,
+    max_model_len: Annotated[int | None, typer.Option(min=1, help="served context (default: asked from the server)")] = None,
     max_answer_tokens: Annotated[int, typer.Option(min=1, help="answer cap per needle (each request gets what its needles need, at most this)")] = 32,
-    api_key_env: Annotated[Optional[str], typer.Option(help="environment variable holding the API key")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="environment variable holding the API key")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="most requests in flight (fewer when prompts are long)")] = 8,
     deadline: Annotated[float, typer.Option(min=1, help="seconds the work in flight may take at the measured prefill "
                                                         "rate; deadlines are sized from it")] = 300.0,
-    needles: Annotated[Optional[Path], typer.Option(help="needle data YAML (default eval_sets/recall_needles.yaml)")] = None,
-    filler: Annotated[Optional[Path], typer.Option(help="filler text (default eval_sets/recall_filler.txt)")] = None,
+    needles: Annotated[Path | None, typer.Option(help="needle data YAML (default eval_sets/recall_needles.yaml)")] = None,
+    filler: Annotated[Path | None, typer.Option(help="filler text (default eval_sets/recall_filler.txt)")] = None,
     progress: Annotated[bool, typer.Option(help="print progress lines (counts, rate, ETA) on stderr")] = True,
 ) -> None:
     """Long-context exact recall (needle in a haystack) per length, depth and needle kind; heatmaps + JSON."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
@@ -24,8 +24,8 @@ registry_app = typer.Typer(help="Promoted entries: list, verify, publish.", no_a
 
 
 @registry_app.command("list")
-def list_cmd(model: Annotated[Optional[str], typer.Option(help="only this model")] = None,
-             root: Annotated[Optional[Path], typer.Option(help="registry folder (default results/registry)")] = None) -> None:
+def list_cmd(model: Annotated[str | None, typer.Option(help="only this model")] = None,
+             root: Annotated[Path | None, typer.Option(help="registry folder (default results/registry)")] = None) -> None:
     """One line per complete entry: model, version, candidate, scheme, path."""
     for e in registry.list_entries(root, model):
         print(f"{e.get('model')}  {e.get('version')}  {e.get('candidate')}  {e.get('scheme')}  {e['path']}")

@@ -1,12 +1,11 @@
-"""`quantgate release SPEC`: run the release flow locally (Prefect's embedded engine; no server needed)."""
+"""`quantgate release SPEC`: run the release flow locally (Prefect's embedded engine; no server needed: the temporary
+API server it uses is started and stopped by quantgate.release.stopping.run_flow)."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -17,7 +16,7 @@ from quantgate.release.publishing import env_notes, exit_code, failures
 from quantgate.release.runrecord import check_new_run_id, timings
 from quantgate.release.spec import load_spec
 from quantgate.release.steps import sizing_warnings
-from quantgate.release.stopping import on_stop_signals
+from quantgate.release.stopping import run_flow
 
 
 def load_flow(name: str):
@@ -45,7 +44,7 @@ def _check_only(spec: Path) -> None:
 
 def release(
     spec: Path = typer.Argument(..., help="release spec YAML (e.g. releases/demo.yaml)"),
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="name of a new run folder under results/runs "
+    run_id: str | None = typer.Option(None, "--run-id", help="name of a new run folder under results/runs "
                                           "(letters, digits, _ . -; default: <name>-<UTC time>-<random>)"),
     check_only: bool = typer.Option(False, "--check", help="validate the spec, its eval sets and its policy, then "
                                                             "stop: nothing is served or quantized"),
@@ -58,13 +57,13 @@ def release(
 
     if check_only:
         _check_only(spec)
-    load_spec(spec)  # refuse a bad spec before Prefect starts anything
+    # refuse bad input before Prefect starts anything: what `--check` checks (the spec, its eval sets, its policy,
+    # model and checkpoint folders), in seconds; nothing is written yet
+    check([spec], kind=Kind.spec)
     check_new_run_id(run_id)  # and a run id that is no folder name or whose folder exists
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no network here: no telemetry
-    # the embedded server migrates its SQLite on first use; on a busy 2-core machine that takes longer than 20 s
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    with on_stop_signals():  # SIGTERM/SIGHUP: stop every server and child of the release, then exit 143/129
-        state = load_flow("release")(spec=str(spec), run_id=run_id, return_state=True)
+    # SIGTERM/SIGHUP/SIGINT stop every server and child of the release, Prefect's API server (guarded: it dies with
+    # this process, even a SIGKILLed one) last, then exit 143/129/130
+    state = run_flow(load_flow("release"), spec=str(spec), run_id=run_id, return_state=True)
     try:
         summary = state.result(raise_on_failure=False)
     except Exception:  # noqa: BLE001 - the flow itself crashed; Prefect logged the cause above

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,7 +16,7 @@ from quantgate.report.runview import is_run
 
 def report(
     run_dir: Annotated[Path, typer.Argument(help="run folder of a release (results/runs/<run-id>)")],
-    out: Annotated[Optional[Path], typer.Option(help="HTML file to write (default <run>/report.html); the Markdown "
+    out: Annotated[Path | None, typer.Option(help="HTML file to write (default <run>/report.html); the Markdown "
                                                      "summary goes beside it with .md")] = None,
 ) -> None:
     """Write the release report of one run: self-contained HTML and a Markdown summary. Missing evidence is shown
@@ -30,7 +30,7 @@ def report(
 
 
 def dashboard(
-    results: Annotated[Optional[Path], typer.Option(help="results folder (default $QUANTGATE_RESULTS or <repo>/results)")] = None,
+    results: Annotated[Path | None, typer.Option(help="results folder (default $QUANTGATE_RESULTS or <repo>/results)")] = None,
     serve: Annotated[bool, typer.Option("--serve", help="serve the results folder on 127.0.0.1 after building")] = False,
     port: Annotated[int, typer.Option(help="port for --serve (0: any free port)")] = 8765,
 ) -> None:

@@ -171,11 +171,11 @@ def compare_runs(
         "pooled": _pooled(b_by, c_by, ids, metrics, n_boot=n_boot, level=level, seed=seed + zlib.crc32(b"pooled")),
     }
     for name, info in metrics.items():
-        def pairs(group: list[str]) -> list[tuple[float, float]]:
+        def pairs(group: list[str], name: str = name) -> list[tuple[float, float]]:
             return [(b_by[i]["scores"][name], c_by[i]["scores"][name]) for i in group
                     if name in b_by[i]["scores"] and name in c_by[i]["scores"]]
 
-        def stats(group: list[str], label: str) -> dict:
+        def stats(group: list[str], label: str, name: str = name, info: Any = info) -> dict:
             return paired_stats(pairs(group), info, n_boot=n_boot, level=level,
                                  seed=seed + zlib.crc32(f"{name}/{label}".encode()))
 

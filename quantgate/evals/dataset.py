@@ -1,8 +1,9 @@
 """Eval sets: a JSONL file of samples plus a `<name>.meta.yaml` sidecar; schema in eval_sets/README.md.
 
-`load_evalset` checks every line first (JSON syntax, fields, duplicate ids, empty prompts, unknown metrics or
-categories, prompts too long for the served context) and reports ALL problems with file and line; then it loads
-the file through Hugging Face `datasets` (which knows no line numbers) and checks that its rows are those samples.
+`load_evalset` checks every line first (JSON syntax and the parser's limits: nesting, digits; fields, duplicate ids,
+empty prompts, unknown metrics or categories, prompts too long for the served context) and reports ALL problems
+with file and line; then it loads the file through Hugging Face `datasets` (which knows no line numbers) and checks
+that its rows are those samples.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from quantgate.base.errors import ConfigError, did_you_mean
 from quantgate.base.paths import EVAL_SETS
-from quantgate.base.yamlconfig import describe_error, load_model, not_utf8, read_yaml
+from quantgate.base.yamlconfig import describe_error, load_model, not_utf8, read_bytes, read_yaml
 from quantgate.evals.metrics import MetricSpec, TABLE, load_table
 
 CATEGORIES_FILE = EVAL_SETS / "categories.yaml"
@@ -125,7 +126,7 @@ class EvalSet:
         datasets.disable_progress_bars()
         try:
             ds = datasets.load_dataset("json", data_files=str(self.path), split="train")
-        except Exception as exc:  # pyarrow type conflicts between lines, mostly
+        except Exception as exc:  # noqa: BLE001 - pyarrow type conflicts between lines, mostly
             raise ConfigError(f"datasets could not load the file: {exc}", where=str(self.path),
                               fix="make every field the same JSON type on every line") from None
         rows = [Sample.model_validate({k: v for k, v in row.items() if v is not None}) for row in ds]
@@ -180,7 +181,7 @@ def _field_problem(err: dict) -> str:
 def _jsonl_lines(path: Path) -> list[tuple[int, str | None, str | None]]:
     """(line number, text, problem) per line of a JSONL file: UTF-8, a byte-order mark and CRLF accepted; a line
     that is not UTF-8 has no text and a problem naming its column."""
-    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    data = read_bytes(path).removeprefix(b"\xef\xbb\xbf")
     out = []
     for no, raw in enumerate(data.split(b"\n"), start=1):
         try:
@@ -188,6 +189,20 @@ def _jsonl_lines(path: Path) -> list[tuple[int, str | None, str | None]]:
         except UnicodeDecodeError as exc:
             out.append((no, None, not_utf8(exc, raw, path, no).message))
     return out
+
+
+def parse_json_line(raw: str) -> tuple[Any, str | None]:
+    """One JSONL line -> (value, None), or (None, the problem): bad syntax, and the parser's limits (nesting deeper
+    than Python's stack allows, a number of more than 4300 digits), which are the input's fault, not quantgate's."""
+    try:
+        return json.loads(raw), None
+    except json.JSONDecodeError as exc:
+        return None, f"invalid JSON: {exc.msg} (column {exc.colno})"
+    except RecursionError:
+        return None, ("invalid JSON: nested too deeply for the parser (arrays or objects inside each other); "
+                      "a sample nests at most 3 levels")
+    except ValueError as exc:  # int("1" * 5000): Python's limit on digits
+        return None, f"invalid JSON: a value Python cannot read: {str(exc).split('; use sys.', 1)[0]}"
 
 
 def check_lines(
@@ -210,10 +225,9 @@ def check_lines(
             continue
         if not raw.strip():
             continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{at}: invalid JSON: {exc.msg} (column {exc.colno})")
+        obj, bad = parse_json_line(raw)
+        if bad:
+            problems.append(f"{at}: {bad}")
             continue
         if not isinstance(obj, dict):
             problems.append(f"{at}: expected a JSON object, got {type(obj).__name__}")
@@ -249,7 +263,7 @@ def check_lines(
 def file_sha256(*paths: Path) -> str:
     h = hashlib.sha256()
     for p in paths:
-        h.update(Path(p).read_bytes())
+        h.update(read_bytes(Path(p)))
     return h.hexdigest()
 
 

@@ -142,7 +142,7 @@ def _claim(out: Path, manifest: dict[str, Any]) -> Path:
         prev = json.loads(path.read_text(encoding="utf-8"))
         if prev.get("cache_key") != manifest["cache_key"]:
             raise QuantgateError("this directory holds a run of something else", where=str(path),
-                                 fix="use a new --out directory, or delete this one")
+                                 fix="use a new output folder, or delete this one")
         if prev.get("status") == "partial":
             shutil.rmtree(out / "lm_eval_cache", ignore_errors=True)
     shutil.rmtree(out / "lm_eval", ignore_errors=True)  # lm-eval's files of an earlier attempt

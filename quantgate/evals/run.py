@@ -53,7 +53,7 @@ class _Background:
         def work():
             try:
                 self.value = fn()
-            except BaseException as exc:  # re-raised in result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in result()
                 self.error = exc
 
         self.thread = threading.Thread(target=work, name="quantgate-eval-loader", daemon=True)
@@ -98,7 +98,7 @@ def _claim(out: Path, manifest: dict[str, Any]) -> Path:
         prev = _read_json(path)
         diff = [k for k in ("evalset", "model", "model_hash", "decoding", "engine_version") if prev.get(k) != manifest.get(k)]
         raise QuantgateError(f"this directory holds a run of something else (differs in: {', '.join(diff) or 'key'})",
-                             where=str(path), fix="use a new --out directory, or delete this one")
+                             where=str(path), fix="use a new output folder, or delete this one")
     write_json(path, manifest)
     return path
 

@@ -31,7 +31,7 @@ def import_evaluate():
     if "evaluate" not in sys.modules and "transformers.pipelines" not in sys.modules:
         sys.modules["transformers.pipelines"] = None  # type: ignore[assignment]
         try:
-            import evaluate  # noqa: F401
+            import evaluate
         finally:
             if "transformers.pipelines" in sys.modules and sys.modules["transformers.pipelines"] is None:
                 del sys.modules["transformers.pipelines"]

@@ -50,7 +50,7 @@ class Sequence(BaseModel):
     score_from: int = Field(1, ge=1)
 
 
-def _stratified(items: list[dict], limit: int | None) -> list[dict]:
+def stratified(items: list[dict], limit: int | None) -> list[dict]:
     """`limit` items round-robin over sorted categories, ids sorted within each (all when limit is None)."""
     if limit is None or limit >= len(items):
         return items
@@ -72,23 +72,24 @@ def corpus_passages(path: Path) -> list[str]:
     return [p.strip() for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
 
 
-def _items(records: Iterable[Mapping[str, Any]], corpus: Path | None) -> list[dict]:
-    """Records and corpus passages as {id, category, messages | text, output}; answers that failed are skipped."""
+def items_of(records: Iterable[Mapping[str, Any]], corpus: Path | None, *, answers: bool = True) -> list[dict]:
+    """Records and corpus passages as {id, category, messages | text} (+ "output" with `answers`, where records
+    whose answer failed are skipped); a duplicate id is refused."""
     items: list[dict] = []
     for rec in records:
-        if rec.get("output") is None:
+        if answers and rec.get("output") is None:
             continue
-        if "messages" in rec and rec["messages"] is not None:
+        if rec.get("messages") is not None:
             messages = list(rec["messages"])
         elif rec.get("prompt") is not None:
             messages = [{"role": "user", "content": rec["prompt"]}]
         else:
             raise ConfigError("a record needs 'messages' or 'prompt'", where=f"record {rec.get('id')!r}")
         items.append({"id": str(rec["id"]), "category": str(rec.get("category") or "uncategorized"),
-                      "messages": messages, "output": rec["output"]})
+                      "messages": messages, **({"output": rec["output"]} if answers else {})})
     if corpus is not None:
-        for i, text in enumerate(corpus_passages(corpus)):
-            items.append({"id": f"corpus-{i:03d}", "category": CORPUS_CATEGORY, "text": text})
+        items += [{"id": f"corpus-{i:03d}", "category": CORPUS_CATEGORY, "text": text}
+                  for i, text in enumerate(corpus_passages(corpus))]
     seen: set[str] = set()
     for it in items:
         if it["id"] in seen:
@@ -110,20 +111,26 @@ def build_sequences(records: Iterable[Mapping[str, Any]], tokenizer_dir: Path | 
     """
     from transformers import AutoTokenizer
 
-    items = _stratified(_items(records, Path(corpus) if corpus else None), limit)
+    items = stratified(items_of(records, Path(corpus) if corpus else None), limit)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     out = []
     for it in sorted(items, key=lambda it: it["id"]):
-        if "text" in it:
-            ids = list(tok(it["text"])["input_ids"])
-        else:
-            prompt = tok.apply_chat_template(it["messages"], add_generation_prompt=True, tokenize=False)
-            ids = list(tok(prompt, add_special_tokens=False)["input_ids"])
+        ids = prompt_ids(tok, it)
+        if "text" not in it:
             ids += list(tok(it["output"], add_special_tokens=False)["input_ids"])
         ids = ids[:max_len] if max_len else ids
         if len(ids) >= 2:
             out.append(Sequence(id=it["id"], category=it["category"], token_ids=ids))
     return out
+
+
+def prompt_ids(tok, item: Mapping[str, Any]) -> list[int]:
+    """An item's prompt as token ids: a corpus passage ("text") as plain text, chat "messages" through the
+    checkpoint's chat template with the generation prompt, as the chat endpoint sends them."""
+    if "text" in item:
+        return list(tok(item["text"])["input_ids"])
+    prompt = tok.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=False)
+    return list(tok(prompt, add_special_tokens=False)["input_ids"])
 
 
 def sequences_hash(sequences: Iterable[Sequence]) -> str:
@@ -135,7 +142,7 @@ def sequences_hash(sequences: Iterable[Sequence]) -> str:
     return h.hexdigest()
 
 
-def _read_lines(path: Path) -> list[dict]:
+def read_lines(path: Path) -> list[dict]:
     """Complete JSON lines of a dump; a torn last line (killed mid-write) is cut off the file."""
     if not path.is_file():
         return []
@@ -154,7 +161,7 @@ def _kept(path: Path, sequences: list[Sequence], top_k: int) -> set[str]:
     """Ids already scored in `path` for these sequences; refuses a dump made from other sequences or another k."""
     wanted = {s.id: s for s in sequences}
     done: set[str] = set()
-    for rec in _read_lines(path):
+    for rec in read_lines(path):
         seq = wanted.get(rec.get("id"))
         same = seq is not None and rec.get("ids") == seq.token_ids and rec.get("score_from") == seq.score_from
         if not same or any(len(t[0]) != top_k for t in rec.get("top", [])):
@@ -287,7 +294,7 @@ def load_dump(out_dir: Path | str) -> dict[str, ScoredSample]:
         raise QuantgateError(f"dump status is {manifest.get('status')!r}, not 'complete'", where=str(out / MANIFEST),
                              fix="re-run the scoring into this folder to finish it")
     samples: dict[str, ScoredSample] = {}
-    for no, rec in enumerate(_read_lines(out / DUMP), start=1):
+    for no, rec in enumerate(read_lines(out / DUMP), start=1):
         try:
             samples[rec["id"]] = ScoredSample.model_validate(rec)
         except (ValidationError, KeyError) as exc:
@@ -295,9 +302,12 @@ def load_dump(out_dir: Path | str) -> dict[str, ScoredSample]:
     return samples
 
 
-def compare_dumps(base_dir: Path | str, cand_dir: Path | str) -> list[SampleFidelity]:
-    """Per-sample fidelity of a candidate dump against a baseline dump; both must hold the same samples."""
+def compare_dumps(base_dir: Path | str, cand_dir: Path | str, *, subset: bool = False) -> list[SampleFidelity]:
+    """Per-sample fidelity of a candidate dump against a baseline dump; both must hold the same samples (with
+    `subset`, the candidate's may be a subset of the baseline's: a floor scored on fewer sequences)."""
     base, cand = load_dump(base_dir), load_dump(cand_dir)
+    if subset and cand.keys() <= base.keys():
+        base = {i: base[i] for i in cand}
     if base.keys() != cand.keys():
         only_b, only_c = sorted(base.keys() - cand.keys()), sorted(cand.keys() - base.keys())
         raise QuantgateError(

@@ -12,7 +12,7 @@ The evidence (`GateEvidence`) is built from a run folder by `quantgate.gate.evid
 
 from __future__ import annotations
 
-from quantgate.gate.models import (Check, Decision, GateEvidence, OperatingCharacteristics, Stat)
+from quantgate.gate.models import (Check, Decision, GateEvidence, Look, OperatingCharacteristics, Stat)
 from quantgate.gate.payoff import applied_workload, pay_off_checks
 from quantgate.gate.policy import DropLimit, GatePolicy
 from quantgate.gate.statistical import TaskItem, drop_of, fidelity_checks, finite, missing, task_checks
@@ -66,8 +66,16 @@ def _recall_items(policy: GatePolicy, ev: GateEvidence) -> list[TaskItem]:
     why, file = _gap(ev, "recall", "no recall comparison (quantgate recall --baseline)")
     if ev.kv_cache is not None:
         why = f"{why}; required because {kv_change(ev)}"
-    return [TaskItem(f"recall:{r.measure}", ev.recall.get(r.measure), r.kind, r.value, policy.bound_of(r),
-                     r.required or ev.kv_cache is not None, why_missing=(why, file))]
+    required = r.required or ev.kv_cache is not None
+    overall = TaskItem(f"recall:{r.measure}", ev.recall.get(r.measure), r.kind, r.value, policy.bound_of(r),
+                       required, why_missing=(why, file), recall=True)
+    # every context length on its own as well (recall per needle): harm confined to the longest contexts is a
+    # fraction of the overall figure, and a harm test per length finds it; the recall checks are a Holm family of
+    # their own when the policy gives them a share of the false-reject budget (statistics.recall_share)
+    by_length = [TaskItem(f"recall:{r.measure}@{n}", st, r.kind, r.value, policy.bound_of(r), required, recall=True)
+                 for n, st in sorted(ev.recall_by_length.items(), key=lambda kv: int(kv[0]))
+                 if r.measure == "recall"] if len(ev.recall_by_length) > 1 else []
+    return [overall, *by_length]
 
 
 def kv_change(ev: GateEvidence) -> str:
@@ -177,13 +185,16 @@ def not_applicable(policy: GatePolicy, ev: GateEvidence, check: Check) -> Check:
                                               f"{rule_name}: {rule}){fix}"})
 
 
-def operating(policy: GatePolicy) -> OperatingCharacteristics:
+def operating(policy: GatePolicy, look: Look | None = None) -> OperatingCharacteristics:
     st, f = policy.statistics, policy.fidelity
     note = (f"A lossless candidate (no true drop on any task measure, fidelity at the noise floor) is rejected by the "
             f"task checks' harm tests with probability at most {st.false_reject:.0%} (Holm, one-sided)")
     if f is not None:
-        note += (f"; a candidate whose fidelity sits exactly at its limit is promoted with probability at most "
-                 f"{f.alpha:.0%} (one-sided bounds)")
+        where = " pooled and in every category" if f.per_category else ""
+        note += (f"; a candidate whose fidelity sits exactly at its limit{where} is promoted with probability at most "
+                 f"{f.alpha:.0%} (one-sided bounds, intersection-union over the slices")
+        note += (f"; over {look.of} planned looks, this is look {look.index}, judged at alpha {look.alpha:.4g} "
+                 f"({look.spent:.4g} spent so far)" if look else "") + ")"
     return OperatingCharacteristics(false_reject_bound=st.false_reject, false_promote_at_limit=f.alpha if f else 1.0,
                                     power=st.power, note=note + ". Minimum detectable drops are stated at "
                                     f"{st.power:.0%} power.")
@@ -203,8 +214,11 @@ def _verdict(checks: list[Check]) -> tuple[str, list[str], str | None]:
     return "PROMOTE", [], None
 
 
-def evaluate(policy: GatePolicy, evidence: GateEvidence, policy_ref: dict[str, str | int] | None = None) -> Decision:
-    """Run every check the policy enables; REJECT on harm, INCONCLUSIVE on too little evidence, else PROMOTE."""
+def evaluate(policy: GatePolicy, evidence: GateEvidence, policy_ref: dict[str, str | int] | None = None,
+             look: Look | None = None) -> Decision:
+    """Run every check the policy enables; REJECT on harm, INCONCLUSIVE on too little evidence, else PROMOTE.
+    `look`: this decision's look of a sequential design (its fidelity intervals were computed at its share of
+    alpha by the caller); recorded in the decision."""
     family = policy.primary.family_of(evidence.scheme) if policy.primary else None
     checks: list[Check] = []
     if policy.engine_parity is not None:
@@ -228,4 +242,5 @@ def evaluate(policy: GatePolicy, evidence: GateEvidence, policy_ref: dict[str, s
     verdict, reasons, needs = _verdict(checks)
     return Decision(decision=verdict, candidate=evidence.candidate, scheme=evidence.scheme, family=family,  # type: ignore[arg-type]
                     policy={"name": policy.name, "version": policy.version, **(policy_ref or {})}, checks=checks,
-                    reasons=reasons, needs=needs, operating=operating(policy), workload=applied_workload(evidence))
+                    reasons=reasons, needs=needs, operating=operating(policy, look), workload=applied_workload(evidence),
+                    look=look)

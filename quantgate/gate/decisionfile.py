@@ -33,7 +33,7 @@ def write_decision(run: Path | str, decisions: list, out: Path | str | None = No
     doc = {"schema_version": decisions[0].schema_version if decisions else 1,
            "decision": overall([d.decision for d in decisions]), "promoted": promoted, "run": str(run),
            "policy": decisions[0].policy if decisions else None,
-           "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
            "candidates": {d.candidate: d.model_dump(mode="json") for d in decisions}}
     target = Path(out) if out else run / DECISION
     write_json(target, doc)

@@ -40,10 +40,12 @@ from quantgate.base.stats import num as _num
 from quantgate.base.typedfile import RunFileError
 from quantgate.evals.compare import paired_stats
 from quantgate.evals.comparefile import Comparison, PairedStat, load_comparison
-from quantgate.fidelity.core import SampleFidelity, summarize
+from quantgate.fidelity.core import SampleFidelity
 from quantgate.gate.checks import evaluate
-from quantgate.gate.decisionfile import overall, policy_ref, write_decision  # (re-exported: steps and the CLI use them)
-from quantgate.gate.models import (Check, Decision, FidelityEvidence, Gap, GateEvidence, Interval, JudgeEvidence,
+from quantgate.gate.decisionfile import policy_ref, write_decision
+from quantgate.gate.fidelityevidence import fidelity_evidence
+from quantgate.gate.looks import spend
+from quantgate.gate.models import (Check, Decision, FidelityEvidence, Gap, GateEvidence, JudgeEvidence,
                                    KvCacheChange, ParityEvidence, RateEvidence, Ratio, Stat)
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizeratio import size_ratio
@@ -201,7 +203,7 @@ def _scheme_and_size(run: Path, cand: str, base_ev: dict | None, cand_ev: dict |
 def _recall(folder: Path, ev: dict) -> None:
     path = folder / DELTA
     delta = load_recall_delta(path)
-    overall = delta.overall
+    whole = delta.overall
     pairs: dict[str, list[tuple[float, float]]] = {}
     base_dir = Path(delta.baseline) if delta.baseline else None
     if base_dir is not None and (base_dir / REQUESTS).is_file() and (folder / REQUESTS).is_file():
@@ -209,9 +211,14 @@ def _recall(folder: Path, ev: dict) -> None:
     for measure in ("recall", "exact"):
         key = "" if measure == "recall" else "_exact"
         harm = paired_harm(pairs.get(measure) or [], binary=measure == "exact")
-        base, cand, diff = (_num(getattr(overall, f"{side}{key}")) for side in ("base", "cand", "delta"))
+        base, cand, diff = (_num(getattr(whole, f"{side}{key}")) for side in ("base", "cand", "delta"))
         ev["recall"][measure] = Stat(n=delta.n_paired, base=base, cand=cand, delta=diff, binary=measure == "exact",
                                      file=str(path), **harm)
+    for key, at in sorted(pairs.items()):
+        if key.startswith("recall@") and at:
+            bm, cm = sum(x for x, _ in at) / len(at), sum(y for _, y in at) / len(at)
+            ev["recall_by_length"][key.removeprefix("recall@")] = Stat(
+                n=len(at), base=bm, cand=cm, delta=cm - bm, file=str(path), **paired_harm(at, binary=False))
     if not pairs:
         _gap(ev, "recall", f"per-request records of the baseline ({base_dir}) or candidate ({folder}) are missing: "
              "no confidence interval", str(path))
@@ -244,8 +251,12 @@ def _recall_pairs(base: Path, cand: Path) -> dict[str, list[tuple[float, float]]
 
     b, c = load(base), load(cand)
     ids = sorted(i for i in set(b) & set(c) if b[i].get("error") is None and c[i].get("error") is None)
-    return {"recall": [(float(b[i]["recall"]), float(c[i]["recall"])) for i in ids],
-            "exact": [(float(bool(b[i]["exact"])), float(bool(c[i]["exact"]))) for i in ids]}
+    out = {"recall": [(float(b[i]["recall"]), float(c[i]["recall"])) for i in ids],
+           "exact": [(float(bool(b[i]["exact"])), float(bool(c[i]["exact"]))) for i in ids]}
+    for i in ids:  # each context length on its own: damage confined to long contexts is diluted in the overall
+        if b[i].get("length") is not None:
+            out.setdefault(f"recall@{b[i]['length']}", []).append((float(b[i]["recall"]), float(c[i]["recall"])))
+    return out
 
 
 def _judge(path: Path, ev: dict) -> None:
@@ -266,18 +277,7 @@ def _fidelity(path: Path, level: float) -> FidelityEvidence:
     samples = [SampleFidelity.model_validate(x) for x in data["samples"]]
     if not samples:
         raise _Bad(f"{path} holds no scored sample")
-    return fidelity_evidence(samples, level, str(path))
-
-
-def fidelity_evidence(samples: list[SampleFidelity], level: float, file: str | None) -> FidelityEvidence:
-    """Per-sample fidelity -> the gate's evidence, with cluster-bootstrap intervals at `level`."""
-    s = summarize(samples, level=level)
-
-    def iv(x) -> Interval:
-        return Interval(mean=x.mean, low=x.low, high=x.high, level=x.level)
-
-    return FidelityEvidence(n_samples=s.n_samples, n_tokens=s.n_tokens, kl=iv(s.kl), top1=iv(s.top1),
-                            dnll=iv(s.dnll) if s.dnll is not None else None, file=file)
+    return fidelity_evidence(samples, level, str(path), estimator=str(data.get("estimator") or "topk"))
 
 
 def _fidelity_pair(run: Path, cand: str, level: float, ev: dict) -> None:
@@ -307,7 +307,7 @@ def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = 
     Fidelity intervals are computed at `fidelity_level` (two-sided; the policy's alpha gives 1 - 2 * alpha)."""
     run = Path(run)
     ev: dict[str, Any] = {"candidate": candidate, "metrics": {}, "categories": {}, "pooled": {}, "recall": {},
-                          "error_rates": [], "gaps": {}}
+                          "recall_by_length": {}, "error_rates": [], "gaps": {}}
     _try(ev, "compare", _compare, run, candidate, ev)
     _try(ev, "fidelity", _fidelity_pair, run, candidate, fidelity_level, ev)
     base_ev = _try(ev, "error_rate", _variant, run, BASELINE, ev)
@@ -331,6 +331,13 @@ def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = 
         _gap(ev, "throughput", f"no performance probe figures ({source})", str(source))
     if _not_applicable(ev, "size", [base_ev, cand_ev], str(run / candidate / EVIDENCE)):
         ev.pop("size_ratio", None)  # no files on one side: no ratio, whatever else (the probe's figures) stated
+    decided = (cand_ev or {}).get("decided")
+    for step, why in ((cand_ev or {}).get("skipped") or {}).items():  # decided early (quantgate.release.early)
+        ev["gaps"][{"perf": "throughput"}.get(step, step)] = Gap(reason=f"not measured: {why}",
+                                                                 file=str(run / candidate / EVIDENCE))
+    if decided and ev.get("judge") is None:  # the judge skipped it (release.steps.judge)
+        ev["gaps"]["judge"] = Gap(reason=f"not judged: decided early: REJECT by fidelity ({decided})",
+                                  file=str(run / candidate / EVIDENCE))
     return GateEvidence(**ev)
 
 
@@ -360,11 +367,13 @@ def with_failure(decision: Decision, failed: Check) -> Decision:
 def gate_run(run: Path | str, policy_path: Path | str, candidate_names: list[str] | None = None, *,
              pay_off: Mapping[str, Mapping] | None = None, recall_dirs: Mapping[str, Path | str] | None = None,
              judge_reports: Mapping[str, Path | str] | None = None,
-             out: Path | str | None = None) -> tuple[list, Path]:
+             out: Path | str | None = None, looks: tuple[list[int], int] | None = None) -> tuple[list, Path]:
     """Load the policy, gate each candidate of the run (default: `candidates(run)`), write decision.json.
 
     Per candidate, optional: `pay_off` {"throughput_ratio": float, ...} from the performance probe, the recall
-    folder and the judge report when they are not at the default places (see `collect`).
+    folder and the judge report when they are not at the default places (see `collect`). `looks`: (the fidelity
+    sample sizes planned at each look, this look's size) of a sequential design: the fidelity bounds are judged at
+    this look's share of the policy's alpha (quantgate.gate.looks); None: one look at the full alpha.
     Raises ConfigError for a bad policy and QuantgateError when the run has no candidate to gate."""
 
     policy = load_policy(policy_path)
@@ -374,12 +383,14 @@ def gate_run(run: Path | str, policy_path: Path | str, candidate_names: list[str
     names = candidate_names or candidates(run)
     if not names:
         raise QuantgateError("no candidate to gate: the run has no compare/<candidate>.json", where=str(run),
-                             fix="pass --candidate NAME, or finish the release's compare step first")
+                             fix="name the candidates to gate, or finish the release's compare step first")
     ref = {"name": policy.name, "version": policy.version, **policy_ref(policy_path)}
-    level = 1 - 2 * policy.fidelity.alpha if policy.fidelity else 0.90
+    look = spend(policy.fidelity.alpha, *looks) if looks is not None and policy.fidelity else None
+    level = 1 - 2 * (look.alpha if look else policy.fidelity.alpha) if policy.fidelity else 0.90
     decisions = [evaluate(policy, collect(run, name, pay_off=(pay_off or {}).get(name),
                                           recall_dir=(recall_dirs or {}).get(name),
-                                          judge_report=(judge_reports or {}).get(name), fidelity_level=level), ref)
+                                          judge_report=(judge_reports or {}).get(name), fidelity_level=level), ref,
+                          look=look)
                  for name in names]
     decisions = [with_failure(d, failed) if (failed := serving_failure(run, d.candidate)) else d for d in decisions]
     return decisions, write_decision(run, decisions, out)

@@ -64,6 +64,9 @@ class FidelityEvidence(_Model):
     kl: Interval                          # mean per-token KL(baseline || candidate), nats
     top1: Interval                        # share of positions whose most likely token agrees
     dnll: Interval | None = None          # mean per-token NLL increase of the baseline's tokens
+    kl_topk: float | None = None          # the top-k KL diagnostic (no bound)
+    estimator: str = "topk"               # what `kl` is: "sampled-logratio" (unbiased), or "topk" (older runs)
+    by_category: dict[str, FidelityEvidence] = Field(default_factory=dict)
     file: str | None = None
 
 
@@ -125,6 +128,7 @@ class GateEvidence(_Model):
                                                               description="eval set -> category -> metric")
     pooled: dict[str, Stat] = Field(default_factory=dict, description="eval set -> one binary measure per sample")
     recall: dict[str, Stat] = Field(default_factory=dict, description="'recall' and/or 'exact' -> overall")
+    recall_by_length: dict[str, Stat] = Field(default_factory=dict, description="context length -> recall there")
     fidelity: FidelityEvidence | None = None
     floor: FidelityEvidence | None = None
     judge: JudgeEvidence | None = None
@@ -181,6 +185,18 @@ class OperatingCharacteristics(_Model):
     note: str
 
 
+class Look(_Model):
+    """One look of a sequential design: the fidelity bounds of look `index` (of `of`) are judged at `alpha`, its
+    share of the policy's alpha (quantgate.gate.looks); the shares of every planned look add up to the policy's."""
+
+    index: int = Field(ge=1)
+    of: int = Field(ge=1)
+    alpha: float = Field(gt=0, lt=0.5)
+    spent: float = Field(gt=0, lt=0.5, description="alpha spent by this look and every one before it")
+    planned: list[int] = Field(default_factory=list, description="fidelity samples planned at each look")
+    shares: list[float] = Field(default_factory=list, description="alpha of each planned look")
+
+
 class Decision(_Model):
     schema_version: int = SCHEMA
     decision: Verdict
@@ -193,6 +209,8 @@ class Decision(_Model):
     needs: str | None = Field(None, description="INCONCLUSIVE: what more evidence would decide")
     operating: OperatingCharacteristics | None = None
     workload: str | None = Field(None, description="the workload profile the pay-off checks applied")
+    look: Look | None = Field(None, description="which look of a sequential design this decision is, and the "
+                              "fidelity level it spent")
 
     @property
     def promoted(self) -> bool:

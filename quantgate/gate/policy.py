@@ -205,7 +205,17 @@ class Statistics(_Strict):
     false_reject: float = Field(0.05, gt=0, lt=0.5, description="P(a lossless candidate is rejected by a task "
                                 "check) at most this, across all task checks (Holm)")
     pooled_share: float = Field(0.6, ge=0, le=1, description="share of false_reject given to the pooled harm test")
+    recall_share: float = Field(0.0, ge=0, le=1, description="share of false_reject given to the recall checks "
+                                "(overall and per context length) as a family of their own; 0: they share the rest "
+                                "with the other task checks")
     power: float = Field(0.8, ge=0.5, lt=1)
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> Statistics:
+        if self.pooled_share + self.recall_share > 1:
+            raise ValueError(f"pooled_share {self.pooled_share} + recall_share {self.recall_share} > 1: the shares "
+                             "of false_reject must add up to at most 1")
+        return self
 
 
 class PooledCheck(_Strict):
@@ -221,12 +231,24 @@ class FidelityLimit(_Strict):
 
 class FidelityCheck(_Strict):
     """Teacher-forced fidelity (quantgate.fidelity): per-family limits on KL and top-1 agreement, each judged on a
-    one-sided bound at level `alpha`; a noise floor above `max_floor_share` of the KL limit makes the check
-    inconclusive (the gate cannot tell quantization from engine noise)."""
+    one-sided bound at level `alpha`, pooled and (`per_category`) in every category of the fidelity sample, each
+    category against its own limit (`categories`, default: the family's). PROMOTE needs every one within its limit:
+    an intersection-union test, so the level stays `alpha` without a multiplicity penalty. A category with fewer
+    than `min_category_samples` samples cannot be judged (INCONCLUSIVE, naming the samples it needs). A noise floor
+    above `max_floor_share` of the KL limit makes the check inconclusive (the gate cannot tell quantization from
+    engine noise). Over several looks (adaptive widening) `alpha` is spent across them (quantgate.gate.looks)."""
     families: dict[str, FidelityLimit] = Field(min_length=1)
-    alpha: float = Field(0.05, gt=0, lt=0.5, description="P(PROMOTE | fidelity exactly at its limit) at most this")
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="P(PROMOTE | fidelity exactly at its limit) at most this, "
+                                                          "over every look together")
     max_floor_share: float = Field(0.5, gt=0, le=1)
+    per_category: bool = Field(True, description="judge every category of the fidelity sample as well")
+    categories: dict[str, FidelityLimit] = Field(default_factory=dict, description="a category's own limits "
+                                                 "(default: the family's)")
+    min_category_samples: int = Field(10, ge=2, description="fewer samples in a category: INCONCLUSIVE")
     required: bool = True
+
+    def limit_for(self, family: str, category: str | None = None) -> FidelityLimit:
+        return self.categories.get(category, self.families[family]) if category else self.families[family]
 
 
 NotApplicable = Literal["missing", "skip", "fail"]

@@ -29,10 +29,13 @@ class Sizing:
 
 
 def _levels(policy: GatePolicy, n_other: int) -> tuple[float, float]:
+    """(the pooled test's level, each other check's first-step Holm level), as quantgate.gate.statistical spends
+    them (the recall checks' own share, when the policy gives one, is not the others')."""
     st = policy.statistics
+    other = 1 - st.recall_share if policy.recall is not None else 1.0
     if policy.pooled is None:
-        return st.false_reject, st.false_reject / max(n_other, 1)
-    return st.false_reject * st.pooled_share, st.false_reject * (1 - st.pooled_share) / max(n_other, 1)
+        return st.false_reject, st.false_reject * other / max(n_other, 1)
+    return st.false_reject * st.pooled_share, st.false_reject * (other - st.pooled_share) / max(n_other, 1)
 
 
 def sizing(policy: GatePolicy, family: str, counts: dict[str, int], *, base: float = 0.4,
@@ -72,15 +75,19 @@ def warnings(rows: list[Sizing]) -> list[str]:
 
 
 def recall_sizing(policy: GatePolicy, n: int, *, other_checks: int, base: float = 0.5, discordance: float = 0.10,
-                  design_effect: float = 1.0) -> Sizing | None:
+                  design_effect: float = 1.0, recall_checks: int = 1) -> Sizing | None:
     """The recall check at `n` paired needles: its minimum detectable drop in its limit's unit (absolute by default;
-    a relative limit divides by the baseline recall `base`), at its share of the budget among `other_checks`
-    non-pooled task checks (recall included). Needles that share a haystack count as n / `design_effect`
-    independent ones (quantgate.recall.score.cluster_effect measures it). None when the policy has no recall check."""
+    a relative limit divides by the baseline recall `base`), at its share of the budget: the recall family's
+    (statistics.recall_share over `recall_checks`: overall and per length) when the policy gives one, else among
+    `other_checks` non-pooled task checks (recall included). Needles that share a haystack count as
+    n / `design_effect` independent ones (quantgate.recall.score.cluster_effect measures it). None when the policy
+    has no recall check."""
     r = policy.recall
     if r is None:
         return None
-    _, alpha = _levels(policy, other_checks)
+    st = policy.statistics
+    alpha = st.false_reject * st.recall_share / max(recall_checks, 1) if st.recall_share > 0 else \
+        _levels(policy, other_checks)[1]
     scale = base if r.kind == "relative" else 1.0
     n_eff = max(1, int(n / max(design_effect, 1.0)))
     m = mdd_binary(discordance, n_eff, alpha, policy.statistics.power) / scale

@@ -69,6 +69,11 @@ class TaskItem:
     required: bool
     pooled: bool = False
     why_missing: tuple[str, str | None] = ("", None)
+    recall: bool = False  # a recall check: its own Holm family when the policy gives recall a share
+
+    def family(self, recall_share: float) -> str:
+        """Its Holm family: pooled, recall (only with a recall share; else among the others) or other."""
+        return "pooled" if self.pooled else "recall" if self.recall and recall_share > 0 else "other"
 
 
 def _power(item: TaskItem, alpha: float, power: float) -> Power:
@@ -123,13 +128,17 @@ def _task_check(item: TaskItem, drop: float, harmful: bool, pw: Power, proven: b
 
 
 def _budgets(items: list[TaskItem], policy: GatePolicy) -> dict[str, float]:
-    """The false-reject budget of each group: pooled tests and the other task checks."""
+    """The false-reject budget of each Holm family: the pooled tests, the recall checks (when the policy gives them
+    a share; else they are among the others) and the other task checks. The shares of the families present are
+    scaled to add up to false_reject, so the budgets add up to it (a union bound over the families)."""
     st = policy.statistics
-    has_pooled = any(i.pooled for i in items)
-    has_other = any(not i.pooled for i in items)
-    if has_pooled and has_other:
-        return {"pooled": st.false_reject * st.pooled_share, "other": st.false_reject * (1 - st.pooled_share)}
-    return {"pooled": st.false_reject, "other": st.false_reject}
+    shares = {"pooled": st.pooled_share, "recall": st.recall_share,
+              "other": max(0.0, 1 - st.pooled_share - st.recall_share)}
+    present = {i.family(st.recall_share) for i in items}
+    total = sum(shares[g] for g in present)
+    if total <= 0:
+        return {g: st.false_reject for g in shares}
+    return {g: st.false_reject * shares[g] / total if g in present else 0.0 for g in shares}
 
 
 def task_checks(items: list[TaskItem], policy: GatePolicy, proven: bool) -> list[Check]:
@@ -139,8 +148,9 @@ def task_checks(items: list[TaskItem], policy: GatePolicy, proven: bool) -> list
     out: list[Check] = []
     rejected: dict[str, bool] = {}
     levels: dict[str, float] = {}
+    family = {n: i.family(policy.statistics.recall_share) for n, i in usable.items()}
     for group, alpha in budgets.items():
-        members = {n: i for n, i in usable.items() if i.pooled == (group == "pooled")}
+        members = {n: i for n, i in usable.items() if family[n] == group}
         ps = {n: (i.stat.p_harm if finite(i.stat.p_harm) else 1.0) for n, i in members.items()}  # type: ignore[union-attr]
         rejected.update(holm(ps, alpha) if alpha > 0 else {n: False for n in ps})
         for rank, n in enumerate(sorted(ps, key=lambda k: ps[k])):
@@ -166,6 +176,8 @@ def _bounded(name: str, value: FidelityEvidence, which: Literal["kl", "top1"], l
     iv = value.kl if which == "kl" else value.top1
     one_sided = (1 + iv.level) / 2
     n = f"{value.n_tokens} tokens in {value.n_samples} samples"
+    if value.estimator == "topk" and which == "kl":
+        n += " (a top-k estimate from an older run: not an upper bound of the true KL)"
     if which == "kl":
         ok, bad = iv.high <= limit, iv.low > limit
         txt = (f"mean KL {iv.mean:.4g} nats ({one_sided:.0%} upper bound {iv.high:.4g}) over {n}; limit {limit:.4g}")
@@ -182,6 +194,27 @@ def _bounded(name: str, value: FidelityEvidence, which: Literal["kl", "top1"], l
         txt += ": beyond the limit (the whole interval)"
     return Check(name=name, measured=round(iv.mean, 6), limit=limit, bound="ci", required=required, outcome=outcome,
                  evidence_file=value.file, reason=txt)
+
+
+def _category_fidelity(policy: GatePolicy, fid: FidelityEvidence, family: str) -> list[Check]:
+    """KL and top-1 of every category of the fidelity sample against the category's limits, each on its own
+    one-sided bound: PROMOTE needs them all within (intersection-union: no multiplicity penalty). A category with
+    too few samples to bound is INCONCLUSIVE and says how many it needs."""
+    f = policy.fidelity
+    assert f is not None
+    out = []
+    for cat, value in sorted(fid.by_category.items()):
+        lim = f.limit_for(family, cat)
+        if value.n_samples < f.min_category_samples:
+            out.append(missing(f"fidelity:kl:{cat}", f.required, f"{value.n_samples} fidelity samples in category "
+                               f"{cat}, fewer than fidelity.min_category_samples={f.min_category_samples}: needs "
+                               f"{f.min_category_samples - value.n_samples} more there (raise fidelity.limit)",
+                               fid.file, lim.max_kl, "ci"))
+            continue
+        out.append(_bounded(f"fidelity:kl:{cat}", value, "kl", lim.max_kl, f.required))
+        if lim.min_top1 is not None:
+            out.append(_bounded(f"fidelity:top1:{cat}", value, "top1", lim.min_top1, f.required))
+    return out
 
 
 def fidelity_checks(policy: GatePolicy, ev: GateEvidence, family: str | None) -> list[Check]:
@@ -207,6 +240,8 @@ def fidelity_checks(policy: GatePolicy, ev: GateEvidence, family: str | None) ->
     out = [floor, _bounded("fidelity:kl", ev.fidelity, "kl", lim.max_kl, f.required)]
     if lim.min_top1 is not None:
         out.append(_bounded("fidelity:top1", ev.fidelity, "top1", lim.min_top1, f.required))
+    if f.per_category:
+        out += _category_fidelity(policy, ev.fidelity, family)
     if floor.outcome != "pass":
         out = [floor] + [c.model_copy(update={"outcome": "inconclusive", "reason": c.reason + " (not judged: the "
                                               "noise floor is too high)"}) for c in out[1:]]

@@ -29,6 +29,7 @@ COLUMNS = ["review_id", "category", "question", "reference", "answer_a", "answer
 CHOICES = ("A", "B", "TIE")
 MIN_PAIRS = 50
 MAX_PROBLEMS_SHOWN = 30
+KEY_FILE = "review_key.json"  # the key's default place: in the judge directory
 
 
 def allocate(sizes: dict[str, int], n: int) -> dict[str, int]:
@@ -50,7 +51,7 @@ def select_pairs(pairs: Sequence[dict], n: int, seed: int, *, include_identical:
     pool = [p for p in pairs if include_identical or p["baseline"].strip() != p["candidate"].strip()]
     if len(pool) < n:
         raise QuantgateError(f"only {len(pool)} pairs with differing answers, {n} asked for",
-                             where="review export", fix="lower --n, or pass --include-identical")
+                             where="review export", fix="ask for fewer pairs (`n`), or include identical pairs (`include_identical`)")
     by_cat: dict[str, list[dict]] = {}
     for p in pool:
         by_cat.setdefault(p["category"], []).append(p)
@@ -94,8 +95,7 @@ def to_html(rows: Sequence[dict], title: str = "quantgate human review") -> str:
 
 def parse_filled(text: str, key: dict | None, source: str) -> tuple[dict[str, str], int, int]:
     """review_id -> choice ('A'/'B'/'TIE') from a filled CSV; (choices, blank rows, rows). Every bad row is reported
-    with its CSV line (the line where the row starts). Without a key (`quantgate check`) review ids are not matched
-    against one."""
+    with its CSV line (the line where the row starts). Without a key review ids are not matched against one."""
     problems: list[str] = []
     rdr = csv.reader(io.StringIO(text.lstrip("\ufeff"), newline=""))
     try:
@@ -157,10 +157,44 @@ def read_csv(path: Path | str) -> str:
     return read_text(path)
 
 
-def check_csv(path: Path | str) -> int:
-    """Validate a filled review CSV as `import_review` would, except for matching review ids against the key (which
-    lives elsewhere); the number of rows."""
-    return parse_filled(read_csv(path), None, str(path))[2]
+def key_path_for(path: Path | str) -> Path:
+    """A key file, or the judge directory holding one (`review_key.json`)."""
+    path = Path(path)
+    return path / KEY_FILE if path.is_dir() else path
+
+
+def load_key(path: Path | str) -> dict:
+    """The review key (`export_review`'s JSON: review_id -> pair id and the side shown as A), or a QuantgateError
+    naming the file, line and field. `path` may be the judge directory that holds it."""
+    path = key_path_for(path)
+    fix = "give the key written by `quantgate review export` (by default <judge-dir>/review_key.json)"
+    if not path.is_file():
+        raise QuantgateError("review key not found", where=str(path), fix=fix)
+    text = read_text(path)
+    try:
+        key = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise QuantgateError(f"the review key is not JSON: {exc.msg} (column {exc.colno})",
+                             where=f"{path}:{exc.lineno}", fix=fix) from None
+    except (RecursionError, ValueError) as exc:  # the parser's limits: nesting, digits
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split("; use sys.", 1)[0]
+        raise QuantgateError(f"the review key cannot be read: {why}", where=str(path), fix=fix) from None
+    items = key.get("items") if isinstance(key, dict) else None
+    if not isinstance(items, dict) or not items:
+        raise QuantgateError("not a review key: no 'items' mapping of review ids", where=f"{path} field 'items'",
+                             fix=fix)
+    for rid, item in items.items():
+        if not (isinstance(item, dict) and isinstance(item.get("pair_id"), str)
+                and item.get("a") in ("baseline", "candidate")):
+            raise QuantgateError(f"review id {rid!r}: expected {{pair_id: TEXT, a: baseline|candidate}}, "
+                                 f"got {item!r:.80}", where=f"{path} field 'items.{rid}'", fix=fix)
+    return key
+
+
+def check_csv(path: Path | str, key: dict | None = None) -> int:
+    """Validate a filled review CSV as `import_review` would: with its `key` (`load_key`), review ids not in it are
+    refused at their line; without one they are not matched. The number of rows."""
+    return parse_filled(read_csv(path), key, str(path))[2]
 
 
 def unblind(choices: dict[str, str], key: dict) -> dict[str, str]:
@@ -205,7 +239,7 @@ def export_review(judge_dir: Path | str, out: Path | str, *, n: int = MIN_PAIRS,
     rows, key = blind(select_pairs(pairs, n, seed, include_identical=include_identical), seed)
     key["pairs_sha256"] = hashlib.sha256(pairs_path.read_bytes()).hexdigest()
     out.mkdir(parents=True, exist_ok=True)
-    key_path = Path(key_path) if key_path else judge_dir / "review_key.json"
+    key_path = Path(key_path) if key_path else judge_dir / KEY_FILE
     paths = {"csv": out / "review.csv", "html": out / "review.html", "key": key_path}
     paths["csv"].write_text(to_csv(rows), encoding="utf-8")
     paths["html"].write_text(to_html(rows), encoding="utf-8")
@@ -217,12 +251,12 @@ def export_review(judge_dir: Path | str, out: Path | str, *, n: int = MIN_PAIRS,
 def import_review(judge_dir: Path | str, csv_path: Path | str, key_path: Path | str | None = None) -> dict:
     """Read a filled CSV, write human.json into the judge directory and add the human section to its report."""
     judge_dir, csv_path = Path(judge_dir), Path(csv_path)
-    key_path = Path(key_path) if key_path else judge_dir / "review_key.json"
+    key_path = Path(key_path) if key_path else judge_dir / KEY_FILE
     for p, fix in ((csv_path, "give the filled CSV"), (key_path, "give the key written by `quantgate review export`"),
                    (judge_dir / JUDGE_REPORT, "give a directory written by `quantgate judge`")):
         if not p.is_file():
             raise QuantgateError("file not found", where=str(p), fix=fix)
-    key = json.loads(key_path.read_text(encoding="utf-8"))
+    key = load_key(key_path)
     report = load_judge_report(judge_dir / JUDGE_REPORT)
     choices, blank, _ = parse_filled(read_csv(csv_path), key, str(csv_path))
     human = human_summary(unblind(choices, key), report.comparison.winners, n_exported=len(key["items"]), n_blank=blank)

@@ -116,7 +116,7 @@ def _load_runs(es, baseline: Path | str, candidate: Path | str) -> tuple[tuple[d
     for role, (m, _), d in zip(("baseline", "candidate"), runs, (baseline, candidate)):
         if m["evalset"]["sha256"] != es.sha256:
             raise QuantgateError(f"the {role} run used another eval set (sha256 differs from {es.path})",
-                                 where=str(Path(d) / MANIFEST), fix="pass the --evalset both runs were made with")
+                                 where=str(Path(d) / MANIFEST), fix="give the eval set both runs were made with")
     return runs
 
 
@@ -129,7 +129,7 @@ def _claim(out: Path, key: dict[str, Any]) -> Path:
         diff = [k for k in key if prev.get(k) != key[k]]
         if diff:
             raise QuantgateError(f"this directory holds a judge run of something else (differs in: {', '.join(diff)})",
-                                 where=str(manifest_path), fix="use a new --out directory, or delete this one")
+                                 where=str(manifest_path), fix="use a new output folder, or delete this one")
     return manifest_path
 
 

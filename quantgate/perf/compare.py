@@ -14,7 +14,7 @@ they were served in turn, round by round. A ratio is None where either side lack
 from __future__ import annotations
 
 import statistics
-from typing import Iterable
+from collections.abc import Iterable
 
 from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.perf.intervals import RatioCI, ratio_ci
@@ -83,10 +83,10 @@ def check_comparable(base: PerfResult, cand: PerfResult, base_name: str = "basel
     if diff:
         raise QuantgateError(f"{base_name} and {cand_name} were probed with different workloads ({'; '.join(diff)})",
                              where=f"{cand_name}: workload",
-                             fix="probe both with the same --num-prompts/--input-len/--output-len/--seed")
+                             fix="probe both with the same workload (num_prompts, input_len, output_len, seed)")
     notes = []
     if base.workload.tokenizer_sha256 != cand.workload.tokenizer_sha256:
-        notes.append("tokenizer files differ: the random prompts may differ too (pass the baseline's --tokenizer to both)")
+        notes.append("tokenizer files differ: the random prompts may differ too (give both probes the baseline's tokenizer)")
     if base.repeats != cand.repeats:
         notes.append(f"repeats differ: {base.repeats} (baseline) vs {cand.repeats} (candidate)")
     return notes
@@ -163,7 +163,7 @@ def compare(base: PerfResult, cand: PerfResult, at: int | None = None, *, level:
     common = sorted(set(bm) & set(cm))
     if not common:
         raise QuantgateError(f"no common concurrency level: baseline {sorted(bm)}, candidate {sorted(cm)}",
-                             fix="probe both with the same --concurrency list")
+                             fix="probe both at the same concurrency levels")
     if at is None:
         at = common[-1]
     elif at not in common:

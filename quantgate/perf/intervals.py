@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Literal, Sequence
+from typing import Literal
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -82,7 +82,7 @@ def resolve_tokenizer(tokenizer: Path | None, model_entry: dict) -> Path:
     if root and Path(root).is_dir():
         return Path(root)
     raise SettingError(f"no tokenizer: the server's model folder {root!r} is not on this machine", setting="tokenizer",
-                      fix="pass --tokenizer DIR (the baseline checkpoint folder, for every variant)")
+                      fix="give a tokenizer folder (the baseline checkpoint folder, for every variant)")
 
 
 def tokenizer_sha256(folder: Path) -> str | None:
@@ -266,7 +266,8 @@ def probe(endpoint: str, model: str, out: Path, *, concurrency: list[int], num_p
     if not concurrency or any(c < 1 for c in concurrency):
         raise SettingError(f"concurrency levels must be positive integers, got {concurrency}", setting="perf.concurrency", fix="e.g. 1,8,32")
     if min(num_prompts, input_len, output_len, repeats) < 1:
-        raise ConfigError("--num-prompts, --input-len, --output-len and --repeats must be >= 1", fix="pass positive numbers")
+        raise SettingError("num_prompts, input_len, output_len and repeats must be >= 1",
+                           setting="num_prompts / input_len / output_len / repeats", fix="give positive numbers")
     settings = ProbeSettings(levels=concurrency, num_prompts=num_prompts, input_len=input_len, output_len=output_len,
                              repeats=repeats, seed=seed, warmups=warmups)
     return run_probe(endpoint, model, out, settings, **io)
@@ -323,7 +324,7 @@ def run_probe(endpoint: str, model: str, out: Path, settings: ProbeSettings, *, 
                  range_ratio=s.range_ratio, slo=s.slo, warmup_prompts=s.warmup_prompts, decide=s.decide,
                  dataset="sharegpt" if s.requests else "random", requests_sha256=_requests_sha256(s.requests))
     specs, files, warmup = _prepare(Path(out), root, model, w, s)
-    started, t0 = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), time.perf_counter()
+    started, t0 = dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), time.perf_counter()
     watch = _Watch(s, root, api_key, files, warmup)
     crash = _run_driver(specs, Path(out), api_key, python, timeout_s, watch)
     runs, skipped = _collect(files, w, watch, crash)
@@ -345,7 +346,7 @@ def run_probe(endpoint: str, model: str, out: Path, settings: ProbeSettings, *, 
     write_json(Path(out) / PERF, result.model_dump(mode="json"))
     if check and result.error:
         raise QuantgateError(result.error, where=str(Path(out) / PERF),
-                             fix="read the errors in perf.json and the server log; lower --concurrency if the server fails under load")
+                             fix="read the errors in perf.json and the server log; lower the probe's concurrency if the server fails under load")
     return result
 
 

@@ -34,7 +34,7 @@ class CalibrationSpec(BaseModel):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _one_source(self) -> "CalibrationSpec":
+    def _one_source(self) -> CalibrationSpec:
         if self.path is not None and self.dataset is not None:
             raise ValueError("give either `path` or `dataset`, not both")
         return self
@@ -99,7 +99,7 @@ def read_dataset(name: str, split: str) -> list[dict[str, Any]]:
             ds = datasets.load_dataset(builders[p.suffix], data_files=str(p), split=split)
         else:
             ds = datasets.load_dataset(name, split=split)
-    except Exception as exc:  # datasets raises many types; the message is what the user needs
+    except Exception as exc:  # noqa: BLE001 - datasets raises many types; the message is what the user needs
         raise ConfigError(f"could not load dataset: {type(exc).__name__}: {str(exc)[:300]}", where=name,
                           fix="give a local file/folder, or a dataset already in the datasets cache (no network at run time)") from None
     if "text" not in ds.column_names and "messages" not in ds.column_names:

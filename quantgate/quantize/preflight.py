@@ -44,12 +44,12 @@ class ModelLayout(BaseModel):
 
     def default_targets(self) -> list[LinearLayer]:
         """The Linear layers a default recipe quantizes: all but lm_head and router gates."""
-        return [l for l in self.linears if l.name != ALWAYS_IGNORE and l.name not in self.routers]
+        return [lin for lin in self.linears if lin.name != ALWAYS_IGNORE and lin.name not in self.routers]
 
     def size(self, targeted: list[LinearLayer], group_sizes: tuple[int, ...] = GROUP_CANDIDATES) -> ModelSize:
-        quant = sum(l.in_features * l.out_features for l in targeted)
-        total = sum(l.in_features * l.out_features for l in self.linears) + self.other_params
-        ok = {g: all(l.in_features % g == 0 for l in targeted) for g in group_sizes}
+        quant = sum(lin.in_features * lin.out_features for lin in targeted)
+        total = sum(lin.in_features * lin.out_features for lin in self.linears) + self.other_params
+        ok = {g: all(lin.in_features % g == 0 for lin in targeted) for g in group_sizes}
         return ModelSize(quantizable_params=quant, other_params=total - quant, group_sizes_ok=ok)
 
 
@@ -103,12 +103,12 @@ def read_layout(model_dir: Path) -> ModelLayout:
         else:
             other += n
     text_cfg = cfg.get("text_config", cfg)
-    if not any(l.name == ALWAYS_IGNORE for l in linears) and text_cfg.get("hidden_size") and text_cfg.get("vocab_size"):
+    if not any(lin.name == ALWAYS_IGNORE for lin in linears) and text_cfg.get("hidden_size") and text_cfg.get("vocab_size"):
         # tied embeddings: lm_head shares the embedding matrix and has no tensor of its own; list it as present
         linears.append(LinearLayer(name=ALWAYS_IGNORE, in_features=text_cfg["hidden_size"], out_features=text_cfg["vocab_size"]))
         other -= text_cfg["hidden_size"] * text_cfg["vocab_size"]
     n_experts = next((text_cfg[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if text_cfg.get(k)), None)
-    routers = [l.name for l in linears if ROUTER_RE.search(l.name) or (n_experts and l.out_features == n_experts)]
+    routers = [lin.name for lin in linears if ROUTER_RE.search(lin.name) or (n_experts and lin.out_features == n_experts)]
     tok_cfg = model_dir / "tokenizer_config.json"
     chat = (model_dir / "chat_template.jinja").is_file() or (model_dir / "chat_template.json").is_file() or (
         tok_cfg.is_file() and bool(json.loads(tok_cfg.read_text(encoding="utf-8")).get("chat_template")))
@@ -148,23 +148,23 @@ def check(layout: ModelLayout, recipe: dict[str, Any], *, extra_ignore: list[str
     requested = requested_group_size or group
     chosen = requested
     if requested:
-        bad = [l for l in targeted if l.in_features % requested]
+        bad = [lin for lin in targeted if lin.in_features % requested]
         if bad and settings["fixed_group"]:
             raise QuantgateError(f"group size {requested} is fixed by the scheme and does not divide the input size of: {_listing(bad)}",
                                  where=layout.path, fix="choose another scheme, or add these layers to the ignore list")
         if bad:
-            chosen = next((g for g in GROUP_CANDIDATES if all(l.in_features % g == 0 for l in targeted)), None)
+            chosen = next((g for g in GROUP_CANDIDATES if all(lin.in_features % g == 0 for lin in targeted)), None)
             if chosen is None:
-                sizes = sorted({l.in_features for l in targeted})
+                sizes = sorted({lin.in_features for lin in targeted})
                 raise QuantgateError(
                     f"no weight group size among {requested}/{'/'.join(map(str, GROUP_CANDIDATES))} divides every targeted "
                     f"layer's input size ({sizes}); layers failing {GROUP_CANDIDATES[-1]}: "
-                    f"{_listing([l for l in targeted if l.in_features % GROUP_CANDIDATES[-1]])}",
+                    f"{_listing([lin for lin in targeted if lin.in_features % GROUP_CANDIDATES[-1]])}",
                     where=layout.path, fix="add these layers to the ignore list (spec `ignore:`) or use a per-channel scheme (fp8-dynamic, int8-w8a8)")
             notes.append(f"group size {requested} does not divide the input size of {_listing(bad)}; "
                          f"using {chosen}, the largest of {'/'.join(map(str, GROUP_CANDIDATES))} that divides every targeted layer")
     return PreflightResult(group_size=chosen, requested_group_size=requested, ignore_added=ignore_added,
-                           targeted=[l.name for l in targeted], skipped=skipped, notes=notes)
+                           targeted=[lin.name for lin in targeted], skipped=skipped, notes=notes)
 
 
 def _router_patterns(routers: list[str]) -> list[str]:

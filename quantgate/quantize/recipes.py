@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field

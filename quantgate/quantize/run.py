@@ -28,7 +28,8 @@ import time
 import uuid
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -158,7 +159,7 @@ def _quantize_locked(req: QuantizeRequest, p: Plan, out: Path, log: Callable[[st
                              where=str(out), fix="inspect it and delete it; the next run quantizes again")
     if out.exists() and not req.overwrite:
         raise QuantgateError("output folder exists and was made from other inputs (or not by quantgate)", where=str(out),
-                             fix="choose another --out, or pass --overwrite to replace it")
+                             fix="choose another output folder, or set `overwrite` to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale(out)
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -61,7 +61,7 @@ def pin_memory_workaround() -> str | None:
         return None
     from llmcompressor.pipelines.cache import IntermediatesCache
 
-    def pin_memory(self, batch_index: int, input_names: list[str] | None = None) -> None:  # noqa: ARG001
+    def pin_memory(self, batch_index: int, input_names: list[str] | None = None) -> None:
         return None
 
     IntermediatesCache.pin_memory = pin_memory  # type: ignore[method-assign]
@@ -104,7 +104,7 @@ def run(job: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
     try:
         Recipe.create_instance(job["recipe"])
-    except Exception as exc:  # llmcompressor raises ValueError/ValidationError/...: all mean "bad recipe"
+    except Exception as exc:  # noqa: BLE001 - llmcompressor raises ValueError/ValidationError/...: all mean "bad recipe"
         return EXIT_REFUSED, {**result, "refused": "recipe", "message": f"{type(exc).__name__}: {exc}"}
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     try:
         code, result = run(job)
-    except Exception:
+    except Exception:  # noqa: BLE001 - printed, and the result file says it crashed
         traceback.print_exc()
         code, result = 1, {"crashed": traceback.format_exc(limit=5)}
     Path(job["result"]).write_text(json.dumps(result, indent=2), encoding="utf-8")

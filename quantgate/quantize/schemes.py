@@ -74,7 +74,7 @@ class SchemeCatalogue(BaseModel):
     schemes: list[SchemeInfo]
 
     @model_validator(mode="after")
-    def _consistent(self) -> "SchemeCatalogue":
+    def _consistent(self) -> SchemeCatalogue:
         ids = [s.id for s in self.schemes]
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate scheme ids in {ids}")

@@ -45,7 +45,7 @@ def load_needle_data(path: Path = NEEDLES) -> NeedleData:
 
 def load_filler(path: Path = FILLER) -> list[str]:
     if not Path(path).is_file():
-        raise QuantgateError("filler file not found", where=str(path), fix="pass an existing file with --filler")
+        raise QuantgateError("filler file not found", where=str(path), fix="give an existing filler file (one sentence per line)")
     lines = [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines()]
     sentences = [ln for ln in lines if ln and not ln.startswith("#")]
     if not sentences:
@@ -66,7 +66,7 @@ def load_tokenizer(path: Path) -> tuple[TokenCounter, int | None]:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(path))
-    except Exception as exc:  # transformers raises many types (OSError, ValueError, ...) for a bad folder
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types (OSError, ValueError, ...) for a bad folder
         raise SettingError(f"cannot load a tokenizer from {path}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
                              setting="tokenizer", fix="give the model's folder with tokenizer.json/tokenizer_config.json") from None
     if not getattr(tok, "chat_template", None):
@@ -254,7 +254,7 @@ def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: str, mod
     if baseline is not None:  # read before sending anything: a wrong path is bad input
         if not (Path(baseline) / REQUESTS).is_file():
             raise SettingError(f"no requests.jsonl in the baseline directory {baseline}", setting="baseline",
-                                 fix="give the --out directory of a finished `quantgate recall` run")
+                                 fix="give the output folder of a finished recall run")
         base_records = read_jsonl(Path(baseline) / REQUESTS)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

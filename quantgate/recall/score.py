@@ -131,7 +131,7 @@ def compare(base: Iterable[dict], cand: Iterable[dict]) -> dict:
     common = sorted(set(b) & set(c))
     if not common:
         raise SettingError("the baseline and candidate runs share no prompt (different grid, seed or tokenizer?)",
-                             setting="baseline", fix="run both with the same --lengths/--depths/--kinds/--samples/--seed and tokenizer")
+                             setting="baseline", fix="run both with the same grid (lengths, depths, kinds, samples, seed) and tokenizer")
     both = [i for i in common if b[i].get("error") is None and c[i].get("error") is None]
     bc, cc = cells(b[i] for i in both), cells(c[i] for i in both)
     out_cells = []

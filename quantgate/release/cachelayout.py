@@ -5,8 +5,10 @@ counts by size) and the engine version. Under it: evals/<set>-<digest>-<limit>/ 
 evals/lm_eval-<task>-<digest>-<limit>/), recall/<digest>/, perf/<digest>/.
 A folder counts as done only when its own status says complete (evals), ok (perf), or recall's `is_complete`.
 
-An endpoint (quantgate.serving.endpoint) is measured for one run only: its folder is <run>/endpoints/<name>-<key>,
-keyed by its URL, model name and the fingerprint of what its `/v1/models` reports. Within the run the baseline's
+An endpoint (quantgate.serving.endpoint) is measured for one run only: its folder is <run>/endpoints/<model>-<key>,
+keyed by its URL, model name and the fingerprint of what its `/v1/models` reports, not by the variant's name: one
+endpoint that a run names twice (the baseline, and a candidate at the same URL) is measured once, under the folder's
+lock, and the second reads what the first measured. Within the run the baseline's
 answers stay the one reference every candidate scores, and an adaptive round reuses them; across runs they are never
 reused, because a redeployment under the same URL and name (new weights, new engine flags) can report the same
 `/v1/models` entry (vLLM reports the served path and context length, not a weights hash or its version).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from quantgate.base.runfiles import MANIFEST, PERF
@@ -50,11 +53,13 @@ def engine_of(config) -> str:
 
 def variant_cache(variant: Variant, config, engine: str, run: Path) -> Path:
     """Where a variant's measurements live: results/cache/variants/<cache_key> for what quantgate serves, and
-    <run>/endpoints/<name>-<key> for an endpoint (this run only: see the module docstring)."""
+    <run>/endpoints/<model>-<key> for an endpoint (this run only, shared by every variant of the run that is this
+    endpoint: see the module docstring)."""
     if variant.endpoint is None:
         return results_dir() / "cache" / "variants" / cache_key(variant, config, engine)
     blob = {"url": variant.endpoint.endpoint, "model": variant.endpoint.model, "reported": engine}
-    return run / "endpoints" / f"{variant.name}-{hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]}"
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", variant.endpoint.model)[:40]
+    return run / "endpoints" / f"{readable}-{hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]}"
 
 
 def eval_dir(cache: Path, evalset: Path, limit: int | None) -> Path:

@@ -9,19 +9,26 @@ endpoints) and an endpoint `baseline:`; and which scheme an existing checkpoint 
 A checkpoint candidate is served by quantgate like a quantized scheme, without quantizing: its folder must exist and
 hold config.json; its scheme is read from `quantization_config` (`detect_scheme`): compressed-tensors groups map to
 quantgate's scheme ids where their weight and activation formats match one, anything else is `external` (no policy
-family: the gate's family checks cannot pass it). An endpoint is measured where it runs and never started or stopped
-(quantgate.serving.endpoint); its `scheme` may be declared (not verified), default `external`. Keys come from an
-environment variable or a Prefect Secret block, read when the release runs, never at load.
+family: the gate's family checks cannot pass it). `checkpoint_problems` looks further, for `quantgate check`:
+weights files there, readable, and stored as the scheme says (safetensors headers). An endpoint is measured where it
+runs and never started or stopped (quantgate.serving.endpoint); its `scheme` may be declared (not verified), default
+`external`. Keys come from an environment variable or a Prefect Secret block, read when the release runs, never at
+load.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
+from quantgate.base.errors import QuantgateError
+from quantgate.quantize.preflight import read_safetensors_header
 from quantgate.quantize.schemes import load_schemes
 from quantgate.serving.cpu_kernels import split_schemes
 
@@ -39,7 +46,7 @@ class EndpointRef(BaseModel):
     prefect_secret: str | None = Field(None, description="Prefect Secret block holding its API key")
 
     @model_validator(mode="after")
-    def _one_key(self) -> "EndpointRef":
+    def _one_key(self) -> EndpointRef:
         if self.api_key_env and self.prefect_secret:
             raise ValueError("give either api_key_env or prefect_secret, not both")
         return self
@@ -65,9 +72,12 @@ class CandidateSpec(BaseModel):
         if v is None:
             return None
         base = (info.context or {}).get("path")
-        path = (v if v.is_absolute() or base is None else Path(base).parent / v).resolve()
-        if not path.is_dir():
-            raise ValueError(f"checkpoint folder not found: {path} (relative paths are relative to the spec file's folder)")
+        path = v if v.is_absolute() or base is None else Path(base).parent / v
+        why = folder_problem(path)
+        if why:
+            raise ValueError(f"checkpoint folder {why}" + (" (relative paths are relative to the spec file's folder)"
+                                                           if why.startswith("not found") else ""))
+        path = path.resolve()
         read_config(path)
         return path
 
@@ -80,7 +90,7 @@ class CandidateSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "CandidateSpec":
+    def _one_kind(self) -> CandidateSpec:
         if (self.checkpoint is None) == (self.endpoint is None):
             raise ValueError(f"candidate {self.name}: give exactly one of `checkpoint` (a folder quantgate serves) or "
                              "`endpoint` (a server it does not start, with `model`)")
@@ -117,6 +127,23 @@ class CandidateSpec(BaseModel):
                            prefect_secret=self.prefect_secret)
 
 
+def folder_problem(path: Path) -> str | None:
+    """Why `path` is no folder quantgate can read ("not found: ...", a symlink loop, no permission), or None."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{path} is a symlink loop (it points back at itself)"
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            return f"{path} is a broken symlink (to {os.readlink(path)}, which does not exist)"
+        return f"not found: {path}" if exc.errno == errno.ENOENT else f"{path} cannot be looked at: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is a file, not a folder"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return f"{path} is not readable (permissions)"
+    return None
+
+
 def read_config(folder: Path) -> dict:
     """config.json of a checkpoint folder, as a mapping; ValueError naming the file otherwise."""
     path = folder / "config.json"
@@ -126,6 +153,9 @@ def read_config(folder: Path) -> dict:
         raise ValueError(f"no config.json in {folder}: not a Hugging Face checkpoint folder") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {exc}") from None
+    except (RecursionError, ValueError) as exc:  # the JSON parser's limits: nesting, digits
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split("; use sys.", 1)[0]
+        raise ValueError(f"cannot read {path}: {why}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a JSON object")
     return data
@@ -176,6 +206,61 @@ def detect_scheme(quantization_config: Mapping | None) -> tuple[str, str]:
     return EXTERNAL, f"compressed-tensors {what}{tail}: {why}"
 
 
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt")  # what vLLM's `auto` load format looks for, in this order
+# How each scheme's weights are stored in a compressed-tensors checkpoint (not `dense`): what, and a tensor test.
+_STORED = {"int8-w8a8": ("int8 (I8) weight tensors", lambda name, dtype: dtype == "I8"),
+           "fp8-dynamic": ("FP8 (F8_*) weight tensors", lambda name, dtype: dtype.startswith("F8_")),
+           "w4a16-gptq": ("packed int4 tensors (*.weight_packed)", lambda name, dtype: name.endswith(".weight_packed")),
+           "w4a16-awq": ("packed int4 tensors (*.weight_packed)", lambda name, dtype: name.endswith(".weight_packed")),
+           "nvfp4": ("packed FP4 tensors (*.weight_packed)", lambda name, dtype: name.endswith(".weight_packed"))}
+
+
+def _weights_problems(folder: Path, config: dict, scheme: str | None) -> list[str]:
+    """The weights files of a checkpoint: present, every shard its index names there, safetensors headers
+    readable; for a quantized `scheme`, stored in its format (safetensors headers only: no tensor data is read)."""
+    files = next((sorted(folder.glob(g)) for g in WEIGHTS if list(folder.glob(g))), [])
+    if not files:
+        return [f"no weights files in {folder} (vLLM loads *.safetensors, *.bin or *.pt): only part of a checkpoint"]
+    problems = []
+    for index in sorted(folder.glob("*.index.json")):
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
+        except (OSError, ValueError, RecursionError, AttributeError) as exc:
+            problems.append(f"{index} cannot be read: {type(exc).__name__}: {exc}")
+            continue
+        problems += [f"{index} names {s}, which is not in {folder}" for s in sorted(shards) if not (folder / s).is_file()]
+    tensors: dict[str, str] = {}
+    for f in (f for f in files if f.suffix == ".safetensors"):
+        try:
+            tensors |= {n: str(t.get("dtype")) for n, t in read_safetensors_header(f).items() if isinstance(t, dict)}
+        except (QuantgateError, OSError, ValueError, RecursionError) as exc:
+            problems.append(f"{f} is no readable safetensors file: {getattr(exc, 'message', exc)}")
+    qc = config.get("quantization_config") if isinstance(config.get("quantization_config"), Mapping) else {}
+    groups = qc.get("config_groups") if isinstance(qc.get("config_groups"), Mapping) else {}
+    formats = {qc.get("format")} | {g.get("format") for g in groups.values() if isinstance(g, Mapping)}
+    if scheme in _STORED and tensors and not problems and "dense" not in formats:  # dense: 16-bit, quantized at load
+        what, test = _STORED[scheme]
+        if not any(test(n, d) for n, d in tensors.items()):
+            dtypes = ", ".join(sorted(set(tensors.values())))
+            problems.append(f"config.json declares {scheme} but the weights hold no {what}, only {dtypes}: "
+                            "a config.json copied onto other weights?")
+    return problems
+
+
+def checkpoint_problems(folder: Path, scheme: str | None = None, *, weights: bool = True) -> list[str]:
+    """Why `folder` is no checkpoint quantgate can serve: not there, a symlink loop, unreadable, no config.json, no
+    (or unreadable) weights files, weights not stored as `scheme` says (where the safetensors headers tell). []
+    when none. `weights=False`: the folder serves only its config and tokenizer (an endpoint baseline's model)."""
+    why = folder_problem(Path(folder))
+    if why:
+        return [why]
+    try:
+        config = read_config(Path(folder))
+    except ValueError as exc:
+        return [str(exc)]
+    return _weights_problems(Path(folder), config, scheme) if weights else []
+
+
 def hardware_problem(hardware: str, scheme: str | None, python: Path | None = None) -> str | None:
     """Why `hardware` cannot serve a checkpoint of `scheme` (the support table and, on a CPU, the kernel probe: the
     same checks as `schemes`), or None. An EXTERNAL scheme cannot be checked: None, and the note says so."""
@@ -195,5 +280,5 @@ def external(spec, name: str) -> CandidateSpec | None:
     return next((c for c in spec.candidates if c.name == name), None)
 
 
-__all__ = ["EXTERNAL", "CandidateSpec", "EndpointRef", "candidate_names", "detect_scheme", "external", "hardware_problem",
-           "read_config"]
+__all__ = ["EXTERNAL", "CandidateSpec", "EndpointRef", "candidate_names", "checkpoint_problems", "detect_scheme",
+           "external", "folder_problem", "hardware_problem", "read_config"]

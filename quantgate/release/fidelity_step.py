@@ -1,17 +1,22 @@
-"""The release's fidelity step (adapter): every variant scores the baseline's own answers, teacher-forced, and the
-baseline scores them twice for the noise floor.
+"""The release's fidelity step (adapter): the baseline samples a continuation of every fidelity prompt, every
+variant scores those continuations teacher-forced, and the baseline scores them twice for the noise floor.
 
-Sequences: each eval set's samples that the baseline answered, as chat-template prompt + the baseline's greedy
-answer (quantgate.fidelity.run.build_sequences), a stratified subset of `fidelity.limit`, plus the optional text
-corpus. Every variant's server scores them with the same requests (prompt logprobs, top-k) at
-`fidelity.concurrency`: the main path. The baseline's server scores them once more one request at a time, so that
-batches are composed differently: KL between the baseline's two dumps is the noise floor the gate reads a
-candidate's KL against. On CPU the baseline serves FP32 and W4A16 candidates BF16 activations: the floor holds the
+Prompts: each eval set's samples as chat-template prompts, a stratified subset of `fidelity.limit` (every category
+gets its share), the optional text corpus (each passage a prompt), and `fidelity.context_prompts` haystack prompts
+per length of the recall grid (category `context:<length>`: a haystack document of that length, which the baseline
+continues: the gate judges fidelity at every context length, not only on short answers). The baseline's server samples one
+continuation per prompt at temperature 1 (quantgate.fidelity.sampling): on those tokens the mean
+log-ratio of the actual token is an unbiased KL estimate (quantgate.fidelity.core). Every variant's server scores
+prompt + continuation with the same requests (prompt logprobs of the continuation, top-k) at
+`fidelity.concurrency`: the main path. The baseline's server scores a stratified subset of them
+(`fidelity.floor_samples`) once more one request at a time, so that batches are composed differently: KL between
+the baseline's two dumps on that subset is the noise floor the gate reads a candidate's KL against. On CPU the baseline serves FP32 and W4A16 candidates BF16 activations: the floor holds the
 engine's batch noise only, so a candidate's KL includes its activation dtype (stated in the summary's notes).
 
 Files:
+    <baseline cache>/fidelity/<key>-samples/                           samples.jsonl + manifest.json
     <variant cache>/fidelity/<key>-main/  and (baseline) <key>-alt/   logprobs.jsonl + manifest.json
-    <run>/fidelity/<candidate>.json, <run>/fidelity/floor.json      {"summary", "samples", "dumps"}
+    <run>/fidelity/<candidate>.json, <run>/fidelity/floor.json      {"summary", "samples", "dumps", "estimator"}
 """
 
 from __future__ import annotations
@@ -22,82 +27,174 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from quantgate.base.runfiles import RESULTS
-from quantgate.base.fileio import write_json
-from quantgate.evals.client import read_results
-from quantgate.evals.dataset import load_evalset
-from quantgate.fidelity.core import SampleFidelity, summarize
-from quantgate.fidelity.run import Sequence, build_sequences, compare_dumps, is_complete, score_sequences
+from quantgate.base.errors import QuantgateError, SettingError
+from quantgate.base.fileio import lock, write_json
+from quantgate.evals.dataset import load_evalset, stratified_subset
+from quantgate.fidelity import sampling
+from quantgate.fidelity.core import SampleFidelity, merge_draws, summarize
+from quantgate.fidelity.run import Sequence, compare_dumps, is_complete, score_sequences, stratified
+from quantgate.recall.run import build_checked_grid, load_needle_data
 from quantgate.release.spec import ReleaseSpec
 
 Log = Callable[[str], None]
 ALT_CONCURRENCY = 1
+DRAW = "#"  # a prompt's k-th sampled continuation is the sequence <prompt id>#<k>
+SAMPLE_CONCURRENCY = 32  # decoding is the cost of sampling: a wide batch is many times faster on a CPU
+ESTIMATOR = "sampled-logratio"  # what <run>/fidelity/*.json's kl means (quantgate.fidelity.core)
 
 
-def dump_dirs(cache: Path, spec: ReleaseSpec, reference: Mapping[str, Path], baseline: bool) -> dict[str, Path]:
-    """The variant's dump folders, keyed before anything is measured: by the baseline's eval folders (themselves
-    keyed by the baseline's checkpoint, serving arguments, engine and eval set) and the fidelity settings."""
+def _key(spec: ReleaseSpec, reference: Mapping[str, Path]) -> str:
+    """By the baseline's eval folders (themselves keyed by the baseline's checkpoint, serving arguments, engine and
+    eval set) and the fidelity settings."""
     assert spec.fidelity is not None
     blob = json.dumps({"evals": sorted(str(p) for p in reference.values()),
                        "fidelity": spec.fidelity.model_dump(mode="json")}, sort_keys=True)
-    key = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def samples_dir(spec: ReleaseSpec, reference: Mapping[str, Path]) -> Path:
+    """The baseline's sampled continuations, in the baseline's cache: the folder above its eval folders."""
+    if not reference:
+        raise SettingError("fidelity continues the eval sets' prompts, and the release has no eval set",
+                           setting="fidelity", fix="list eval_sets, or set fidelity: null")
+    base_cache = next(iter(reference.values())).parent.parent
+    return base_cache / "fidelity" / f"{_key(spec, reference)}-samples"
+
+
+def dump_dirs(cache: Path, spec: ReleaseSpec, reference: Mapping[str, Path], baseline: bool) -> dict[str, Path]:
+    """The variant's dump folders, keyed before anything is measured (see _key)."""
+    key = _key(spec, reference)
     out = {"main": cache / "fidelity" / f"{key}-main"}
     if baseline:
         out["alt"] = cache / "fidelity" / f"{key}-alt"
     return out
 
 
-def done(dirs: Mapping[str, Path]) -> bool:
-    """Every dump complete. The folders' key already names the sequences (the baseline's eval folders and the
-    fidelity settings), so any complete dump in them is this one."""
-    return all(is_complete(d, None) for d in dirs.values())
+def baseline_dumps(spec: ReleaseSpec, reference: Mapping[str, Path]) -> dict[str, Path]:
+    """The baseline's dump folders (main and alt), in its cache beside its samples: what a candidate's fidelity is
+    compared with."""
+    return dump_dirs(samples_dir(spec, reference).parent.parent, spec, reference, baseline=True)
 
 
-def baseline_records(spec: ReleaseSpec, reference: Mapping[str, Path]) -> list[dict[str, Any]]:
-    """The baseline's answers with the chat messages that produced them, ids prefixed by their eval set."""
+def done(dirs: Mapping[str, Path], samples: Path) -> bool:
+    """Every dump complete, and the baseline's samples they scored (candidates beside it wait for those). The
+    folders' key already names the sequences (the baseline's eval folders and the fidelity settings), so any
+    complete dump in them is this one."""
+    return sampling.is_complete(samples) and all(is_complete(d, None) for d in dirs.values())
+
+
+def prompt_records(spec: ReleaseSpec) -> list[dict[str, Any]]:
+    """The chat prompts of the eval samples the release asks (`eval.limit`: the same subset), ids prefixed by their
+    eval set."""
     out = []
     for path in spec.eval_sets:
-        folder = reference.get(path.stem)
-        if folder is None:
-            continue
         es = load_evalset(path, with_dataset=False)
-        answers = read_results(folder / RESULTS)
-        for s in es.samples:
-            r = answers.get(s.id)
-            if r is not None and r.get("error") is None and r.get("output"):
-                out.append({"id": f"{path.stem}/{s.id}", "category": s.category, "messages": s.chat(),
-                            "output": r["output"]})
+        out += [{"id": f"{path.stem}/{s.id}", "category": s.category, "messages": s.chat()}
+                for s in stratified_subset(es.samples, spec.eval.limit)]
     return out
 
 
-def sequences(spec: ReleaseSpec, reference: Mapping[str, Path], tokenizer: Path) -> list[Sequence]:
+def context_records(spec: ReleaseSpec, tokenizer: Path) -> list[dict[str, Any]]:
+    """`fidelity.context_prompts` prompts per length of the recall grid, category `context:<length>`: a haystack
+    document of that length (the recall grid's own, then more of the same kind) followed by
+    `fidelity.context_instruction`, so that the baseline's continuation is long text written at that depth of
+    context: the positions where long-context damage shows."""
+    f, r = spec.fidelity, spec.recall
+    assert f is not None
+    if r is None or f.context_prompts == 0:
+        return []
+    per_kind = -(-f.context_prompts // len(r.kinds))  # haystacks of each kind, per length
+    prompts, _ = build_checked_grid(tokenizer, r.lengths, r.depths, r.kinds, max(r.samples, per_kind), seed=r.seed,
+                                    ask=r.ask, max_model_len=spec.context, max_answer_tokens=f.context_new_tokens,
+                                    source="spec context")
+    docs: dict[int, dict[str, str]] = {}  # length -> haystack -> document
+    for p in prompts:
+        docs.setdefault(p.length, {}).setdefault(p.haystack, document_of(p.messages))
+    out = []
+    for length, by_haystack in sorted(docs.items()):
+        for hay, doc in sorted(by_haystack.items())[: f.context_prompts]:
+            out.append({"id": f"context/{hay}", "category": f"context:{length}",
+                        "messages": [{"role": "user", "content": f"{doc}\n\n{f.context_instruction}"}]})
+    return out
+
+
+def document_of(messages: list[dict]) -> str:
+    """The haystack document of a recall request (the text between the user template's parts around {document})."""
+    head, rest = load_needle_data().user.split("{document}", 1)
+    tail = rest.split("{question}", 1)[0]
+    text = messages[-1]["content"]
+    if not text.startswith(head) or tail not in text[len(head):]:
+        raise QuantgateError("a recall request does not follow the needle data's user template", where="fidelity "
+                             "context prompts", fix="report this: the recall grid and its template disagree")
+    return text[len(head): text.index(tail, len(head))]
+
+
+def sample(spec: ReleaseSpec, reference: Mapping[str, Path], tokenizer: Path, srv, log: Log) -> Path:
+    """The baseline's continuations of the fidelity prompts, sampled on `srv` unless already complete. Under a lock:
+    two of the baseline's servers asking at once sample once (the second finds them complete)."""
     f = spec.fidelity
     assert f is not None
-    return build_sequences(baseline_records(spec, reference), tokenizer, limit=f.limit, corpus=f.corpus,
-                           max_len=spec.context)
+    out = samples_dir(spec, reference)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with lock(out, timeout=None, what="sample the fidelity continuations"):
+        if not sampling.is_complete(out):
+            room = spec.context - f.max_new_tokens
+            prompts = sampling.build_prompts(prompt_records(spec), tokenizer, limit=f.limit, corpus=f.corpus,
+                                             max_len=room)
+            prompts = [p.model_copy(update={"id": f"{p.id}{DRAW}{k}"}) for p in prompts for k in range(f.draws)]
+            context = sampling.build_prompts(context_records(spec, tokenizer), tokenizer,
+                                             max_len=spec.context - f.context_new_tokens + 1)
+            prompts += [p.model_copy(update={"max_tokens": f.context_new_tokens}) for p in context]
+            log(f"baseline: fidelity continuations: {len(prompts) - len(context)} eval prompts up to "
+                f"{f.max_new_tokens} tokens, {len(context)} haystack documents up to {f.context_new_tokens}, "
+                "sampled at temperature 1")
+            every = max(1, len(prompts) // 5)
+
+            def progress(n: int, total: int) -> None:
+                if n % every == 0 or n == total:
+                    log(f"baseline: fidelity continuations {n}/{total}")
+
+            sampling.sample_continuations(srv.base_url, srv.config.name, srv.api_key, prompts, out,
+                                          max_tokens=f.max_new_tokens,
+                                          concurrency=max(f.concurrency, SAMPLE_CONCURRENCY),
+                                          progress=progress)
+    return out
+
+
+def sequences(spec: ReleaseSpec, reference: Mapping[str, Path]) -> list[Sequence]:
+    """Prompt + the baseline's sampled continuation, scored over the continuation (the samples must be complete)."""
+    return sampling.load_sequences(samples_dir(spec, reference))
 
 
 def measure(spec: ReleaseSpec, name: str, srv, dirs: Mapping[str, Path], seqs: list[Sequence], log: Log) -> None:
     """Score the sequences on a running server: the main path, and for the baseline the one-at-a-time path."""
     f = spec.fidelity
     assert f is not None
-    tokens = sum(len(s.token_ids) for s in seqs)
     for path_name, folder in dirs.items():
         conc = f.concurrency if path_name == "main" else ALT_CONCURRENCY
-        log(f"{name}: fidelity ({path_name} path): {len(seqs)} sequences, {tokens} tokens, top-{f.top_k}, "
+        scored = floor_subset(seqs, f.floor_samples) if path_name == "alt" else seqs
+        tokens, every = sum(len(s.token_ids) - s.score_from for s in scored), max(1, len(scored) // 5)
+        log(f"{name}: fidelity ({path_name} path): {len(scored)} sequences, {tokens} scored tokens, top-{f.top_k}, "
             f"concurrency {conc}")
-        every = max(1, len(seqs) // 5)
 
-        def progress(n: int, total: int, _p: str = path_name) -> None:
+        def progress(n: int, total: int, _p: str = path_name, every: int = every) -> None:
             if n % every == 0 or n == total:
                 log(f"{name}: fidelity ({_p}) {n}/{total}")
 
-        score_sequences(srv.base_url, name, srv.api_key, seqs, folder, top_k=f.top_k, concurrency=conc,
+        score_sequences(srv.base_url, name, srv.api_key, scored, folder, top_k=f.top_k, concurrency=conc,
                         progress=progress)
 
 
-def _write(path: Path, samples: list[SampleFidelity], dumps: dict[str, str]) -> None:
-    write_json(path, {"summary": summarize(samples).model_dump(mode="json"),
+def floor_subset(seqs: list[Sequence], limit: int | None) -> list[Sequence]:
+    """The sequences the floor's path scores: `limit` of them round-robin over the categories (context lengths
+    included), ids sorted; all when limit is None."""
+    keep = {it["id"] for it in stratified([{"id": s.id, "category": s.category} for s in seqs], limit)}
+    return [s for s in seqs if s.id in keep]
+
+
+def _write(path: Path, draws: list[SampleFidelity], dumps: dict[str, str]) -> None:
+    samples = merge_draws(draws, DRAW)  # a prompt's draws are one sample (cluster) in the intervals
+    write_json(path, {"summary": summarize(samples).model_dump(mode="json"), "estimator": ESTIMATOR,
                       "samples": [s.model_dump(mode="json") for s in samples], "dumps": dumps})
 
 
@@ -107,8 +204,8 @@ def compare(run: Path, base_dirs: Mapping[str, Path], cand_name: str, cand_dirs:
     _write(out / f"{cand_name}.json", compare_dumps(base_dirs["main"], cand_dirs["main"]),
            {"baseline": str(base_dirs["main"]), "candidate": str(cand_dirs["main"])})
     if "alt" in base_dirs:
-        _write(out / "floor.json", compare_dumps(base_dirs["main"], base_dirs["alt"]),
+        _write(out / "floor.json", compare_dumps(base_dirs["main"], base_dirs["alt"], subset=True),
                {"baseline": str(base_dirs["main"]), "alt": str(base_dirs["alt"])})
 
 
-__all__ = ["compare", "done", "dump_dirs", "measure", "sequences"]
+__all__ = ["baseline_dumps", "compare", "done", "dump_dirs", "measure", "sample", "samples_dir", "sequences"]

@@ -31,7 +31,7 @@ DEFAULT_MARGIN = 0.05
 
 
 @dataclass
-class JudgeEndpoint:
+class ServedJudge:
     url: str
     model: str
     api_key: str | None
@@ -53,12 +53,12 @@ def margin(spec: ReleaseSpec) -> float:
 
 
 @contextmanager
-def judge_endpoint(spec: ReleaseSpec, run: Path, log: Callable[[str], None] = print) -> Iterator[JudgeEndpoint]:
+def judge_endpoint(spec: ReleaseSpec, run: Path, log: Callable[[str], None] = print) -> Iterator[ServedJudge]:
     """The spec's judge, ready to answer: the remote endpoint, or a vLLM server of `judge.serve` until exit."""
     j = spec.judge
     assert j is not None
     if j.endpoint is not None:
-        yield JudgeEndpoint(j.endpoint, j.model or "", api_key(j), None)
+        yield ServedJudge(j.endpoint, j.model or "", api_key(j), None)
         return
 
     path = resolve_model(j.serve or "")
@@ -75,7 +75,7 @@ def judge_endpoint(spec: ReleaseSpec, run: Path, log: Callable[[str], None] = pr
                 return exc.message
             return None
 
-        yield JudgeEndpoint(srv.base_url, variant.name, srv.api_key, variant.content_hash, dead)
+        yield ServedJudge(srv.base_url, variant.name, srv.api_key, variant.content_hash, dead)
 
 
 def failure(run: Path, candidate: str) -> str | None:

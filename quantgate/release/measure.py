@@ -22,6 +22,7 @@ from quantgate.plan.slots import Slot
 from quantgate.recall.run import build_checked_grid, run_recall
 from quantgate.release import fidelity_step
 from quantgate.release.cachelayout import perf_runs_done, perf_settings
+from quantgate.release.early import EarlyDecision
 from quantgate.release.replicas import Step
 from quantgate.release.spec import ReleaseSpec
 from quantgate.release.variants import Log, Variant, make_server, server_config
@@ -56,13 +57,19 @@ def _run_eval(spec: ReleaseSpec, variant: Variant, srv, name: str, out: Path, lo
 
 def measure_steps(spec: ReleaseSpec, variant: Variant, evals: dict[str, Path], todo: list[str], recall: Path | None,
                    perf: Path | None, fidelity: Mapping[str, Path], *, folder: Path, tokenizer: Path,
-                   reference: Mapping[str, Path], log: Log, reference_ready: Callable[[], None] | None) -> list[Step]:
+                   reference: Mapping[str, Path], log: Log, reference_ready: Callable[..., None] | None,
+                   early: EarlyDecision | None = None) -> list[Step]:
     """What is measured on a running server of the variant, as independent steps (quantgate.release.replicas): the
-    eval sets, the recall grid, the perf probe, teacher-forced fidelity of the baseline's answers (`reference`),
-    each fidelity path its own step. Fidelity comes last: a candidate beside the baseline waits for its answers."""
+    eval sets, the recall grid, the perf probe, teacher-forced fidelity of the continuations the baseline sampled
+    (in its cache beside its eval folders, `reference`), each fidelity path its own step. The baseline samples
+    first and scores them next, so that the candidates beside it can score and decide early. A candidate's fidelity
+    waits for those samples when they are not complete yet; with `early` (quantgate.release.early) it comes before
+    the recall grid and the perf probe, which a REJECT decided by it skips. Without, it comes last."""
     steps = [Step(f"eval {n}", lambda srv, n=n: _run_eval(spec, variant, srv, n, evals[n], log)) for n in todo]
     if recall is not None:
         def recall_step(srv) -> None:
+            if early is not None and early.skips("recall"):
+                return
             r = spec.recall
             log(f"{variant.name}: long-context recall, lengths {r.lengths} x depths {r.depths} x {r.kinds}")
             with progress.reporting(f"{variant.name}: recall", log):
@@ -70,6 +77,8 @@ def measure_steps(spec: ReleaseSpec, variant: Variant, evals: dict[str, Path], t
         steps.append(Step("recall", recall_step))
     if perf is not None:
         def perf_step(srv) -> None:
+            if early is not None and early.skips("perf"):
+                return
             ps = perf_settings(spec)
             log(f"{variant.name}: {spec.workload} performance probe at concurrency {ps.levels}, {ps.repeats} repeats, "
                 f"budget {ps.budget_s:g} s (vllm bench serve)")
@@ -77,15 +86,31 @@ def measure_steps(spec: ReleaseSpec, variant: Variant, evals: dict[str, Path], t
                     progress.watch(len(ps.levels) * ps.repeats, lambda: perf_runs_done(perf)):
                 _run_perf(spec, variant, srv, perf, folder, tokenizer)
         steps.append(Step("perf", perf_step))
+    samples = _sampling_step(spec, fidelity, reference, tokenizer, reference_ready, log)
+    scoring = []
     for path_name, out in fidelity.items():
         def fidelity_step_(srv, path_name=path_name, out=out) -> None:
-            if reference_ready is not None:
-                reference_ready()
+            samples.run(srv)  # the baseline: sampled here unless done; a candidate: waits for the baseline's
             with progress.reporting(f"{variant.name}: fidelity ({path_name})", log):
                 fidelity_step.measure(spec, srv.config.name, srv, {path_name: out},
-                                      fidelity_step.sequences(spec, reference, tokenizer), log)
-        steps.append(Step(f"fidelity ({path_name})", fidelity_step_))
-    return steps
+                                      fidelity_step.sequences(spec, reference), log)
+            if early is not None and path_name == "main":
+                early.judge(out)
+        scoring.append(Step(f"fidelity ({path_name})", fidelity_step_))
+    if "alt" in fidelity:  # the baseline: samples, then scores them (both paths), then the rest
+        return [samples, *scoring, *steps]
+    if early is not None:  # a candidate deciding early: after its eval sets, before the recall grid and perf probe
+        return steps[:len(todo)] + scoring + steps[len(todo):]
+    return steps + scoring
+
+
+def _sampling_step(spec: ReleaseSpec, fidelity: Mapping[str, Path], reference: Mapping[str, Path], tokenizer: Path,
+                   reference_ready: Callable[[], None] | None, log: Log) -> Step:
+    """The baseline's (its fidelity has the `alt` path): sample the continuations on a server of its own. A
+    candidate's: wait until the baseline's job has sampled them (`reference_ready`)."""
+    if "alt" in fidelity:
+        return Step("fidelity (samples)", lambda srv: fidelity_step.sample(spec, reference, tokenizer, srv, log))
+    return Step("fidelity (samples)", lambda srv: reference_ready() if reference_ready is not None else None)
 
 
 def check_parity(variant: Variant, srv, cache: Path, dtype: str, log: Log) -> None:

@@ -83,7 +83,7 @@ class PublishTarget(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "PublishTarget":
+    def _exactly_one(self) -> PublishTarget:
         given = [k for k in ("folder", "url", "hf_repo") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"a publish target is exactly one of folder, url or hf_repo; got {given or 'none'}")

@@ -199,7 +199,7 @@ def _manifest(d: dict, model: str, version: str, checkpoint: Path, got: str, eva
         "run": str(run) if run else None, "policy": d.get("policy"),
         "checks": {"passed": sum(c.get("passed") is True for c in d.get("checks", [])),
                    "skipped": sum(c.get("passed") is None for c in d.get("checks", []))},
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -323,7 +323,7 @@ def publish_entry(entry: Path | str, target: str, *, model: str | None = None, v
                                     message=f"quantgate: promote {model} {version}")
     else:
         out = targets.copy_to(entry, target, model=model, version=version)
-    record = {"target": target, **out, "published": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    record = {"target": target, **out, "published": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
     with lock(version_lock(entry.parent, f"{entry.name}.publish"), timeout=60.0, what=f"record publish of {entry}"):
         done = (json.loads((entry / PUBLISHED).read_text(encoding="utf-8")) if (entry / PUBLISHED).is_file() else {})
         write_json(entry / PUBLISHED, {"published": [*done.get("published", []), record]})

@@ -94,7 +94,7 @@ class StepRunner:
     def servers(self) -> int:
         return 1 + len(self.extras)
 
-    def __enter__(self) -> "StepRunner":
+    def __enter__(self) -> StepRunner:
         if self.lender is not None and self.start is not None:
             self.grower.start()
         return self

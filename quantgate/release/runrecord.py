@@ -17,12 +17,14 @@ import time
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from quantgate.base.runfiles import MANIFEST, TIMINGS
-from quantgate.base.errors import QuantgateError
+from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base.fileio import lock, write_json
 from quantgate.base.paths import REPO, results_dir
+from quantgate.release.stopping import stopping
 
 PACKAGES = ("quantgate", "llmcompressor", "compressed-tensors", "transformers", "torch", "prefect", "datasets", "evaluate")
 
@@ -31,14 +33,14 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 RUN_ID_MAX = 128
 
 
-def check_run_id(run_id: str, where: str = "--run-id") -> str:
+def check_run_id(run_id: str) -> str:
     """`run_id` when it is a plain folder name (letters, digits, '_', '.', '-'; first a letter or digit; at most
-    128 characters); otherwise a QuantgateError. A run id never leaves results/runs: no '/', no '..', not absolute."""
+    128 characters); otherwise a SettingError of `run_id`. A run id never leaves results/runs: no '/', no '..', not absolute."""
     if not isinstance(run_id, str) or len(run_id) > RUN_ID_MAX or not RUN_ID.fullmatch(run_id):
         shown = repr(run_id) if not isinstance(run_id, str) or len(run_id) <= 80 else repr(run_id[:80] + "...")
         why = (f"longer than {RUN_ID_MAX} characters" if isinstance(run_id, str) and len(run_id) > RUN_ID_MAX
                else "not a plain folder name")
-        raise QuantgateError(f"run id {shown} is {why}", where=where,
+        raise SettingError(f"run id {shown} is {why}", setting="run_id",
                              fix="use letters, digits, '_', '.' and '-' only, starting with a letter or digit, at most "
                                  f"{RUN_ID_MAX} characters (e.g. demo-2024-06-01-a); or leave it out for a fresh one")
     return run_id
@@ -46,25 +48,25 @@ def check_run_id(run_id: str, where: str = "--run-id") -> str:
 
 def new_run_id(name: str) -> str:
     """<name>-<UTC time to the second>Z-<6 random hex digits>: unique even for releases started in the same second."""
-    return f"{name}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+    return f"{name}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
 def _taken(path: Path) -> QuantgateError:
     return QuantgateError("run folder exists already: it belongs to an earlier release and is not reused",
-                          where=str(path), fix="choose another --run-id (or run_id parameter), or leave it out for a "
+                          where=str(path), fix="choose another run id (`run_id`), or leave it out for a "
                                                "fresh <name>-<time>-<random> id")
 
 
-def check_new_run_id(run_id: str | None, where: str = "--run-id") -> None:
+def check_new_run_id(run_id: str | None) -> None:
     """Refuse, before any work, a run id that is no plain folder name or whose run folder exists already."""
-    if run_id is not None and (results_dir() / "runs" / check_run_id(run_id, where)).exists():
+    if run_id is not None and (results_dir() / "runs" / check_run_id(run_id)).exists():
         raise _taken(results_dir() / "runs" / run_id)
 
 
 def run_dir(run_id: str) -> Path:
     """Create the run folder results/runs/<run_id> and return it. A run folder is never reused: one that exists
     already is refused (its files belong to another release)."""
-    check_run_id(run_id, where="run id (--run-id, or the release flow's run_id parameter)")
+    check_run_id(run_id)
     runs = results_dir() / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     path = runs / run_id
@@ -98,7 +100,7 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
 @contextmanager
 def step(run: Path, name: str, inputs: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Record one step: yields a dict for its outputs; writes <run>/<name>/manifest.json with timing and status."""
-    record: dict[str, Any] = {"step": name, "inputs": inputs, "outputs": {}, "started": dt.datetime.now(dt.timezone.utc).isoformat()}
+    record: dict[str, Any] = {"step": name, "inputs": inputs, "outputs": {}, "started": dt.datetime.now(dt.UTC).isoformat()}
     start = time.monotonic()
     try:
         yield record["outputs"]
@@ -114,14 +116,15 @@ def step(run: Path, name: str, inputs: dict[str, Any]) -> Iterator[dict[str, Any
 
 @contextmanager
 def timed(run: Path, name: str) -> Iterator[dict[str, Any]]:
-    """Append {step, seconds, status, start, end} to <run>/timings.json when the block ends (also when it fails);
+    """Append {step, seconds, status, start, end} to <run>/timings.json when the block ends (also when it fails:
+    status "failed", or "stopped" when a stop signal is stopping the release);
     start/end are Unix times (steps run concurrently: the overlaps and the critical path show). The block may add
     fields to the yielded dict (e.g. whether a server was started)."""
     start, wall, status, extra = time.monotonic(), time.time(), "ok", {}
     try:
         yield extra
     except BaseException:
-        status = "failed"
+        status = "stopped" if stopping() else "failed"  # a stop signal took its server away: not its own failure
         raise
     finally:
         with lock(run / TIMINGS, what=f"timing {name}"):  # read, append, write: steps in parallel lose none

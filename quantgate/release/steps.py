@@ -30,7 +30,8 @@ from quantgate.base.fileio import is_locked, lock, lock_holder, write_json
 from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.evals.comparefile import Comparison
 from quantgate.evals.run import compare_dirs
-from quantgate.gate.evidence import gate_run, overall
+from quantgate.gate.decisionfile import overall
+from quantgate.gate.evidence import gate_run
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizing import sizing
 from quantgate.gate.sizing import warnings as size_warnings
@@ -41,6 +42,8 @@ from quantgate.plan.slots import Slot
 from quantgate.recall import run as recall
 from quantgate.recall.run import is_complete as recall_complete
 from quantgate.release import fidelity_step, registry
+from quantgate.release.adaptive import fidelity_size
+from quantgate.release.early import early_decision
 from quantgate.release.cachelayout import (engine_of, eval_complete, eval_dirs, perf_dir, perf_ok, recall_dir,
                                            variant_cache)
 from quantgate.release.judge_step import api_key, failure, judge_candidates
@@ -95,34 +98,9 @@ def sizing_warnings(spec: ReleaseSpec) -> list[str]:
     return [f"{f}: {w}" for f in sorted(families) for w in size_warnings(sizing(policy, f, counts))]
 
 
-def _grow(current: int | None, budget: int | None, available: int) -> int | None:
-    """The next sample count: twice the current one (or all available), within the budget; None: cannot grow."""
-    now = current or available
-    if budget is None or now >= min(budget, available):
-        return None
-    return min(budget, available, max(2 * now, now + 1))
-
-
-def widen(spec: ReleaseSpec, decisions: list) -> ReleaseSpec | None:
-    """The spec with more eval and fidelity samples when a candidate is INCONCLUSIVE and the `adaptive` budget and
-    the eval sets allow more; None when there is nothing to add (the decision stands)."""
-    a = spec.adaptive
-    if a is None or not any(d.decision == "INCONCLUSIVE" for d in decisions):
-        return None
-    available = min((len(load_evalset(p, with_dataset=False).samples) for p in spec.eval_sets), default=0)
-    update: dict[str, Any] = {}
-    if (n := _grow(spec.eval.limit, a.max_eval_samples, available)) is not None:
-        update["eval"] = spec.eval.model_copy(update={"limit": n})
-    if spec.fidelity is not None:
-        reach = (update["eval"].limit if "eval" in update else spec.eval.limit) or available
-        if (k := _grow(spec.fidelity.limit, a.max_fidelity_samples, reach * max(len(spec.eval_sets), 1))) is not None:
-            update["fidelity"] = spec.fidelity.model_copy(update={"limit": k})
-    return spec.model_copy(update=update) if update else None
-
-
 def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity: bool, tokenizer: Path | None = None,
                        reference: Mapping[str, Path] | None = None, log: Log = print, slot: Slot | None = None,
-                       reference_ready: Callable[[], None] | None = None, lender: Lender | None = None) -> Evidence:
+                       reference_ready: Callable[..., None] | None = None, lender: Lender | None = None) -> Evidence:
     """Serve one variant under its plan and measure it. `tokenizer` (default: the variant's) makes the perf probe
     and the fidelity sequences the same for every variant: pass the baseline's. `reference`: the baseline's eval
     folders, whose answers every candidate scores for fidelity (default: this variant's own: the baseline).
@@ -167,7 +145,7 @@ def planned_evals(spec: ReleaseSpec, variant: Variant, run: Path, slot: Slot | N
 
 def _measure_cached(spec: ReleaseSpec, variant: Variant, run: Path, folder: Path, config, cache: Path, *,
                     parity: bool, tokenizer: Path | None, reference: Mapping[str, Path] | None, log: Log,
-                    reference_ready: Callable[[], None] | None = None,
+                    reference_ready: Callable[..., None] | None = None,
                     replicas: tuple[Slot | None, Lender | None] = (None, None)) -> Evidence:
     """serve_and_evaluate's work, under the cache key's lock: what is not finished in `cache` is measured."""
     evals = eval_dirs(cache, spec)  # the JSONL sets and the lm-eval tasks (`lm_eval:<task>`)
@@ -180,23 +158,17 @@ def _measure_cached(spec: ReleaseSpec, variant: Variant, run: Path, folder: Path
     perf = perf_dir(cache, spec)
     need_perf = perf is not None and not perf_ok(perf)
     fid = fidelity_step.dump_dirs(cache, spec, reference or evals, baseline=reference is None) if spec.fidelity else {}
-    need_fid = bool(fid) and not fidelity_step.done(fid)
+    need_fid = bool(fid) and not fidelity_step.done(fid, fidelity_step.samples_dir(spec, reference or evals))
     server = make_server(config, folder)
     served = bool(todo or need_parity or need_recall or need_perf or need_fid)
     if served:
-        nodes = getattr(config, "nodes", None)
-        if nodes:
-            for node, argv in zip(nodes, server.commands):
-                log(f"{variant.name}: {node.label} serving with `{' '.join(argv)}` {node.env}")
-        elif variant.endpoint is not None:
-            log(f"{variant.name}: measuring the endpoint {server.base_url} (model {config.name}): quantgate starts "
-                "and stops nothing")
-        else:
-            log(f"{variant.name}: serving with `{' '.join(server.command)}` {config.env}")
+        _log_serving(variant, config, server, log)
+        early = early_decision(spec, run, variant, reference, _dumps_ready(reference_ready), log) \
+            if need_fid else None  # fidelity cached: the final gate decides, nothing is left to skip
         steps = measure_steps(spec, variant, evals, todo, recall if need_recall else None,
                                perf if need_perf else None, fid if need_fid else {}, folder=folder,
                                tokenizer=tokenizer or variant.path, reference=reference or evals, log=log,
-                               reference_ready=reference_ready)
+                               reference_ready=reference_ready, early=early)
         slot, lender = replicas  # slots that fall free take extra servers of this variant, from its start on
         local = lender is not None and slot is not None and variant.endpoint is None
         runner = StepRunner(steps, name=variant.name, lender=lender if local else None, log=log,
@@ -212,7 +184,9 @@ def _measure_cached(spec: ReleaseSpec, variant: Variant, run: Path, folder: Path
                 srv.raise_if_dead()  # a dead server explains the failure better than a refused connection
                 raise
     else:
+        early = None
         log(f"{variant.name}: every result is cached in {cache}; not serving")
+    skipped = early.skipped if early is not None else {}
     parity_report = json.loads(parity_file.read_text()) if parity else None
     if parity_report is not None and parity_report["verdict"] != "pass":
         raise QuantgateError(f"engine parity failed for the baseline: {parity_report['reason']}", where=str(parity_file),
@@ -220,11 +194,31 @@ def _measure_cached(spec: ReleaseSpec, variant: Variant, run: Path, folder: Path
     ev = Evidence(variant=variant, folder=folder, cache=cache, serve_command=server.command, parity=parity_report,
                   node_commands=getattr(server, "commands", []),
                   dtype=_arg(config.args, "--dtype", None),
-                  evals=evals, recall=recall, perf=perf, fidelity=fid, served=served,
+                  evals=evals, recall=None if "recall" in skipped else recall,
+                  perf=None if "perf" in skipped else perf, fidelity=fid, served=served, skipped=dict(skipped),
+                  decided=early.reason if early is not None else None,
                   not_applicable=not_applicable(variant, baseline=reference is None))
     write_json(folder / EVIDENCE, ev.model_dump(mode="json"))
     return ev
 
+
+
+def _log_serving(variant: Variant, config, server, log: Log) -> None:
+    nodes = getattr(config, "nodes", None)
+    if nodes:
+        for node, argv in zip(nodes, server.commands):
+            log(f"{variant.name}: {node.label} serving with `{' '.join(argv)}` {node.env}")
+    elif variant.endpoint is not None:
+        log(f"{variant.name}: measuring the endpoint {server.base_url} (model {config.name}): quantgate starts "
+            "and stops nothing")
+    else:
+        log(f"{variant.name}: serving with `{' '.join(server.command)}` {config.env}")
+
+
+def _dumps_ready(reference_ready: Callable[..., None] | None) -> Callable[[], None] | None:
+    """The flow's wait for the baseline's fidelity dumps (its `reference_ready(dumps=True)`); None: the caller
+    measured the baseline first (nothing to wait for)."""
+    return None if reference_ready is None else (lambda: reference_ready(dumps=True))
 
 
 def _arg(args: list[str], flag: str, default: str | None) -> str | None:
@@ -252,6 +246,10 @@ def judge(spec: ReleaseSpec, run: Path, baseline: Evidence, candidates: list[Evi
     raised (quantgate.release.judge_step)."""
 
     served = [c for c in candidates if c.failure is None]  # a candidate whose server failed has no answers
+    for c in served:
+        if c.decided is not None:  # its REJECT is decided (quantgate.release.early): the verdicts cannot change it
+            log(f"judge: skipping {c.variant.name}: decided early: REJECT by fidelity")
+    served = [c for c in served if c.decided is None]
     return judge_candidates(spec, run, baseline, served, log=log) if served else {}
 
 
@@ -285,11 +283,13 @@ def _summary_row(base: Evidence, cand: Evidence, comparison: dict[str, Any]) -> 
     }
 
 
-def gate(spec: ReleaseSpec, run: Path, candidates: list[str]) -> list:
+def gate(spec: ReleaseSpec, run: Path, candidates: list[str], looks: list[int] | None = None) -> list:
     """The policy's decision for every candidate (<run>/decision.json and <run>/<candidate>/decision.json); with a
-    ladder, decision.json also lists every rung with its decision and reasons, or why it was not tried."""
+    ladder, decision.json also lists every rung with its decision and reasons, or why it was not tried. `looks`:
+    the fidelity sizes planned at flow start (fidelity_looks); this look is the spec's current size."""
 
-    decisions, path = gate_run(run, policy_path(spec), candidates)
+    plan = (looks, fidelity_size(spec)) if looks and spec.fidelity is not None else None
+    decisions, path = gate_run(run, policy_path(spec), candidates, looks=plan)
     if spec.ladder:
         write_json(path, {**json.loads(path.read_text(encoding="utf-8")), "ladder": _rungs(spec, decisions)})
     write_junit(path)  # <run>/decision.junit.xml: the checks as CI test cases (quantgate.report.junit)
@@ -332,6 +332,9 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidenc
     }
     summary["notes"] += [f"the judge failed for {c.variant.name}: {err}" for c in cands
                          if (err := failure(run, c.variant.name))]
+    summary["notes"] += [f"{c.variant.name}: REJECT decided early by fidelity, so "
+                         f"{', '.join([*c.skipped, *(['judge'] if spec.judge else [])]) or 'nothing'} did not run "
+                         f"(decide_early: false measures everything): {c.decided}" for c in cands if c.decided]
     summary["notes"] += [f"{c.variant.name} was not measured: {r['failure']} ({r['error']})" for c in cands
                          if (r := failed_row(c))] + spec.machine_notes
     summary["notes"] += [f"{e.variant.name} is the endpoint {e.variant.endpoint.endpoint} (model {e.variant.endpoint.model}):"

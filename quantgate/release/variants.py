@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
+from collections.abc import Callable
 
 from pydantic import BaseModel
 
@@ -62,6 +63,8 @@ class Evidence(BaseModel):
     served: bool                   # False when every result came from the cache
     failure: str | None = None     # its server could not start or died: why (<folder>/error.json has the log tail)
     not_applicable: dict[str, str] = {}  # evidence slot (parity, size) -> why it cannot exist for this variant
+    decided: str | None = None     # a REJECT decided early by fidelity: the failed checks (quantgate.release.early)
+    skipped: dict[str, str] = {}   # step (recall, perf) -> why it did not run
 
 
 def size_bytes(folder: Path) -> int:
@@ -166,7 +169,7 @@ def server_config(spec: ReleaseSpec, variant: Variant, folder: Path, slot: Slot 
     write_json(folder / PLAN, plan.model_dump(mode="json"))
     if plan.replica_plans[0].multi_node is None:
         cfg = config_from_plan(plan, variant.path, variant.name, dtype=s.dtype, extra_args=s.extra_args, python=s.python,
-                               startup_timeout_s=s.startup_timeout_s)
+                               startup_timeout_s=s.startup_timeout_s, stall_timeout_s=s.stall_timeout_s)
         slot = slot or (next(iter(slots(plan, 1)), None) if plan.kind == "cpu" else None)
         return cfg if slot is None else cfg.model_copy(update={"env": {**cfg.env, **slot.env}})
     if not s.local_nodes:
@@ -175,8 +178,9 @@ def server_config(spec: ReleaseSpec, variant: Variant, folder: Path, slot: Slot 
                           where="serving.local_nodes",
                           fix="set serving.local_nodes: true for one big host, or start the nodes with the commands "
                               f"`quantgate plan` prints (saved in {folder / 'plan.json'})")
-    return multinode_config_from_plan(plan, variant.path, variant.name, dtype=s.dtype, extra_args=s.extra_args,
-                                      python=s.python, startup_timeout_s=s.startup_timeout_s, join_timeout_s=s.join_timeout_s)
+    cfg = multinode_config_from_plan(plan, variant.path, variant.name, dtype=s.dtype, extra_args=s.extra_args,
+                                     python=s.python, startup_timeout_s=s.startup_timeout_s, join_timeout_s=s.join_timeout_s)
+    return cfg.model_copy(update={"stall_timeout_s": s.stall_timeout_s})
 
 
 def make_server(config, folder: Path):
@@ -209,7 +213,7 @@ class WatchedServer:
     def __getattr__(self, name: str):
         return getattr(self._server, name)
 
-    def __enter__(self) -> "WatchedServer":
+    def __enter__(self) -> WatchedServer:
         try:
             self._server.start()
         except QuantgateError as exc:

@@ -117,7 +117,7 @@ def notify_run(notify: list[NotifySpec], run: Path, summary: Mapping[str, Any]) 
     records = []
     for n in notify:
         body = payload(summary, decision, run, report_url=n.report_url, delivery=str(uuid.uuid4()),
-                       sent=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+                       sent=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
         records.append(send(n, body))
     write_json(run / NOTIFY_FILE, {"run": run.name, "records": records})
     return records

@@ -87,7 +87,7 @@ def trade_off(points: Sequence[dict]) -> str | None:
         if p.get("throughput_ratio") is not None:
             sa.plot([p["size_ratio"]], [p["throughput_ratio"]], "o", ms=8)
             sa.annotate(p["name"], (p["size_ratio"], p["throughput_ratio"]), fontsize=8, xytext=(4, 4), textcoords="offset points")
-        for m, d, *_ in p["deltas"][:1]:
+        for _m, d, *_ in p["deltas"][:1]:
             qa.annotate(p["name"], (p["size_ratio"], d if d is not None else 0), fontsize=8, xytext=(4, -10),
                         textcoords="offset points")
     if not any(p.get("throughput_ratio") is not None for p in pts):

@@ -146,7 +146,7 @@ class _ReportHandler(SimpleHTTPRequestHandler):
     """GET/HEAD of report files only, for requests addressed to this server by name (module docstring)."""
     results: Path = Path(".")
 
-    def log_message(self, format, *args):  # noqa: A002  (the base class's signature)
+    def log_message(self, format, *args):
         pass
 
     def send_head(self):

@@ -185,8 +185,8 @@ def serving_of(plan: Mapping | None, dtype: str | None, extra_args: list[str], n
         reps = plan.get("replica_plans") or [{}]
         lay, n = plan.get("layout") or {}, plan.get("replicas", 1)
         notes = [f"planned for {plan.get('hardware')}: TP={lay.get('tp', 1)}, PP={lay.get('pp', 1)}, {n} replica(s)"
-                 + (f"; this is the first replica's line, the others differ in their devices or cores (the run's "
-                    f"plan.json)" if n and n > 1 else "")]
+                 + ("; this is the first replica's line, the others differ in their devices or cores (the run's "
+                    "plan.json)" if n and n > 1 else "")]
         if reps[0].get("multi_node"):
             notes.append("the plan spans nodes: each node's command is in the run's plan.json (`quantgate plan` prints them)")
         return Serving(argv=["vllm", "serve", "checkpoint", "--served-model-name", name, *args, *extra_args],

@@ -17,7 +17,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable
 
 from quantgate.base.runfiles import (CELLS, COMPARE_DIR, DECISION, DELTA, EVIDENCE, JUDGE_DIR, JUDGE_REPORT, PAY_OFF, PERF,
                                      QUANTIZATION, RUN, SUMMARY)
@@ -154,10 +155,10 @@ def _read_typed(view: RunView, path: Path, what: str, load: Callable[[Path], M],
 def _started(folder: Path, run_id: str, decision: dict | None) -> str:
     m = _STAMP.search(run_id)
     if m:
-        return dt.datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.timezone.utc).isoformat()
+        return dt.datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC).isoformat()
     if decision and isinstance(decision.get("created"), str):
         return decision["created"]
-    return dt.datetime.fromtimestamp(folder.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.fromtimestamp(folder.stat().st_mtime, dt.UTC).isoformat(timespec="seconds")
 
 
 def _rows(doc: dict | None) -> dict:

@@ -240,7 +240,7 @@ def pay_off(doc: PayOff | dict | None) -> dict | None:
         lower = r.lower_is_better
         value, low, high = num(ci.value), num(ci.low), num(ci.high)
 
-        def spd(x: float | None) -> float | None:
+        def spd(x: float | None, lower: bool = lower) -> float | None:
             return None if x is None else (x if not lower else (math.inf if x == 0 else 1 / x))
 
         ends = sorted(v for v in (spd(low), spd(high)) if v is not None)

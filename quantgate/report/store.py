@@ -176,7 +176,7 @@ class Store:
             raise _corrupt(self.path, str(exc)) from None
         if version > LATEST:
             raise QuantgateError(f"the results database has schema version {version}; this quantgate knows up to "
-                                 f"{LATEST}", where=str(self.path), fix="upgrade quantgate, or use another --results folder")
+                                 f"{LATEST}", where=str(self.path), fix="upgrade quantgate, or use another results folder")
         for target in range(version + 1, upto + 1):
             self.db.execute("BEGIN IMMEDIATE")
             try:
@@ -258,7 +258,7 @@ def _filters(prefix: str = "", **kw: str | None) -> tuple[str, list]:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def fingerprint(view: RunView) -> str:

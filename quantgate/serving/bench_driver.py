@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import vllm_launcher  # noqa: E402  (answers vLLM's version lookup under the CPU build)
+import vllm_launcher
 
 
 def _skip(gate: str | Path) -> Path:
@@ -49,7 +49,7 @@ def main() -> int:
         add_cli_args(parser)
         try:
             bench_main(parser.parse_args(run["argv"]))
-        except BaseException as exc:  # noqa: BLE001 - recorded for the caller, then the next run
+        except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -97,11 +97,11 @@ class EndpointServer:
 
     def _log(self, what: str, info: dict) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         with open(self.log_path, "a", encoding="utf-8") as f:
             f.write(f"{stamp} {what} {json.dumps(info, sort_keys=True, default=str)}\n")
 
-    def start(self) -> "EndpointServer":
+    def start(self) -> EndpointServer:
         """Start nothing: read the key and check that /v1/models lists the model."""
         self.api_key = api_key(self.config)
         self.seen = describe(self.config, self.api_key)
@@ -139,7 +139,7 @@ class EndpointServer:
         http.model_entry(self.config.url, self.config.name, self.api_key, 10.0,
                          where=f"release spec field '{self.config.where}.endpoint' ({self.config.url})")
 
-    def __enter__(self) -> "EndpointServer":
+    def __enter__(self) -> EndpointServer:
         return self.start()
 
     def __exit__(self, exc_type, *exc) -> None:

@@ -209,7 +209,7 @@ class MultiNodeServer:
             raise SettingError(f"{head.label}: master port {port} on {addr} is in use{port_holder(port)}", setting="master_port",
                                  fix="free that port, or leave the master port unset so a free one is picked")
 
-    def start(self) -> "MultiNodeServer":
+    def start(self) -> MultiNodeServer:
         self._preflight()
         python = serve_python(self.config.python)
         t0 = time.monotonic()
@@ -360,7 +360,7 @@ class MultiNodeServer:
             if node.rank in self.procs and self.procs[node.rank].poll() is not None:
                 raise self._died(node, "while serving")
 
-    def __enter__(self) -> "MultiNodeServer":
+    def __enter__(self) -> MultiNodeServer:
         return self.start()
 
     def __exit__(self, exc_type, *exc) -> None:

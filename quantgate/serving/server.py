@@ -5,8 +5,9 @@
 
 The server binds loopback on a free port, gets a fresh random API key (passed by environment, not argv),
 and is considered up when /health answers and /v1/models lists it. If it dies while starting, the error
-carries the last lines of its log. Stopping kills the whole process tree (engine core, workers) and waits
-until the port is free again: on normal exit, on exceptions and on Ctrl-C.
+carries the last lines of its log. Stopping kills the whole process tree (engine core, workers), waits
+until the port is free again and removes the shared-memory files (/dev/shm) its processes held: on normal exit, on
+exceptions and on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quantgate.base import http
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import child_env, log_tail
-from quantgate.base.procs import TAG_VAR, group_members, guarded, tag_env, verify_gone
+from quantgate.base.procs import TAG_VAR, group_members, guarded, leftovers, remove_shm, shm_held, tag_env, verify_gone
 from quantgate.serving.env import LAUNCHER, serve_python
 from quantgate.serving.watchdog import STALL_S, Watchdog
 
@@ -174,6 +175,7 @@ class VLLMServer:
         self.tag = tag_env()  # marks the server and all it starts: stop() finds any of them left
         self.stalled: QuantgateError | None = None
         self._watchdog: Watchdog | None = None
+        self._shm: set[str] = set()  # its shared-memory files, removed by stop()
 
     @property
     def base_url(self) -> str:
@@ -185,7 +187,7 @@ class VLLMServer:
         c = self.config
         return ["vllm", "serve", str(c.model), "--host", c.host, "--port", str(self.port), "--served-model-name", c.name, *c.args]
 
-    def start(self) -> "VLLMServer":
+    def start(self) -> VLLMServer:
         python = serve_python(self.config.python)
         if not port_is_free(self.config.host, self.port):
             raise QuantgateError(f"port {self.port} on {self.config.host} is in use{port_holder(self.port)}", fix="pick another port or leave it unset for a free one")
@@ -196,6 +198,7 @@ class VLLMServer:
         except BaseException:
             self.stop(raising=False)  # the start-up error says more than anything left behind
             raise
+        self._note_shm()
         if self.config.stall_timeout_s:
             self._watchdog = Watchdog(self.base_url, self.log_path, self.proc.pid, self._on_stall,
                                       stall_s=self.config.stall_timeout_s).start()
@@ -207,6 +210,7 @@ class VLLMServer:
         log.error(error.render())
         proc = self.proc
         if proc is not None:
+            self._note_shm()
             stop_group(proc)
 
     def _wait_ready(self) -> None:
@@ -236,10 +240,22 @@ class VLLMServer:
         if self.proc is None:
             return
         pgid = self.proc.pid
+        self._note_shm()
         stop_group(self.proc)
         wait_port_free(self.config.host, self.port)
         self.proc = None
-        report_leftovers(f"vLLM server {self.base_url}", pgid, self.tag[TAG_VAR], [self.port], raising)
+        try:
+            report_leftovers(f"vLLM server {self.base_url}", pgid, self.tag[TAG_VAR], [self.port], raising)
+        finally:
+            shm, self._shm = self._shm, set()
+            if removed := remove_shm(shm):  # the guard's sweep removes them too, unless it was killed first
+                log.info(f"vLLM server {self.base_url}: removed {len(removed)} shared-memory files it left in /dev/shm")
+
+    def _note_shm(self) -> None:
+        """Remember the /dev/shm files the server's processes hold now (vLLM's message queues): an engine that is
+        killed never unlinks them, so stop() removes them once nobody holds them."""
+        if self.proc is not None:
+            self._shm |= shm_held(leftovers(self.proc.pid, self.tag[TAG_VAR]))
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -255,7 +271,7 @@ class VLLMServer:
                 fix="read the log: out of memory, a crash in a kernel, or the process was killed",
             )
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self.start()
 
     def __exit__(self, exc_type, *exc) -> None:
@@ -263,7 +279,8 @@ class VLLMServer:
 
 
 def config_from_plan(plan, model: Path, name: str, *, replica: int = 0, dtype: str | None = None,
-                     extra_args: list[str] | None = None, python: Path | None = None, startup_timeout_s: float = 600.0) -> ServerConfig:
+                     extra_args: list[str] | None = None, python: Path | None = None, startup_timeout_s: float = 600.0,
+                     stall_timeout_s: float | None = STALL_S) -> ServerConfig:
     """Serve one replica of a planner Plan (quantgate.plan.planner.Plan): its vLLM arguments and environment.
 
     `dtype` replaces the plan's --dtype (e.g. a spec override); multi-node replicas need the multi-node manager.
@@ -272,7 +289,7 @@ def config_from_plan(plan, model: Path, name: str, *, replica: int = 0, dtype: s
     if rep.multi_node is not None:
         raise QuantgateError(f"replica {replica} spans {len(rep.nodes)} nodes", fix="serve it with the multi-node manager")
     return ServerConfig(model=model, name=name, args=plan_args(plan, dtype) + list(extra_args or []), env=dict(rep.env),
-                        python=python, startup_timeout_s=startup_timeout_s)
+                        python=python, startup_timeout_s=startup_timeout_s, stall_timeout_s=stall_timeout_s)
 
 
 def plan_args(plan, dtype: str | None = None) -> list[str]:

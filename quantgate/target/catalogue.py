@@ -222,10 +222,17 @@ def _convert(gguf: Path, out: Path, dtype: str) -> None:
     tok.save_pretrained(out)
 
 
+def temp_prefix(folder: str) -> str:
+    """The name prefix of a materialization's temporary folder, beside the final one: `<root>/.<folder>.<random>`."""
+    return f".{folder}."
+
+
 def ensure_model(model_id: str = "demo", gguf: Path | None = None, root: Path | None = None) -> Path:
     """Materialize a catalogue model (idempotent): returns its verified checkpoint folder. Concurrent callers (two
-    releases, two test workers) build it once: the first holds the folder's lock while it converts, the others wait
-    for it and then verify its result."""
+    releases, two test workers) build it once: the first holds the folder's lock (`<root>/.locks/<folder>.lock`)
+    while it converts in a temporary folder and renames that into place, the others wait for it and then verify its
+    result. A temporary folder left by a killed attempt is removed by the next holder of the lock (never judged by
+    a pid: the lock says whether its writer still works)."""
     entry = catalogue_entry(model_id)
     root = root or models_dir()
     final = root / entry.folder
@@ -239,6 +246,8 @@ def ensure_model(model_id: str = "demo", gguf: Path | None = None, root: Path | 
             return final
         if final.exists():  # a folder without manifest: an interrupted earlier attempt; never trust it
             shutil.rmtree(final)
+        for stale in root.glob(f"{temp_prefix(entry.folder)}*"):  # a killed attempt's temp folder: we hold its lock
+            shutil.rmtree(stale, ignore_errors=True)
         _materialize(entry, root, final, gguf)
     return final
 
@@ -246,7 +255,7 @@ def ensure_model(model_id: str = "demo", gguf: Path | None = None, root: Path | 
 def _materialize(entry: CatalogueModel, root: Path, final: Path, gguf: Path | None) -> None:
     """Download, convert and verify `entry` into `final` (under its lock): the folder appears complete or not at all."""
     start = time.time()
-    with tempfile.TemporaryDirectory(dir=root, prefix=f".{entry.folder}.") as tmp:
+    with tempfile.TemporaryDirectory(dir=root, prefix=temp_prefix(entry.folder)) as tmp:
         work = Path(tmp)
         src = _fetch_gguf(entry.source, work / "download", gguf)
         out = work / "checkpoint"

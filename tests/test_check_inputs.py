@@ -1,0 +1,316 @@
+"""`quantgate check` and the shared readers against inputs that used to pass `check` and fail later, or crash: one
+case per gap, each refused (or accepted with a note where the check could not be made) naming the file, the line and
+the field, never with a traceback. Files are small and written into tmp_path; the real CLI runs as in test_check.py.
+
+Fast: no server, no model loading (checkpoint folders hold a config.json and a header-only safetensors file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.paths import REPO
+from quantgate.base.yamlconfig import MAX_DEPTH, read_yaml
+from quantgate.evals.dataset import load_evalset
+from quantgate.gate.policy import load_policy
+from quantgate.judge.review import check_csv, load_key
+from quantgate.release.external import checkpoint_problems
+from quantgate.release.spec import load_spec
+
+META = "name: t\nversion: 1\nmetrics:\n  exact_match: {higher_is_better: true, aggregation: mean}\n"
+SAMPLE = {"id": "s", "category": "factual_qa", "prompt": "Capital of France?", "references": ["Paris"],
+          "metrics": ["exact_match"]}
+INT8_CONFIG = REPO / "tests" / "data" / "external" / "int8-w8a8" / "config.json"
+SPEC = "version: 1\nname: x\nhardware: a100\nrecall: null\n"  # a GPU profile: no kernel probe, no serving env
+POLICY = "version: 1\nname: p\nsource: test\nerror_rate: {max: 0.02}\n"
+DEEP = 100_000  # levels: far past Python's recursion limit
+
+
+def quantgate(*args: str) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "quantgate.cli", *args], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    return r
+
+
+def evalset(folder: Path, name: str, lines: list[str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.meta.yaml").write_text(META)
+    path = folder / f"{name}.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def samples(n: int) -> list[str]:
+    return [json.dumps({**SAMPLE, "id": f"s{i}"}) for i in range(n)]
+
+
+def safetensors(path: Path, dtypes: dict[str, str]) -> None:
+    """A header-only safetensors file: each tensor one element of its dtype (enough for the header check)."""
+    size = {"I8": 1, "U8": 1, "F8_E4M3": 1, "BF16": 2, "I32": 4, "F32": 4}
+    header, offset = {}, 0
+    for name, dtype in dtypes.items():
+        header[name] = {"dtype": dtype, "shape": [1], "data_offsets": [offset, offset + size[dtype]]}
+        offset += size[dtype]
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
+
+
+def checkpoint(folder: Path, config: dict | Path | None = None, dtypes: dict[str, str] | None = None) -> Path:
+    folder.mkdir(parents=True)
+    if config is not None:
+        (folder / "config.json").write_text(config.read_text() if isinstance(config, Path) else json.dumps(config))
+    if dtypes:
+        safetensors(folder / "model.safetensors", dtypes)
+    return folder
+
+
+# --- 1. prompt length: needs a context, from --context, --spec or --model; without one a note ----------------------
+
+@pytest.mark.parametrize("option", ["none", "--context", "--spec", "--model"])
+def test_a_prompt_longer_than_the_context_is_refused_at_its_line(tmp_path, option):
+    path = evalset(tmp_path, "long", samples(100) + [json.dumps({**SAMPLE, "id": "big", "prompt": "x" * 40_000})])
+    spec = tmp_path / "ctx.yaml"
+    spec.write_text(SPEC + "model: demo\nschemes: [int8-w8a8]\ncontext: 8192\n")
+    model = checkpoint(tmp_path / "model", {"max_position_embeddings": 8192})
+    args = {"none": [], "--context": ["--context", "8192"], "--spec": ["--spec", str(spec)],
+            "--model": ["--model", str(model)]}[option]
+    r = quantgate("check", str(path), *args)
+    if option == "none":
+        assert r.returncode == 0 and f"ok evalset {path}" in r.stdout, r.stdout + r.stderr
+        assert f"note evalset {path}: prompt lengths not checked: no context given" in r.stderr, r.stderr
+        return
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{path}:101: 1 problem(s) in the eval set: prompt of 10000 tokens (estimate: characters/4) + max_tokens " \
+           "32 exceeds the served context of 8192 tokens" in r.stderr, r.stderr
+    assert "prompt lengths not checked" not in r.stderr
+
+
+def test_a_context_option_that_cannot_be_used_is_an_error_of_its_own(tmp_path):
+    config = checkpoint(tmp_path / "m", {"hidden_size": 8}) / "config.json"
+    r = quantgate("check", "releases/policies/default.yaml", "--model", str(config.parent))
+    assert r.returncode == 2 and f"{config}: config.json has no max_position_embeddings" in r.stderr, r.stderr
+    assert "ok policy releases/policies/default.yaml" in r.stdout
+
+
+# --- 2. review ids: matched against the key (file or judge folder); without one a note ----------------------------
+
+@pytest.mark.parametrize("key", ["none", "file", "judge folder"])
+def test_a_review_id_not_in_the_key_is_refused_at_its_line(tmp_path, key):
+    csv = tmp_path / "review.csv"
+    csv.write_text("review_id,choice\nR001,A\nR002,B\nR999,TIE\n")
+    judge = tmp_path / "judge"
+    judge.mkdir()
+    items = {"R001": {"pair_id": "p1", "a": "baseline"}, "R002": {"pair_id": "p2", "a": "candidate"}}
+    (judge / "review_key.json").write_text(json.dumps({"schema": 1, "seed": 0, "items": items}))
+    args = {"none": [], "file": ["--review-key", str(judge / "review_key.json")],
+            "judge folder": ["--review-key", str(judge)]}[key]
+    r = quantgate("check", str(csv), *args)
+    if key == "none":
+        assert r.returncode == 0 and "note review" in r.stderr and "not matched against a key" in r.stderr, r.stderr
+        return
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{csv}:4: 1 bad row(s) in the review CSV: unknown review_id 'R999' (not in the key)" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("text, where, words", [
+    ('{"items": {"R001": {"pair_id": "p1", "a": "left"}}}', "field 'items.R001'", "expected {pair_id"),
+    ('{"schema": 1}', "field 'items'", "no 'items' mapping"),
+    ('{"schema": 1,\n "items": {,}}', ":2", "not JSON"),
+    ("[" * DEEP + "]" * DEEP, "review_key.json", "nested too deeply"),
+])
+def test_a_bad_review_key_is_refused_naming_the_file(tmp_path, text, where, words):
+    (tmp_path / "review_key.json").write_text(text)
+    with pytest.raises(QuantgateError) as err:
+        load_key(tmp_path)  # the judge folder: its review_key.json
+    assert where in err.value.render() and words in err.value.message, err.value.render()
+
+
+def test_check_csv_and_review_import_share_the_key_check(tmp_path):
+    csv = tmp_path / "review.csv"
+    csv.write_text("review_id,choice\nR001,A\nR999,B\n")
+    (tmp_path / "review_key.json").write_text(json.dumps({"items": {"R001": {"pair_id": "p1", "a": "baseline"}}}))
+    assert check_csv(csv) == 2  # no key: ids not matched
+    with pytest.raises(QuantgateError) as err:
+        check_csv(csv, load_key(tmp_path))
+    assert err.value.where == f"{csv}:3" and "unknown review_id 'R999' (not in the key)" in err.value.message
+
+
+# --- 3. the top level's own line, after leading comments -------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", [[], ["--kind", "spec"]])
+def test_a_top_level_list_is_refused_at_the_line_it_starts(tmp_path, kind):
+    path = tmp_path / "list.yaml"
+    path.write_text("# a release spec\n- model: demo\n- hardware: a100\n")
+    r = quantgate("check", *kind, str(path))
+    assert r.returncode == 2 and f"{path}:2: expected a mapping at the top level, got a list" in r.stderr, r.stderr
+
+
+def test_loaders_name_the_top_level_line(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("# comment\n\n# another\n[1, 2]\n")
+    with pytest.raises(ConfigError) as err:
+        load_policy(path)
+    assert err.value.where == f"{path}:4"
+
+
+# --- 4. parser limits: nesting, digits, dates, aliases ------------------------------------------------------------
+
+def test_parser_limits_are_input_errors_at_their_line(tmp_path):
+    head = samples(3)
+    files = {
+        "array": evalset(tmp_path, "array", head + ["[" * DEEP + "]" * DEEP]),
+        "object": evalset(tmp_path, "object", head + ['{"a":' * DEEP + "1" + "}" * DEEP]),
+        "digits": evalset(tmp_path, "digits", head + ['{"id": 1' + "0" * 5000 + "}"]),
+    }
+    spec = tmp_path / "deep_spec.yaml"
+    spec.write_text("# nested\n" + SPEC + "model: demo\nschemes: " + "[" * DEEP + "]" * DEEP + "\n")
+    policy = tmp_path / "deep_policy.yaml"
+    policy.write_text(POLICY.replace("error_rate: {max: 0.02}", "error_rate:\n")
+                      + "".join("  " * i + "k:\n" for i in range(1, 150)))
+    date = tmp_path / "date_policy.yaml"
+    date.write_text(POLICY + "notes: 2024-13-01\n")
+    r = quantgate("check", *map(str, [*files.values(), spec, policy, date]))
+    assert r.returncode == 2, r.stdout + r.stderr
+    err = r.stderr
+    for name in ("array", "object"):
+        assert f"{files[name]}:4: 1 problem(s) in the eval set: invalid JSON: nested too deeply for the parser" in err, err
+    assert f"{files['digits']}:4: 1 problem(s) in the eval set: invalid JSON: a value Python cannot read: Exceeds the " \
+           "limit (4300 digits)" in err, err
+    assert f"{spec}:7: invalid YAML: nested more than {MAX_DEPTH} levels deep" in err, err
+    assert f"{policy}:104: invalid YAML: nested more than {MAX_DEPTH} levels deep" in err, err
+    assert f"{date}:5: invalid YAML: the value '2024-13-01' cannot be read: month must be in 1..12" in err, err
+    assert "unexpected" not in err and "quantgate bug" not in err, err
+
+
+def test_every_command_reading_an_eval_set_refuses_deep_nesting(tmp_path):
+    """`quantgate judge` reads the eval set first (load_evalset): an input error naming the line, exit 2."""
+    path = evalset(tmp_path, "deep", samples(3) + ["[" * DEEP + "]" * DEEP])
+    r = quantgate("judge", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--evalset", str(path),
+                  "--baseline", str(tmp_path / "b"), "--candidate", str(tmp_path / "c"), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and f"error: {path}:4: 1 problem(s) in the eval set: invalid JSON: nested too deeply" \
+        in r.stderr, r.stderr
+    with pytest.raises(ConfigError) as err:
+        load_evalset(path, with_dataset=False)
+    assert err.value.where == f"{path}:4"
+
+
+def test_yaml_aliases_that_expand_past_the_limit_are_refused(tmp_path):
+    rows = ["a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"]
+    rows += [f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]" for a, b in zip("abcde", "bcdef")]
+    rows += ["g: [" + ", ".join(["*f"] * 10) + "]"]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(ConfigError) as err:
+        read_yaml(path)
+    assert "expands to more than" in err.value.message and err.value.where.startswith(f"{path}:"), err.value.render()
+
+
+def test_a_review_csv_field_past_the_csv_limit_names_its_line(tmp_path):
+    path = tmp_path / "review.csv"
+    path.write_text("review_id,choice,comment\nR001,A,ok\nR002,B," + "x" * 200_000 + "\n")
+    with pytest.raises(QuantgateError) as err:
+        check_csv(path)
+    assert err.value.where == f"{path}:3" and "unreadable CSV row: field larger than field limit" in err.value.message
+
+
+# --- 5. model and checkpoint folders ------------------------------------------------------------------------------
+
+INT8_TENSORS = {"model.layers.0.mlp.down_proj.weight": "I8", "model.layers.0.mlp.down_proj.weight_scale": "BF16"}
+BF16_TENSORS = {"model.layers.0.mlp.down_proj.weight": "BF16"}
+
+
+def test_model_and_checkpoint_folders_are_looked_at(tmp_path):
+    os.symlink("loop", tmp_path / "loop")
+    good = checkpoint(tmp_path / "good", {"max_position_embeddings": 8192}, BF16_TENSORS)
+    checkpoint(tmp_path / "noconfig", None, BF16_TENSORS)
+    checkpoint(tmp_path / "noweights", {"max_position_embeddings": 8192})
+    checkpoint(tmp_path / "int8", INT8_CONFIG, INT8_TENSORS)
+    checkpoint(tmp_path / "int8_on_bf16", INT8_CONFIG, BF16_TENSORS)
+    checkpoint(tmp_path / "int8_noweights", INT8_CONFIG)
+    models = SPEC + "schemes: [int8-w8a8]\nmodel: {}\n"
+    cands = SPEC + "model: {}\ncandidates:\n  - {{name: ext, checkpoint: {}}}\n"
+    specs = {
+        "model_loop": (models.format(tmp_path / "loop"), 6, "model", "is a symlink loop"),
+        "model_missing": (models.format(tmp_path / "nowhere"), 6, "model", "not found"),
+        "model_noconfig": (models.format(tmp_path / "noconfig"), 6, "model", "no config.json in"),
+        "model_noweights": (models.format(tmp_path / "noweights"), 6, "model", "no weights files in"),
+        "model_beside_the_spec": (models.format("good"), 6, "model", f"not from the spec's: write {good}"),
+        "ckpt_loop": (cands.format("demo", "loop"), 7, "candidates.0.checkpoint", "is a symlink loop"),
+        "ckpt_noweights": (cands.format("demo", "int8_noweights"), 7, "candidates.0.checkpoint", "no weights files"),
+        "ckpt_scheme": (cands.format("demo", "int8_on_bf16"), 7, "candidates.0.checkpoint",
+                        "config.json declares int8-w8a8 but the weights hold no int8 (I8) weight tensors, only BF16"),
+    }
+    paths = {}
+    for name, (text, *_) in specs.items():
+        paths[name] = tmp_path / f"{name}.yaml"
+        paths[name].write_text(text)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(cands.format(good, "int8"))
+    r = quantgate("check", *map(str, [*paths.values(), ok]))
+    assert r.returncode == 2, r.stdout + r.stderr
+    blocks = {b.split("\n", 1)[0]: b for b in ("\n" + r.stderr).split("\nerror spec ")[1:]}
+    for name, (_, line, field, words) in specs.items():
+        block = blocks.get(str(paths[name]), "")
+        assert f"{paths[name]}:{line} field '{field}'" in block and words in block, (name, r.stderr)
+    assert f"ok spec {ok}" in r.stdout, r.stdout + r.stderr
+    assert "unexpected" not in r.stderr, r.stderr
+
+
+def test_load_spec_refuses_a_looping_path_naming_its_line(tmp_path):
+    """No raw RuntimeError/OSError from load_spec; a model folder that is not there yet still loads (fetched later)."""
+    os.symlink("loop", tmp_path / "loop")
+    for text, line, field in ((SPEC + "model: demo\ncandidates:\n  - {name: e, checkpoint: loop}\n", 7,
+                               "candidates.0.checkpoint"),
+                              (SPEC + f"schemes: [int8-w8a8]\nmodel: {tmp_path / 'loop'}\n", 6, "model"),
+                              (SPEC + "model: demo\nschemes: [int8-w8a8]\npublish:\n  - {folder: loop}\n", 8,
+                               "publish.0.folder")):  # any validator's path: load_model names the field
+        path = tmp_path / "spec.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as err:
+            load_spec(path)
+        assert f"{path}:{line} field '{field}'" in err.value.render() and "symlink loop" in err.value.message
+    path.write_text(SPEC + f"schemes: [int8-w8a8]\nmodel: {tmp_path / 'later'}\n")
+    assert load_spec(path).model == str(tmp_path / "later")
+
+
+def test_release_refuses_a_looping_checkpoint_before_starting_anything(tmp_path):
+    os.symlink("loop", tmp_path / "loop")
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC + "model: demo\ncandidates:\n  - {name: e, checkpoint: loop}\n")
+    r = quantgate("release", str(path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{path}:7 field 'candidates.0.checkpoint': checkpoint folder {tmp_path / 'loop'} is a symlink loop" \
+        in r.stderr, r.stderr
+    # what only `check` reads (the weights' dtypes against the declared scheme) is refused by `release` as well,
+    # before the run folder or Prefect exists
+    checkpoint(tmp_path / "int8_on_bf16", INT8_CONFIG, BF16_TENSORS)
+    path.write_text(SPEC + "model: demo\ncandidates:\n  - {name: e, checkpoint: int8_on_bf16}\n")
+    r = subprocess.run([sys.executable, "-m", "quantgate.cli", "release", str(path)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "QUANTGATE_RESULTS": str(tmp_path / "results"),
+                                                    "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2 and "the weights hold no int8 (I8) weight tensors" in r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "results").exists()
+
+
+def test_checkpoint_problems_reads_headers_only(tmp_path):
+    int8 = checkpoint(tmp_path / "int8", INT8_CONFIG, INT8_TENSORS)
+    assert checkpoint_problems(int8, "int8-w8a8") == []
+    assert "no FP8" in checkpoint_problems(int8, "fp8-dynamic")[0]
+    dense = json.loads(INT8_CONFIG.read_text())
+    dense["quantization_config"]["format"] = "dense"  # 16-bit weights quantized at load: nothing to tell
+    (int8 / "config.json").write_text(json.dumps(dense))
+    safetensors(int8 / "model.safetensors", BF16_TENSORS)
+    assert checkpoint_problems(int8, "int8-w8a8") == []
+    (int8 / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-00002.safetensors"}}))
+    assert "names model-00002.safetensors, which is not in" in checkpoint_problems(int8, "int8-w8a8")[0]
+    (int8 / "model.safetensors").write_bytes(b"\xff" * 4)
+    assert "no readable safetensors file" in checkpoint_problems(int8)[-1]

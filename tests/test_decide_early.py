@@ -1,0 +1,110 @@
+"""Deciding early (quantgate.release.early): the gate's own fidelity checks, read from the run's fidelity files, and
+the order of a variant's measurement steps with a REJECT decided (the recall grid and the perf probe do not run).
+The real path (a damaged candidate rejected early by real fidelity) is tests/test_gate_real.py's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from _gate_fixtures import fidelity_file
+
+from quantgate.base.paths import EVAL_SETS, RELEASES
+from quantgate.gate.early import early_fidelity_checks
+from quantgate.release.early import EarlyDecision, early_decision
+from quantgate.release.measure import measure_steps
+from quantgate.release.spec import load_spec
+from quantgate.release.variants import Variant
+
+POLICY = RELEASES / "policies" / "default.yaml"
+SPEC = f"""\
+version: 1
+name: early
+model: demo
+hardware: a100
+schemes: [int8-w8a8]
+eval_sets: [{EVAL_SETS / 'default.jsonl'}]
+recall: {{lengths: [512], depths: [50], kinds: [number], samples: 1}}
+perf: {{concurrency: [1], num_prompts: 4, input_len: 32, output_len: 8, repeats: 1}}
+"""
+
+
+def _run(tmp_path: Path, kl: float) -> Path:
+    run = tmp_path / f"run-{kl}"
+    fidelity_file(run / "fidelity" / "int8-w8a8.json", kl, n=120)
+    fidelity_file(run / "fidelity" / "floor.json", 0.0002, top1=0.998, n=120)
+    return run
+
+
+def test_a_candidate_far_beyond_its_kl_limit_fails_the_gates_own_early_check(tmp_path):
+    bad = early_fidelity_checks(_run(tmp_path, 0.30), POLICY, "int8-w8a8", "int8-w8a8", ([120, 300], 120))
+    assert "fidelity:kl" in {c.name for c in bad if c.outcome == "fail"}, [(c.name, c.outcome) for c in bad]
+    close = early_fidelity_checks(_run(tmp_path, 0.002), POLICY, "int8-w8a8", "int8-w8a8", ([120, 300], 120))
+    assert close and not any(c.outcome == "fail" for c in close)
+    # no fidelity files: nothing fails (the checks are inconclusive: missing evidence decides nothing early)
+    assert not any(c.outcome == "fail" for c in early_fidelity_checks(tmp_path / "empty", POLICY, "int8-w8a8",
+                                                                       "int8-w8a8"))
+
+
+def _steps(tmp_path: Path, early: EarlyDecision | None, baseline: bool = False) -> list:
+    spec = load_spec(_spec(tmp_path))
+    variant = Variant(name="baseline" if baseline else "int8-w8a8", path=tmp_path, content_hash="0" * 64,
+                      size_bytes=1)
+    fid = {"main": tmp_path / "main", **({"alt": tmp_path / "alt"} if baseline else {})}
+    ref = {"default": tmp_path / "cache" / "evals" / "default"}
+    return measure_steps(spec, variant, {"default": tmp_path / "ev"}, ["default"], tmp_path / "recall",
+                         tmp_path / "perf", fid, folder=tmp_path, tokenizer=tmp_path, reference=ref,
+                         log=lambda _: None, reference_ready=None, early=early)
+
+
+def _spec(tmp_path: Path) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC)
+    return path
+
+
+def test_a_decided_reject_skips_the_recall_grid_and_the_perf_probe_and_says_why(tmp_path):
+    spec = load_spec(_spec(tmp_path))
+    cand = Variant(name="int8-w8a8", path=tmp_path, scheme="int8-w8a8", content_hash="0" * 64, size_bytes=1)
+    early = early_decision(spec, tmp_path, cand, {"default": tmp_path / "ev"}, None, log=lambda _: None)
+    assert early is not None and early.looks == ([120], 120)  # the flow's own plan of looks
+    assert early_decision(spec, tmp_path, cand, None, None, log=print) is None  # the baseline decides nothing
+    no_early = spec.model_copy(update={"decide_early": False})
+    assert early_decision(no_early, tmp_path, cand, {"default": tmp_path}, None, log=print) is None
+    steps = _steps(tmp_path, early)
+    # deciding early: fidelity after the eval sets, before what it may skip
+    assert [s.name for s in steps] == ["eval default", "fidelity (main)", "recall", "perf"]
+    assert [s.name for s in _steps(tmp_path, None)] == ["eval default", "recall", "perf", "fidelity (main)"]
+    # the baseline samples, then scores both paths, then the rest: its candidates can score and decide early
+    assert [s.name for s in _steps(tmp_path, None, baseline=True)] == [
+        "fidelity (samples)", "fidelity (main)", "fidelity (alt)", "eval default", "recall", "perf"]
+    by_name = {s.name: s for s in steps}
+    early.reason = "fidelity:kl: KL 0.3 > limit 0.02"  # what judge() sets when a check fails
+    by_name["recall"].run(None)  # a server would be asked for something: None would raise
+    by_name["perf"].run(None)
+    assert set(early.skipped) == {"recall", "perf"} and "REJECT by fidelity" in early.skipped["recall"]
+    assert not early.skips("eval default")  # only what cannot change a decided REJECT is skipped
+
+
+def test_the_gate_says_which_evidence_was_not_measured_and_why(tmp_path):
+    import json
+
+    from quantgate.gate.evidence import collect
+
+    run = _run(tmp_path, 0.30)
+    why = "decided early: REJECT by fidelity (fidelity:kl: ...)"
+    (run / "int8-w8a8").mkdir()
+    (run / "int8-w8a8" / "evidence.json").write_text(json.dumps({"skipped": {"recall": why, "perf": why},
+                                                                  "decided": "fidelity:kl: ..."}))
+    ev = collect(run, "int8-w8a8")
+    assert ev.gaps["recall"].reason == f"not measured: {why}" and ev.gaps["throughput"].reason == f"not measured: {why}"
+    assert ev.gaps["judge"].reason.startswith("not judged: decided early")
+
+
+def test_without_the_baselines_dumps_nothing_is_decided_and_nothing_fails(tmp_path):
+    spec = load_spec(_spec(tmp_path))
+    cand = Variant(name="int8-w8a8", path=tmp_path, scheme="int8-w8a8", content_hash="0" * 64, size_bytes=1)
+    said: list[str] = []
+    early = early_decision(spec, tmp_path / "run", cand, {"default": tmp_path / "cache" / "evals" / "d"}, None,
+                           log=said.append)
+    early.judge(tmp_path / "cand-main")  # no dump anywhere: a measurement must not fail for an optimisation
+    assert early.reason is None and not early.skips("recall") and "not deciding early" in said[-1]
