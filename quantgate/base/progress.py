@@ -22,8 +22,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 Log = Callable[[str], None]
+
+
+class Advance(Protocol):
+    """What `loop` yields: advance(n=1) counts n more finished items."""
+    def __call__(self, n: int = 1) -> None: ...
 
 
 @dataclass
@@ -35,7 +41,7 @@ class _Sink:
 
 _SINK: ContextVar[_Sink | None] = ContextVar("quantgate_progress", default=None)
 _BAR_LOCK = threading.Lock()
-_BAR: dict = {"progress": None, "tasks": 0}
+_BAR: dict[str, Any] = {"progress": None, "tasks": 0}
 
 
 def line(label: str, done: int, total: int, elapsed_s: float) -> str:
@@ -72,6 +78,7 @@ class Counter:
             if say:
                 self.last_said = now
         if say:
+            assert self.sink.log is not None  # `say` holds only with a log
             self.sink.log(line(self.sink.label, self.done, self.total, now - self.start))
         if self.task is not None:
             elapsed = now - self.start
@@ -95,10 +102,10 @@ def _bar_add(label: str, total: int) -> int | None:
                                TimeRemainingColumn)  # rich: only for a terminal
     with _BAR_LOCK:
         if _BAR["progress"] is None:
-            _BAR["progress"] = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                        TaskProgressColumn(), TextColumn("{task.fields[rate]}"), TextColumn("ETA"),
-                                        TimeRemainingColumn(), transient=True)
-            _BAR["progress"].start()
+            bar = _BAR["progress"] = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                              TaskProgressColumn(), TextColumn("{task.fields[rate]}"),
+                                              TextColumn("ETA"), TimeRemainingColumn(), transient=True)
+            bar.start()
         _BAR["tasks"] += 1
         return _BAR["progress"].add_task(label, total=total, rate="")
 
@@ -113,7 +120,7 @@ def _bar_remove(task: int) -> None:
 
 
 @contextmanager
-def loop(total: int) -> Iterator[Callable[[int], None]]:
+def loop(total: int) -> Iterator[Advance]:
     """A loop of `total` items: yields advance(n=1). A no-op outside a `reporting` block or for an empty loop."""
     sink = _SINK.get()
     if sink is None or total <= 0:

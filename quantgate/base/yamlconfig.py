@@ -29,6 +29,7 @@ import json
 import os
 import re
 import types
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
@@ -283,7 +284,7 @@ _NUMBER_TYPES = {"int_type": "an integer", "float_type": "a number", "bool_type"
                  "int_parsing": "an integer", "float_parsing": "a number", "bool_parsing": "true or false"}
 
 
-def describe_error(err: dict, model: type[BaseModel] | None = None) -> str:
+def describe_error(err: Mapping[str, Any], model: type[BaseModel] | None = None) -> str:
     """One pydantic error as text, with a hint: the closest known key for an unknown one; for a string where a
     number belongs, that the quotes must go."""
     msg = err["msg"].removeprefix("Value error, ")

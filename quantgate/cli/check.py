@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -144,7 +144,7 @@ def detect_kind(path: Path) -> Kind:
 Result = tuple[Kind | None, Path, QuantgateError | None]
 
 
-def _attempt(kind: Kind | None, path: Path, fn, *args, **kwargs) -> tuple[Result, object]:
+def _attempt(kind: Kind | None, path: Path, fn, *args, **kwargs) -> tuple[Result, Any]:
     """Run one loader: ((kind, path, error or None), its value). Anything but a QuantgateError is a bug in quantgate,
     still reported as one message."""
     try:
@@ -197,7 +197,7 @@ def _model_folders(spec: ReleaseSpec) -> list[tuple[tuple, Path, str | None, boo
     catalogue = load_catalogue()
     fix_model = (f"give a catalogue id ({', '.join(sorted(catalogue))}: releases/models.yaml) or a Hugging Face "
                  "checkpoint folder holding config.json and its weights")
-    out = []
+    out: list[tuple[tuple, Path, str | None, bool, str]] = []
     if spec.model not in catalogue:
         weights = spec.baseline is None or bool(spec.schemes) or bool(spec.auto_schemes)
         out.append((("model",), Path(spec.model).expanduser(), None, weights, fix_model))
@@ -296,6 +296,7 @@ def _model_context(model: str) -> int:
 def _given(context: int | None, spec: Path | None, model: str | None,
            review_key: Path | None) -> tuple[Given, list[Result]]:
     """The options as a Given, and an error (kind None) for each option whose file could not be used."""
+    errors: list[Result]
     given, errors = Given(), []
     if context is not None:
         given.context = context
@@ -372,6 +373,7 @@ def check(
             results = [(kind, path, QuantgateError("a symlink loop" if _is_loop(path) else "file not found",
                                                    where=str(path), fix="check the path"))]
         else:
+            result: Result
             try:
                 result, detected = (kind, path, None), kind
                 if detected is None:

@@ -49,6 +49,7 @@ def eval_cmd(
                                   api_key=api_key, model_hash=model_hash, limit=limit, num_fewshot=num_fewshot,
                                   concurrency=concurrency, max_error_rate=max_error_rate)
     else:
+        assert evalset is not None  # exactly one of the two is given (checked above)
         summary = run_eval(evalset, endpoint, model, out, concurrency=concurrency, limit=limit, api_key=api_key,
                            model_hash=model_hash, seed=seed, timeout_s=timeout, max_error_rate=max_error_rate,
                            progress=progress)

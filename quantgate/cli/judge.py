@@ -8,13 +8,13 @@ from typing import Annotated
 
 import typer
 
-from quantgate.base.fileio import resolve_api_key
 from quantgate.base.paths import JUDGES
 from quantgate.base.runfiles import JUDGE_REPORT
 from quantgate.judge.report import warnings
 from quantgate.judge.reportfile import load_judge_report
 from quantgate.judge.review import MIN_PAIRS, export_review, import_review
 from quantgate.judge.run import JudgeEndpoint, JudgeSettings, run_judge
+from quantgate.release.secrets import read_api_key
 
 
 def judge_cmd(
@@ -38,7 +38,7 @@ def judge_cmd(
     seed: Annotated[int, typer.Option(help="seed sent with every judge request")] = 0,
 ) -> None:
     """Calibrate an LLM judge, then judge candidate vs baseline answers pairwise in both orders."""
-    at = JudgeEndpoint(url=endpoint, model=model, api_key=resolve_api_key(api_key_env, prefect_secret),
+    at = JudgeEndpoint(url=endpoint, model=model, api_key=read_api_key(api_key_env, prefect_secret),
                        model_hash=judge_model_hash)
     settings = JudgeSettings(template=judge, calibration_bar=calibration_bar, calibration_per_type=calibration_per_type,
                              margin=margin, not_stronger=judge_not_stronger, concurrency=concurrency, timeout_s=timeout,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -119,11 +120,11 @@ def perf(
     With --workload, the profile decides the levels (a sweep that stops at saturation for `throughput`), the SLO,
     repeats and the time budget; --concurrency, --repeats, --num-prompts, --input-len and --output-len given override it."""
     api_key = resolve_api_key(api_key_env)
-    io = dict(tokenizer=tokenizer, api_key=api_key, checkpoint=checkpoint, server_log=server_log, plan=plan)
+    io: dict[str, Any] = dict(tokenizer=tokenizer, api_key=api_key, checkpoint=checkpoint, server_log=server_log, plan=plan)
     given = {"concurrency": parse_levels(concurrency) if concurrency is not None else None, "num_prompts": num_prompts,
              "input_len": input_len, "output_len": output_len, "repeats": repeats}
     if workload is None:
-        fixed = {**FIXED_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
+        fixed: dict[str, Any] = {**FIXED_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
         result = probe(endpoint, model, out, seed=seed, warmups=warmups, **fixed, **io)
     else:
         slo = {k: v for k, v in (("ttft_ms", ttft_ms), ("tpot_ms", tpot_ms)) if v is not None}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -19,12 +20,17 @@ from quantgate.release.steps import sizing_warnings
 from quantgate.release.stopping import run_flow
 
 
+# a step's `served` in timings.json (absent: no note)
+_SERVED_NOTE: dict[Any, str] = {True: "  (served)", False: "  (from cache)"}
+
+
 def load_flow(name: str):
     """Import flows/<name>.py by path (flows/ is the deployments' source folder, not an installed package)."""
     import importlib.util
 
     path = REPO / "flows" / f"{name}.py"
     module_spec = importlib.util.spec_from_file_location(f"quantgate_flows_{name}", path)
+    assert module_spec is not None and module_spec.loader is not None  # a .py path always has a source loader
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return getattr(module, name)
@@ -93,7 +99,7 @@ def _print_timings(run_id: str) -> None:
         print("wall time per step: start (seconds after the first step began), seconds, step")
         for r in rows:
             start = f"{r['start'] - t0:>7.1f}" if "start" in r else "      -"
-            note = {True: "  (served)", False: "  (from cache)"}.get(r.get("served"), "")
+            note = _SERVED_NOTE.get(r.get("served"), "")
             print(f"  {start}  {r['seconds']:>8.1f} s  {r['step']}{note}" + ("" if r["status"] == "ok" else f"  ({r['status']})"))
         print(f"  {sum(r['seconds'] for r in rows):>17.1f} s  sum of the steps")
         if all("end" in r for r in rows):

@@ -22,9 +22,11 @@ from quantgate.base.stats import harm_p_binary, harm_p_paired
 CACHE_KEY_VERSION = 1
 
 
-class MetricInfo(Protocol):
-    higher_is_better: bool
-    binary: bool
+class MetricInfo(Protocol):  # read-only: frozen models (MetricSpec) fit it
+    @property
+    def higher_is_better(self) -> bool: ...
+    @property
+    def binary(self) -> bool: ...
 
 
 def cache_key(model_hash: str, evalset_hash: str, decoding: Mapping[str, Any], engine_version: str | None) -> str:
@@ -114,6 +116,7 @@ class _Binary:
 def _pooled(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Sequence[str],
             metrics: Mapping[str, MetricInfo], **kw: Any) -> dict[str, Any] | None:
     """One binary, higher-is-better measure per sample (the first such metric in its scores), paired."""
+    used: dict[str, int]
     pairs, used = [], {}
     for i in ids:
         name = next((m for m in b_by[i]["scores"] if m in metrics and metrics[m].binary and metrics[m].higher_is_better
@@ -130,6 +133,8 @@ def _flips(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Sequen
            references: Mapping[str, Sequence[str]] | None) -> tuple[list[dict], list[dict]]:
     """Samples that went right -> wrong (regressions) and wrong -> right (gains) on one binary metric."""
     good = 1.0 if info.higher_is_better else 0.0
+    lost: list[dict]
+    gained: list[dict]
     lost, gained = [], []
     for i in ids:
         sb, sc = b_by[i]["scores"].get(name), c_by[i]["scores"].get(name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -172,7 +172,7 @@ def load_categories(path: Path = CATEGORIES_FILE) -> set[str]:
     return set(data)
 
 
-def _field_problem(err: dict) -> str:
+def _field_problem(err: Mapping[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"])
     msg = describe_error(err, Sample)
     return f"field '{loc}': {msg}" if loc else msg
@@ -182,7 +182,7 @@ def _jsonl_lines(path: Path) -> list[tuple[int, str | None, str | None]]:
     """(line number, text, problem) per line of a JSONL file: UTF-8, a byte-order mark and CRLF accepted; a line
     that is not UTF-8 has no text and a problem naming its column."""
     data = read_bytes(path).removeprefix(b"\xef\xbb\xbf")
-    out = []
+    out: list[tuple[int, str | None, str | None]] = []
     for no, raw in enumerate(data.split(b"\n"), start=1):
         try:
             out.append((no, raw.decode("utf-8"), None))

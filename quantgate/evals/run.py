@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +47,11 @@ def _read_json(path: Path) -> Any:
 
 class _Background:
     """Run a function in a daemon thread; `result()` waits and re-raises its exception here."""
-    def __init__(self, fn):
+    def __init__(self, fn: Callable[[], Any]) -> None:
         self.error: BaseException | None = None
-        self.value = None
+        self.value: Any = None
 
-        def work():
+        def work() -> None:
             try:
                 self.value = fn()
             except BaseException as exc:  # noqa: BLE001 - re-raised in result()

@@ -29,7 +29,7 @@ def import_evaluate():
     transformers, AutoTokenizer and the pipelines import as usual afterwards (tests/test_metrics.py checks that).
     """
     if "evaluate" not in sys.modules and "transformers.pipelines" not in sys.modules:
-        sys.modules["transformers.pipelines"] = None  # type: ignore[assignment]
+        sys.modules["transformers.pipelines"] = None
         try:
             import evaluate
         finally:

@@ -159,7 +159,7 @@ def read_lines(path: Path) -> list[dict]:
 
 def _kept(path: Path, sequences: list[Sequence], top_k: int) -> set[str]:
     """Ids already scored in `path` for these sequences; refuses a dump made from other sequences or another k."""
-    wanted = {s.id: s for s in sequences}
+    wanted: dict[str | None, Sequence] = {s.id: s for s in sequences}
     done: set[str] = set()
     for rec in read_lines(path):
         seq = wanted.get(rec.get("id"))
@@ -168,6 +168,7 @@ def _kept(path: Path, sequences: list[Sequence], top_k: int) -> set[str]:
             raise QuantgateError(
                 f"{path} holds sample {rec.get('id')!r} scored from other tokens or with another top-k than {top_k}",
                 where=str(path), fix="score into a new folder, or delete this one")
+        assert seq is not None  # `same` holds only with one
         done.add(seq.id)
     return done
 

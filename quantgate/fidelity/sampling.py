@@ -108,7 +108,7 @@ def _fatal(status: int, text: str, model: str) -> QuantgateError | None:
 
 
 def _kept(path: Path, prompts: list[Prompt]) -> set[str]:
-    wanted = {p.id: p for p in prompts}
+    wanted: dict[str | None, Prompt] = {p.id: p for p in prompts}
     done: set[str] = set()
     for rec in read_lines(path):
         p = wanted.get(rec.get("id"))
@@ -141,6 +141,7 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
     (out / MANIFEST).unlink(missing_ok=True)
     done = _kept(path, prompts)
     todo = [p for p in prompts if p.id not in done]
+    failed: list[tuple[str, str]]
     count, failed = [len(done)], []
     url = api_base(endpoint) + "/completions"
     retry = Retry(timeout_s=timeout_s, max_attempts=max_attempts)

@@ -147,7 +147,7 @@ def _error_rates(policy: GatePolicy, ev: GateEvidence) -> list[Check]:
         if not finite(r.rate):
             out.append(missing(name, e.required, "no error rate in the summary", r.file, e.max))
             continue
-        ok = r.rate <= e.max  # type: ignore[operator]
+        ok = r.rate <= e.max
         out.append(Check(name=name, measured=r.rate, limit=e.max, required=e.required, outcome="pass" if ok else "fail",
                          evidence_file=r.file,
                          reason=f"{r.rate:.2%} of {r.n} requests failed {'<=' if ok else '>'} limit {e.max:.2%}"))
@@ -240,7 +240,7 @@ def evaluate(policy: GatePolicy, evidence: GateEvidence, policy_ref: dict[str, s
         checks += pay_off_checks(policy, evidence)
     checks = [not_applicable(policy, evidence, c) for c in checks]
     verdict, reasons, needs = _verdict(checks)
-    return Decision(decision=verdict, candidate=evidence.candidate, scheme=evidence.scheme, family=family,  # type: ignore[arg-type]
+    return Decision(decision=verdict, candidate=evidence.candidate, scheme=evidence.scheme, family=family,
                     policy={"name": policy.name, "version": policy.version, **(policy_ref or {})}, checks=checks,
                     reasons=reasons, needs=needs, operating=operating(policy, look), workload=applied_workload(evidence),
                     look=look)

@@ -384,7 +384,7 @@ def gate_run(run: Path | str, policy_path: Path | str, candidate_names: list[str
     if not names:
         raise QuantgateError("no candidate to gate: the run has no compare/<candidate>.json", where=str(run),
                              fix="name the candidates to gate, or finish the release's compare step first")
-    ref = {"name": policy.name, "version": policy.version, **policy_ref(policy_path)}
+    ref: dict[str, str | int] = {"name": policy.name, "version": policy.version, **policy_ref(policy_path)}
     look = spend(policy.fidelity.alpha, *looks) if looks is not None and policy.fidelity else None
     level = 1 - 2 * (look.alpha if look else policy.fidelity.alpha) if policy.fidelity else 0.90
     decisions = [evaluate(policy, collect(run, name, pay_off=(pay_off or {}).get(name),

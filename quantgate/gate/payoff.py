@@ -48,14 +48,15 @@ def speed_check(f: SpeedFigure, workload: str, demand: float, *, bound: str, req
     r = f.ratio
     if r.value is None:
         why = f"{workload} profile: no {LABELS[f.figure]} for both variants {where}"
-        return missing(name, required, why, file, demand, bound)  # type: ignore[arg-type]
+        return missing(name, required, why, file, demand, bound)
     point = speed(r.value, f.lower_is_better)
+    assert point is not None  # r.value is not None (above)
     ends = sorted(x for x in (speed(r.low, f.lower_is_better), speed(r.high, f.lower_is_better)) if x is not None)
     ci = f"{r.level:.0%} CI {r.low:.3f}-{r.high:.3f}, n={r.n_base}+{r.n_cand} runs" if len(ends) == 2 else "no interval"
     head = (f"{workload} profile: {LABELS[f.figure]} {where}, candidate/baseline {r.value:.3f} ({ci}): "
             f"{point:.2f}x the baseline's speed")
     if bound == "ci" and len(ends) < 2:
-        return Check(name=name, measured=round(point, 4), limit=demand, bound="ci", required=required,  # type: ignore[arg-type]
+        return Check(name=name, measured=round(point, 4), limit=demand, bound="ci", required=required,
                      outcome="inconclusive" if required else "skipped", evidence_file=file,
                      reason=f"{head}; fewer than 2 runs a side give no interval: probe with more repeats")
     worst, best = (ends[0], ends[-1]) if bound == "ci" else (point, point)
@@ -64,7 +65,7 @@ def speed_check(f: SpeedFigure, workload: str, demand: float, *, bound: str, req
             "fail": f"{'best end' if bound == 'ci' else 'measured'} {best:.2f}x < {demand:.2f}x: slower than the "
                     f"{workload} profile demands where it will be used",
             "inconclusive": f"the interval {worst:.2f}x-{best:.2f}x straddles {demand:.2f}x: more repeats would decide"}
-    return Check(name=name, measured=round(worst, 4), limit=demand, bound=bound, required=required,  # type: ignore[arg-type]
+    return Check(name=name, measured=round(worst, 4), limit=demand, bound=bound, required=required,
                  outcome=outcome, evidence_file=file, reason=f"{head}; {tail[outcome]}")
 
 
@@ -72,9 +73,9 @@ def _ratio_check(name: str, got: Ratio | None, limit: float, at_most: bool, p: P
     if got is None or not finite(got.value):
         return missing(name, p.required, why[0], why[1] or (got.file if got else None), limit)
     v = got.value
-    ok = v <= limit if at_most else v >= limit  # type: ignore[operator]
+    ok = v <= limit if at_most else v >= limit
     rel = ("<=" if ok else ">") if at_most else (">=" if ok else "<")
-    return Check(name=name, measured=round(v, 6), limit=limit, required=p.required,  # type: ignore[arg-type]
+    return Check(name=name, measured=round(v, 6), limit=limit, required=p.required,
                  outcome="pass" if ok else "fail", evidence_file=got.file, reason=f"candidate / baseline {v:.3f} {rel} {limit:.3f}")
 
 
@@ -115,7 +116,7 @@ def pay_off_checks(policy: GatePolicy, ev: GateEvidence) -> list[Check]:
     figs = ev.pay_off
     demand = p.workloads.get(figs.workload) if figs and figs.workload else None  # type: ignore[call-overload]
     if demand is not None and demand.min_kv_tokens_ratio is not None:
-        kv = Ratio(value=figs.kv_tokens_ratio, file=figs.file) if figs and figs.kv_tokens_ratio is not None else None  # type: ignore[union-attr]
+        kv = Ratio(value=figs.kv_tokens_ratio, file=figs.file) if figs and figs.kv_tokens_ratio is not None else None
         out.append(_ratio_check(f"pay_off:{figs.workload}/kv_tokens_ratio", kv, demand.min_kv_tokens_ratio, False, p,  # type: ignore[union-attr]
                                 ("no KV capacity of both variants in the server logs", None)))
     return out

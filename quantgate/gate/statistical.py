@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from quantgate.base.stats import holm, holm_level, mdd, mdd_binary, samples_for
 from quantgate.gate.models import Bound, Check, FidelityEvidence, GateEvidence, Power, Stat
@@ -30,7 +30,7 @@ from quantgate.gate.policy import GatePolicy
 Kind = Literal["relative", "absolute"]
 
 
-def finite(x: float | None) -> bool:
+def finite(x: float | None) -> TypeGuard[float]:
     return x is not None and not math.isnan(x)
 
 
@@ -48,14 +48,14 @@ def drop_of(stat: Stat, kind: Kind, bound: Bound) -> tuple[float | None, str | N
     edge = (stat.ci_low if stat.higher_is_better else stat.ci_high) if bound == "ci" else stat.delta
     if not finite(edge):
         return None, "no confidence interval in the evidence (bound: ci)" if bound == "ci" else "no delta in the evidence"
-    drop = (-edge if stat.higher_is_better else edge) + 0.0  # type: ignore[operator]  # + 0.0: no -0.0
+    drop = (-edge if stat.higher_is_better else edge) + 0.0  # + 0.0: no -0.0
     if kind == "absolute":
         return drop, None
     if not finite(stat.base):
         return None, "no baseline mean for a relative limit"
     if stat.base == 0:
         return (0.0 if drop <= 0 else math.inf), None
-    return drop / abs(stat.base), None  # type: ignore[arg-type]
+    return drop / abs(stat.base), None
 
 
 @dataclass
@@ -80,12 +80,12 @@ def _power(item: TaskItem, alpha: float, power: float) -> Power:
     s = item.stat
     assert s is not None
     if s.binary and finite(s.discordance):
-        m = mdd_binary(s.discordance, s.n, alpha, power)  # type: ignore[arg-type]
+        m = mdd_binary(s.discordance, s.n, alpha, power)
     elif finite(s.sd_diff):
-        m = mdd(s.sd_diff, s.n, alpha, power)  # type: ignore[arg-type]
+        m = mdd(s.sd_diff, s.n, alpha, power)
     else:
         m = None
-    scale = abs(s.base) if item.kind == "relative" and finite(s.base) and s.base else 1.0  # type: ignore[arg-type]
+    scale = abs(s.base) if item.kind == "relative" and finite(s.base) and s.base else 1.0
     m_units = m / scale if m is not None else None
     below = m_units is not None and m_units > item.limit
     needs = samples_for(item.limit * scale, s.sd_diff or 0.0, alpha, power, binary=s.binary and finite(s.discordance),

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json, read_results
@@ -57,7 +58,7 @@ def _reply(body: dict) -> str:
 async def judge_one(client, url: str, job: JudgeJob, cfg: JudgeClientConfig, parse: Callable[[str | None], Parsed],
                     retry_text: str) -> dict:
     base = {"model": cfg.model, "max_tokens": cfg.max_tokens, "temperature": 0.0, "top_p": 1.0, "seed": cfg.seed}
-    rec = {"id": job.id, "pair_id": job.pair_id, "slot": job.slot, "messages": job.messages, "replies": [],
+    rec: dict[str, Any] = {"id": job.id, "pair_id": job.pair_id, "slot": job.slot, "messages": job.messages, "replies": [],
            "label": None, "parsed": None, "reason": None, "verdict_retry": False, "http_attempts": 0, "error": None}
     messages = list(job.messages)
     for turn in range(2):
@@ -84,7 +85,7 @@ async def judge_all_async(jobs: Sequence[JudgeJob], path: Path | str, cfg: Judge
     path.parent.mkdir(parents=True, exist_ok=True)
     done = {i for i, r in read_results(path).items() if r.get("error") is None}
     pending = [j for j in jobs if j.id not in done]
-    stats = {"total": len(jobs), "skipped": len(jobs) - len(pending), "judged": 0, "failed": 0, "last_error": None}
+    stats: dict[str, Any] = {"total": len(jobs), "skipped": len(jobs) - len(pending), "judged": 0, "failed": 0, "last_error": None}
     consecutive = 0
     url = api_base(cfg.endpoint) + "/chat/completions"
     t0 = time.monotonic()

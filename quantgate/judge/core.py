@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -170,7 +170,7 @@ def combine(kind: str, labels: Mapping[str, str | None]) -> tuple[Winner | None,
     v1, v2 = slot_vote(kind, s1, l1), slot_vote(kind, s2, l2)
     if kind == "reference":
         return ("first" if v1 and not v2 else "second" if v2 and not v1 else "tie"), None
-    return (v1 if v1 == v2 else "tie"), v1 == v2
+    return (cast(Winner, v1) if v1 == v2 else "tie"), v1 == v2  # pairwise votes are winners
 
 
 @dataclass
@@ -232,7 +232,7 @@ def rates(outs: Sequence[Outcome], level: float = 0.95) -> dict:
     n = len(valid)
     counts = {"win": sum(o.winner == "second" for o in valid), "tie": sum(o.winner == "tie" for o in valid),
               "loss": sum(o.winner == "first" for o in valid)}
-    out = {"n": n, "invalid": len(outs) - n}
+    out: dict[str, Any] = {"n": n, "invalid": len(outs) - n}
     for name, k in counts.items():
         lo, hi = wilson(k, n, level)
         out[name] = {"count": k, "rate": k / n if n else math.nan, "ci_low": lo, "ci_high": hi}
@@ -255,7 +255,8 @@ def summarize_comparison(outs: Sequence[Outcome], *, margin: float, level: float
         "n_pairs": len(outs), "n_identical": len(outs) - len(judged), "n_judged": len(judged),
         "invalid_pairs": sum(o.winner is None for o in outs),
         "invalid_rate": sum(o.winner is None for o in judged) / len(judged) if judged else 0.0,
-        "position_consistency": (sum(o.consistent for o in both_valid) / len(both_valid)) if both_valid else math.nan,
+        "position_consistency": (sum(cast(bool, o.consistent) for o in both_valid) / len(both_valid))
+        if both_valid else math.nan,
         "overall": overall,
         "winners": {o.item.pair_id: o.winner for o in outs},
         "by_category": {c: rates([o for o in outs if o.item.category == c], level) for c in cats},

@@ -96,7 +96,8 @@ def reference_greedy(model_dir: Path, prompt_ids: list[list[int]], max_tokens: i
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, where.dtype)).to(where.device)
+    # transformers declares PreTrainedModel.to as @wraps(torch.nn.Module.to): typed as the unbound function
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, where.dtype)).to(where.device)  # type: ignore[arg-type]
     model.eval()
     outs = []
     with torch.no_grad():

@@ -13,7 +13,7 @@ perf.json (one per served variant, written by `quantgate perf`):
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -268,7 +268,7 @@ def run_from_bench(bench: dict, *, repeat: int, concurrency: int, num_prompts: i
     goodput is the completed requests within it per second of the run, and attainment their share of those sent.
     """
     completed = int(bench.get("completed") or 0)
-    failed = int(bench.get("failed") if bench.get("failed") is not None else max(num_prompts - completed, 0))
+    failed = int(cast(Any, bench.get("failed")) if bench.get("failed") is not None else max(num_prompts - completed, 0))
     sent = completed + failed or num_prompts
     errors: list[str] = []
     for e in bench.get("errors") or []:

@@ -111,7 +111,7 @@ def settings(workload: str, hardware: HardwareProfile, overrides: PerfOverrides 
     if workload not in cat.profiles:
         raise ConfigError(f"unknown workload {workload!r}; {path} has: {', '.join(cat.profiles)}", where="workload",
                           fix=f"use one of {', '.join(cat.profiles)}")
-    prof, budget, o = cat.profiles[workload], budget_for(hardware, cat), overrides or PerfOverrides()  # type: ignore[index]
+    prof, budget, o = cat.profiles[workload], budget_for(hardware, cat), overrides or PerfOverrides()
     levels = o.concurrency or prof.levels or [concurrency or 1]
     slo = cat.slo.model_copy(update={k: getattr(o.slo, k) for k in o.slo.model_fields_set}) if o.slo else cat.slo
     return ProbeSettings(profile=workload, levels=levels, sweep=_pick(o.sweep, prof.sweep),

@@ -73,7 +73,11 @@ def layouts_for(k: int, per_node: int, req: PlanRequest, moe_dp_only: bool = Tru
     if s.is_moe and len(out) > 1:  # TP/PP fallbacks of a MoE still split experts over the TP group
         out = [out[0]] + [lay.model_copy(update={"ep": lay.tp > 1}) for lay in out[1:]]
     seen: set[tuple[int, int, int]] = set()
-    unique = [lay for lay in out if (key := (lay.tp, lay.pp, lay.dp)) not in seen and not seen.add(key)]
+    unique: list[Layout] = []
+    for lay in out:  # the first layout of each shape
+        if (key := (lay.tp, lay.pp, lay.dp)) not in seen:
+            seen.add(key)
+            unique.append(lay)
     return unique, why
 
 
@@ -151,7 +155,7 @@ def _check_request(req: PlanRequest, policy: PlannerPolicy) -> int:
                            setting="serving.kv_cache_dtype", fix=f"use one of: {', '.join(hw.kv_cache_dtypes)}")
     knobs = ServingKnobs(gpu_memory_utilization=req.gpu_memory_utilization, max_num_seqs=req.max_num_seqs,
                          max_num_batched_tokens=req.max_num_batched_tokens, enforce_eager=req.enforce_eager,
-                         cudagraph_mode=req.cudagraph_mode)  # type: ignore[arg-type]
+                         cudagraph_mode=req.cudagraph_mode)
     for field, why in knob_problems(knobs, hw, default_seqs=policy.vllm_max_num_seqs[hw.kind]):  # (seqs below
         # the concurrency: a warning of the plan, not an error)
         raise SettingError(why, setting=f"serving.{field}", fix="change or drop it")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,7 @@ def matches(name: str, entry: str, class_name: str = "Linear") -> bool:
     return entry in (name, class_name)
 
 
-def check(layout: ModelLayout, recipe: dict[str, Any], *, extra_ignore: list[str] = (),
+def check(layout: ModelLayout, recipe: dict[str, Any], *, extra_ignore: Sequence[str] = (),
           requested_group_size: int | None = None) -> PreflightResult:
     """Decide group size and ignore list for this recipe on this model, or refuse listing the layers."""
     settings = quant_settings(recipe)

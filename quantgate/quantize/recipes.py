@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -119,7 +119,7 @@ def quant_settings(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: RecipeOverrides, *, group_size: int | None = None,
-                    extra_ignore: list[str] = (), where: str = "recipe") -> dict[str, Any]:
+                    extra_ignore: Sequence[str] = (), where: str = "recipe") -> dict[str, Any]:
     """A new recipe dict with the overrides applied. `group_size` (from the pre-flight) wins over the override."""
     out = copy.deepcopy(data)
     gsize = group_size or overrides.group_size

@@ -216,7 +216,7 @@ def rank_schemes(profile: HardwareProfile, workload: str, size: ModelSize, catal
         for i, (_, s, sup, fits, wb, dev, why) in enumerate(drafts)
     ]
     best = next((r for r in rows if r.supported and r.fits_node), None)
-    return Ranking(hardware=profile.id, workload=workload, bytes_16bit=size.bytes_16bit, budget_per_device=budget,  # type: ignore[arg-type]
+    return Ranking(hardware=profile.id, workload=workload, bytes_16bit=size.bytes_16bit, budget_per_device=budget,
                    rows=rows, recommended=best.scheme if best else None,
                    explanation=_explain(profile, workload, size, rows, best, budget, policy.weight_budget_fraction))
 

@@ -21,7 +21,7 @@ import hashlib
 import json
 import random
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.recall import needle as nd
@@ -211,7 +211,7 @@ def build_grid(lengths: Sequence[int], depths: Sequence[int], kinds: Sequence[st
         raise QuantgateError(f"unknown layout {ask!r}", where="ask", fix=f"use one of: {', '.join(ASK)}")
     if len(set(depths)) != len(depths):
         raise QuantgateError(f"repeated depths: {list(depths)}", where="depths", fix="give each depth once")
-    kw = dict(seed=seed, data=data, filler=filler, counter=counter, max_answer_tokens=max_answer_tokens)
+    kw: dict[str, Any] = dict(seed=seed, data=data, filler=filler, counter=counter, max_answer_tokens=max_answer_tokens)
     if ask == "single":
         return nd.build_grid(lengths, depths, kinds, samples, **kw)
     return [p for n in lengths for k in kinds for i in range(samples)

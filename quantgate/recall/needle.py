@@ -162,6 +162,7 @@ def _word(rng: random.Random, syllables: Sequence[str], lo: int, hi: int) -> str
 
 
 def make_needle(kind: str, rng: random.Random, data: NeedleData) -> Needle:
+    s: _Spec  # each kind's own spec class
     if kind == "number":
         s, subject = data.number, rng.choice(data.number.subjects)
         value = _code(rng, s.digits)

@@ -274,6 +274,7 @@ def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: str, mod
                             "serve with prefix caching on (vLLM: --enable-prefix-caching, its default)")
     summary = _finish(prompts, out, model, endpoint, grid, run_cost)
     if base_records is not None:
+        assert baseline is not None  # base_records are read from it
         summary["delta"] = _delta(base_records, read_jsonl(out / REQUESTS), Path(baseline), out, model)
     if failure is not None:
         raise failure

@@ -32,6 +32,7 @@ def fidelity_looks(spec: ReleaseSpec) -> list[int] | None:
     (quantgate.gate.looks). None without fidelity."""
     if spec.fidelity is None:
         return None
+    s: ReleaseSpec | None
     sizes, s = [], spec
     for _ in range(1 + (spec.adaptive.rounds if spec.adaptive else 0)):
         sizes.append(fidelity_size(s))

@@ -30,6 +30,7 @@ from quantgate.perf.models import ProbeSettings
 from quantgate.perf.workloads import write_requests
 from quantgate.plan.build import load_planner_policy
 from quantgate.plan.slots import placement_free
+from quantgate.release.secrets import endpoint_api_key
 from quantgate.release.spec import ReleaseSpec
 from quantgate.release.variants import Variant
 from quantgate.serving.endpoint import EndpointConfig, describe
@@ -47,7 +48,7 @@ def engine_of(config) -> str:
     """What a cache key calls the engine: vLLM's version in the serving environment; for an endpoint, the
     fingerprint of what its /v1/models reports now (asked with its key)."""
     if isinstance(config, EndpointConfig):
-        return describe(config)["fingerprint"]
+        return describe(config, endpoint_api_key(config))["fingerprint"]
     return vllm_version(serve_python(config.python))
 
 

@@ -24,6 +24,7 @@ import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
@@ -235,8 +236,8 @@ def _weights_problems(folder: Path, config: dict, scheme: str | None) -> list[st
             tensors |= {n: str(t.get("dtype")) for n, t in read_safetensors_header(f).items() if isinstance(t, dict)}
         except (QuantgateError, OSError, ValueError, RecursionError) as exc:
             problems.append(f"{f} is no readable safetensors file: {getattr(exc, 'message', exc)}")
-    qc = config.get("quantization_config") if isinstance(config.get("quantization_config"), Mapping) else {}
-    groups = qc.get("config_groups") if isinstance(qc.get("config_groups"), Mapping) else {}
+    qc = cast(Mapping, config.get("quantization_config")) if isinstance(config.get("quantization_config"), Mapping) else {}
+    groups = cast(Mapping, qc.get("config_groups")) if isinstance(qc.get("config_groups"), Mapping) else {}
     formats = {qc.get("format")} | {g.get("format") for g in groups.values() if isinstance(g, Mapping)}
     if scheme in _STORED and tensors and not problems and "dense" not in formats:  # dense: 16-bit, quantized at load
         what, test = _STORED[scheme]

@@ -21,7 +21,7 @@ from quantgate.base.fileio import write_json
 from quantgate.gate.policy import load_policy
 from quantgate.judge.reportfile import JudgeReport, load_judge_report
 from quantgate.judge.run import JudgeEndpoint, run_judge
-from quantgate.serving.endpoint import spec_api_key
+from quantgate.release.secrets import spec_api_key
 from quantgate.release.spec import JudgeSpec, ReleaseSpec
 from quantgate.release.variants import Variant, make_server, policy_path, server_config, size_bytes
 from quantgate.target.catalogue import checkpoint_hash, resolve_model
@@ -133,9 +133,9 @@ def judge_candidates(spec: ReleaseSpec, run: Path, base, cands: list, log: Calla
         for name in outs:
             if name not in reports:
                 errors.setdefault(name, exc)
-    for name, exc in errors.items():
-        write_json(outs[name] / ERROR, {"error": _short(exc), "type": type(exc).__name__,
-                                        "detail": exc.render() if isinstance(exc, QuantgateError) else repr(exc)})
+    for name, failure in errors.items():
+        write_json(outs[name] / ERROR, {"error": _short(failure), "type": type(failure).__name__,
+                                        "detail": failure.render() if isinstance(failure, QuantgateError) else repr(failure)})
     if errors:
         first = next(iter(errors.values()))
         raise QuantgateError(f"the judge failed for {', '.join(errors)}: {_short(first)}",

@@ -30,6 +30,7 @@ from quantgate.release.variants import Log, Variant, make_server, server_config
 
 def _run_recall(spec: ReleaseSpec, variant: Variant, srv, out: Path) -> None:
     r = spec.recall
+    assert r is not None  # a recall step exists only with spec.recall (cachelayout.recall_dir)
     prompts, grid = build_checked_grid(variant.path, r.lengths, r.depths, r.kinds, r.samples, seed=r.seed, ask=r.ask,
                                        max_model_len=spec.context, max_answer_tokens=r.max_answer_tokens, source="spec context")
     run_recall(prompts, out, endpoint=srv.base_url, model=srv.config.name, api_key=srv.api_key, grid=grid,
@@ -45,6 +46,7 @@ def _run_perf(spec: ReleaseSpec, variant: Variant, srv, out: Path, folder: Path,
 
 def _run_eval(spec: ReleaseSpec, variant: Variant, srv, name: str, out: Path, log: Log) -> None:
     if (task := lmeval_task(name)) is not None:  # an lm-evaluation-harness task (quantgate.evals.lmeval)
+        assert spec.lm_eval is not None  # its tasks are the only lm-eval names (cachelayout.eval_dirs)
         run_spec_task(spec.lm_eval, task, srv.base_url, srv.config.name, out, api_key=srv.api_key,
                       model_hash=variant.content_hash, label=variant.name, log=log)
         return
@@ -71,6 +73,7 @@ def measure_steps(spec: ReleaseSpec, variant: Variant, evals: dict[str, Path], t
             if early is not None and early.skips("recall"):
                 return
             r = spec.recall
+            assert r is not None  # a recall step exists only with spec.recall (cachelayout.recall_dir)
             log(f"{variant.name}: long-context recall, lengths {r.lengths} x depths {r.depths} x {r.kinds}")
             with progress.reporting(f"{variant.name}: recall", log):
                 _run_recall(spec, variant, srv, recall)
@@ -113,7 +116,7 @@ def _sampling_step(spec: ReleaseSpec, fidelity: Mapping[str, Path], reference: M
     return Step("fidelity (samples)", lambda srv: reference_ready() if reference_ready is not None else None)
 
 
-def check_parity(variant: Variant, srv, cache: Path, dtype: str, log: Log) -> None:
+def check_parity(variant: Variant, srv, cache: Path, dtype: str | None, log: Log) -> None:
     with progress.reporting(f"{variant.name}: engine parity", log):
         report = run_parity(variant.path, srv.base_url, srv.api_key, variant.name, cache, dtype=dtype,
                             gpus=getattr(srv.config, "env", {}).get("CUDA_VISIBLE_DEVICES"))  # its slot's GPUs

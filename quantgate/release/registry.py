@@ -182,6 +182,7 @@ def _check_inputs(d: dict, model: str, version: str, checkpoint: Path, run: Path
         raise QuantgateError("checkpoint folder not found", where=str(checkpoint), fix="give the promoted variant's folder")
     from_run = evaluated_hash(run, d.get("candidate"))
     if expected_sha256 and from_run and expected_sha256 != from_run:
+        assert run is not None  # from_run is read from it
         raise _mismatch("the given evaluated hash", expected_sha256, from_run, Path(run) / str(d.get("candidate")))
     return expected_sha256 or from_run
 

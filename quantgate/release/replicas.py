@@ -30,10 +30,15 @@ from quantgate.plan.slots import Slot
 Log = Callable[[str], None]
 
 
+class StepRun(Protocol):
+    """A step's work, given a running server of the variant (what it returns is not used)."""
+    def __call__(self, srv: Any, /) -> object: ...
+
+
 @dataclass(frozen=True)
 class Step:
     name: str
-    run: Callable[[Any], None]   # given a running server of the variant
+    run: StepRun   # given a running server of the variant
 
 
 class Lender(Protocol):
@@ -119,6 +124,7 @@ class StepRunner:
             t.join()
 
     def _grow(self) -> None:
+        assert self.lender is not None  # the grower runs only with a lender and a start (__enter__)
         while not self.done.is_set():
             if (self.todo.waiting() >= self.grow_at and len(self.extras) < self.limit
                     and (slot := self.lender.borrow()) is not None):
@@ -130,6 +136,7 @@ class StepRunner:
             self.done.wait(self.poll_s)
 
     def _replica(self, slot: Slot) -> None:
+        assert self.lender is not None and self.start is not None  # started by the grower only (_grow)
         try:
             with self.pin(slot) if self.pin else _nothing(), self.start(slot) as srv:
                 while not (self.open.wait(self.poll_s) or self.done.is_set()):

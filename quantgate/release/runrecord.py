@@ -120,6 +120,7 @@ def timed(run: Path, name: str) -> Iterator[dict[str, Any]]:
     status "failed", or "stopped" when a stop signal is stopping the release);
     start/end are Unix times (steps run concurrently: the overlaps and the critical path show). The block may add
     fields to the yielded dict (e.g. whether a server was started)."""
+    extra: dict[str, Any]
     start, wall, status, extra = time.monotonic(), time.time(), "ok", {}
     try:
         yield extra

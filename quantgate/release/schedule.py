@@ -23,9 +23,10 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Set
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 from quantgate.base.errors import QuantgateError
 from quantgate.evals.run import is_scored
@@ -75,7 +76,7 @@ class SlotPool:
         with self.take(job, rank=QUANTIZE) as slot:
             extra = self.borrow(ignoring={then}) if slot is not None else None
             try:
-                yield slot if extra is None else merged(slot, extra)
+                yield slot if extra is None else merged(cast(Slot, slot), extra)  # extra: borrowed only with a slot
             finally:
                 if extra is not None:
                     self.give_back(extra)
@@ -109,7 +110,7 @@ class SlotPool:
         with self._cond:
             self._announced.difference_update(jobs)
 
-    def borrow(self, ignoring: set[str | None] = frozenset()) -> Slot | None:
+    def borrow(self, ignoring: Set[str | None] = frozenset()) -> Slot | None:
         """A free slot for a running variant's extra replica (quantgate.release.replicas), only when no job is
         waiting for a slot or announced (but those `ignoring`); None otherwise. Return it with `give_back`."""
         with self._cond:

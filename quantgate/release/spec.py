@@ -217,6 +217,7 @@ class ReleaseSpec(BaseModel):
                                     "each candidate needs its own name (its folder in the run)")
         hardware, serving = info.data.get("hardware"), info.data.get("serving")
         for i, c in enumerate(v if hardware is not None else []):  # else the hardware field already failed
+            assert hardware is not None  # (the loop runs only with one)
             try:
                 why = hardware_problem(hardware, c.scheme, serving.python if serving else None) if c.checkpoint else None
             except QuantgateError as exc:

@@ -7,7 +7,7 @@ Relative paths are relative to the spec file's folder (`_resolve`, with the spec
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -111,6 +111,10 @@ class EvalSpec(BaseModel):
     max_error_rate: float = Field(0.05, ge=0, le=1)
 
 
+def _all_kinds() -> list[Literal["number", "name", "multilingual", "multi"]]:
+    return ["number", "name", "multilingual", "multi"]
+
+
 class RecallSpec(BaseModel):
     """Long-context needle grid (quantgate recall); every length plus the answer must fit `context`.
     `ask` is the layout (quantgate/recall/haystack.py): turns packs a needle per depth into one haystack per
@@ -120,7 +124,7 @@ class RecallSpec(BaseModel):
     lengths: list[int] = Field(default_factory=lambda: [1024, 2048], min_length=1)
     depths: list[int] = Field(default_factory=lambda: [0, 25, 50, 75, 100], min_length=1)
     kinds: list[Literal["number", "name", "multilingual", "multi"]] = Field(
-        default_factory=lambda: ["number", "name", "multilingual", "multi"], min_length=1)
+        default_factory=_all_kinds, min_length=1)
     samples: int = Field(2, ge=1, description="needles per (length, depth, kind) cell (haystacks per length and kind)")
     ask: Literal["turns", "together", "single"] = Field("turns", description="layout: a question per needle over a "
                                                         "shared haystack, one question for all, or one needle per haystack")
@@ -182,6 +186,14 @@ class FidelitySpec(BaseModel):
     @classmethod
     def _corpus_exists(cls, v: Path | None, info: ValidationInfo) -> Path | None:
         return _resolve(v, info)
+
+
+@overload
+def _resolve(value: Path, info: ValidationInfo) -> Path: ...
+
+
+@overload
+def _resolve(value: None, info: ValidationInfo) -> None: ...
 
 
 def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:

@@ -315,7 +315,7 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidenc
     """<run>/summary.json: a row per candidate tried; with a ladder, the rungs (schemes not tried are no row)."""
     by_name = {d.candidate: d for d in decisions}
     promoted = [d.candidate for d in decisions if d.promoted]
-    summary = {
+    summary: dict[str, Any] = {
         "release": spec.name, "run": run.name, "model": spec.model, "hardware": spec.hardware,
         "baseline": {"size_bytes": base.variant.size_bytes, "parity": base.parity and {k: base.parity[k] for k in ("verdict", "reason")}},
         "candidates": {c.variant.name: {**(failed_row(c) or _summary_row(base, c, comparisons[c.variant.name])),

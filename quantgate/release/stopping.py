@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import MethodType
-from typing import Any
+from typing import Any, cast
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import child_env
@@ -255,7 +255,8 @@ def prefect_api_server() -> Iterator[str | None]:
                                 "SubprocessASGIServer._run_uvicorn_command"),
                              fix="run a Prefect server (prefect server start) and set PREFECT_API_URL, or install the "
                                  "Prefect version of requirements/pipeline.lock")
-    server._run_uvicorn_command = MethodType(_guarded_uvicorn, server)  # Prefect's restart on a taken port too
+    # Prefect's restart on a taken port too; patches the method of this one instance (mypy types methods read-only)
+    server._run_uvicorn_command = MethodType(_guarded_uvicorn, server)  # type: ignore[method-assign]
     try:
         server.start(timeout=max(PREFECT_STARTUP_S, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()))
     except BaseException:
@@ -272,7 +273,8 @@ def prefect_api_server() -> Iterator[str | None]:
         _prefect = None
         server.stop()
         SubprocessASGIServer._instances[None] = server  # a late client (atexit) restarts this one: guarded too
-        warning = verify_gone(f"Prefect API server {server.address}", pgid[0] if pgid else None, None, [port])
+        # the port is set once start() returned (Prefect picks one when none was given)
+        warning = verify_gone(f"Prefect API server {server.address}", pgid[0] if pgid else None, None, [cast(int, port)])
         if warning:
             logging.getLogger(__name__).warning(warning)
 

@@ -27,11 +27,11 @@ from quantgate.plan.build import build_plan
 from quantgate.plan.slots import Slot, slots
 from quantgate.quantize.run import QuantizeRequest, quantize
 from quantgate.release.external import CandidateSpec, EndpointRef, external
+from quantgate.release.secrets import endpoint_api_key
 from quantgate.release.spec import ReleaseSpec
 from quantgate.serving.endpoint import EndpointConfig, EndpointServer
-from quantgate.serving.endpoint import api_key as endpoint_key
 from quantgate.serving.multinode import MultiNodeConfig, MultiNodeServer, multinode_config_from_plan
-from quantgate.serving.server import VLLMServer, config_from_plan
+from quantgate.serving.server import ServerConfig, VLLMServer, config_from_plan
 from quantgate.target.catalogue import checkpoint_hash
 
 Log = Callable[[str], None]
@@ -148,7 +148,7 @@ def endpoint_keys(spec: ReleaseSpec) -> None:
     ends = [endpoint_variant("baseline", spec.baseline, Path(spec.model))] if spec.baseline else []
     ends += [endpoint_variant(c.name, ref, Path(spec.model)) for c in spec.candidates if (ref := c.endpoint_ref())]
     for variant in ends:
-        endpoint_key(endpoint_config(spec, variant))
+        endpoint_api_key(endpoint_config(spec, variant))
 
 
 def server_config(spec: ReleaseSpec, variant: Variant, folder: Path, slot: Slot | None = None):
@@ -167,6 +167,7 @@ def server_config(spec: ReleaseSpec, variant: Variant, folder: Path, slot: Slot 
                       master_addr="127.0.0.1" if s.local_nodes else None,
                       **s.plan_options(candidate=variant.scheme is not None))  # the spec's knobs; KV: candidates only
     write_json(folder / PLAN, plan.model_dump(mode="json"))
+    cfg: ServerConfig | MultiNodeConfig
     if plan.replica_plans[0].multi_node is None:
         cfg = config_from_plan(plan, variant.path, variant.name, dtype=s.dtype, extra_args=s.extra_args, python=s.python,
                                startup_timeout_s=s.startup_timeout_s, stall_timeout_s=s.stall_timeout_s)
@@ -185,7 +186,7 @@ def server_config(spec: ReleaseSpec, variant: Variant, folder: Path, slot: Slot 
 
 def make_server(config, folder: Path):
     if isinstance(config, EndpointConfig):  # starts and stops nothing; <folder>/endpoint.log has its checks
-        return WatchedServer(EndpointServer(config, log_path=folder / "endpoint.log"))
+        return WatchedServer(EndpointServer(config, log_path=folder / "endpoint.log", api_key=endpoint_api_key(config)))
     if isinstance(config, MultiNodeConfig):
         return WatchedServer(MultiNodeServer(config, log_dir=folder))
     return WatchedServer(VLLMServer(config, log_path=folder / "server.log"))

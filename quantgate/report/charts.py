@@ -66,6 +66,7 @@ def trade_off(points: Sequence[dict]) -> str | None:
     fig, (qa, sa) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
     metrics = sorted({m for p in pts for m, *_ in p["deltas"]})
     for k, metric in enumerate(metrics):
+        err: list[list[float]]
         xs, ys, err = [], [], [[], []]
         for p in pts:
             for m, d, lo, hi in p["deltas"]:
@@ -121,17 +122,17 @@ def trend(series: dict[str, list[tuple[str, float | None, float | None, float | 
     return _uri(fig)
 
 
-def perf_curves(curves: Sequence[dict]) -> str | None:
+def perf_curves(curves: Sequence[dict | None]) -> str | None:
     """Goodput and latency against concurrency, one line per variant (quantgate.report.sections.perf_curve), with
     the SLO drawn: left, requests/s within the SLO (dotted: all requests/s would need the SLO met); right, TTFT p95
     (solid) and TPOT p95 (dashed) in ms, the SLO limits as horizontal lines. None when nothing is plottable."""
-    curves = [c for c in curves if c and c.get("levels")]
-    if not curves:
+    drawn = [c for c in curves if c and c.get("levels")]
+    if not drawn:
         return None
     plt = _plt()
     fig, (ga, la) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, c in enumerate(curves):
+    for i, c in enumerate(drawn):
         color = colors[i % len(colors)]
         xs = [lv["concurrency"] for lv in c["levels"]]
         good = [lv["goodput_rps"] for lv in c["levels"]]
@@ -141,18 +142,18 @@ def perf_curves(curves: Sequence[dict]) -> str | None:
             ys = [lv[key] for lv in c["levels"]]
             if any(y is not None for y in ys):
                 la.plot(xs, [y if y is not None else float("nan") for y in ys], style, color=color, label=f"{c['name']} {what}")
-    slo = next((c["slo"] for c in curves if c.get("slo")), None)
+    slo = next((c["slo"] for c in drawn if c.get("slo")), None)
     if slo:
         for key, style, what in (("ttft_ms", "-", "TTFT SLO"), ("tpot_ms", "--", "TPOT SLO")):
             if slo.get(key) is not None:
                 la.axhline(slo[key], color="#b22", lw=1, ls=style, label=f"{what} {slo[key]:g} ms")
-    ticks = sorted({lv["concurrency"] for c in curves for lv in c["levels"]})
+    ticks = sorted({lv["concurrency"] for c in drawn for lv in c["levels"]})
     for ax in (ga, la):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.set_xlabel("concurrency")
     ga.set_ylim(bottom=0)
-    if not any(lv["goodput_rps"] is not None for c in curves for lv in c["levels"]):
+    if not any(lv["goodput_rps"] is not None for c in drawn for lv in c["levels"]):
         ga.text(0.5, 0.5, "no SLO: no goodput", ha="center", va="center", transform=ga.transAxes)
     ga.set_ylabel("goodput, requests/s within the SLO")
     ga.set_title("goodput vs concurrency", fontsize=10)

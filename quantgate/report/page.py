@@ -210,7 +210,7 @@ def _fmt_interval(iv: Any, fmt: str = "sig") -> str:
 def _mark(outcome: Any) -> str:
     """A check's badge (also its CSS class): pass / FAIL / INCONCLUSIVE / skip. Schema 1's `passed` still maps."""
     if isinstance(outcome, bool) or outcome is None:
-        outcome = {True: "pass", False: "fail"}.get(outcome, "skipped")
+        outcome = sections.PASSED.get(outcome, "skipped")
     return BADGES.get(str(outcome), str(outcome))
 
 

@@ -19,6 +19,7 @@ MAX_REGRESSIONS = 40   # flips shown per kind (the counts cover them all)
 MAX_GAINS = 40
 MAX_WORST = 10         # worst fidelity samples shown
 OUTCOMES = ("pass", "fail", "inconclusive", "skipped")
+PASSED: dict[Any, str] = {True: "pass", False: "fail"}  # schema 1's `passed` -> the outcome
 FIDELITY_MEASURES = (("kl", "KL", "KL(baseline || candidate), nats/token", "sig"),  # key, short, label, format
                      ("top1", "top-1", "top-1 agreement", "pct"),
                      ("dnll", "NLL increase", "NLL increase of the baseline's tokens, nats/token", "sig"))
@@ -50,7 +51,7 @@ def outcome(check: dict) -> str:
     o = check.get("outcome")
     if o in OUTCOMES:
         return o
-    return {True: "pass", False: "fail"}.get(check.get("passed"), "skipped")
+    return PASSED.get(check.get("passed"), "skipped")
 
 
 def power(p: Any) -> dict | None:

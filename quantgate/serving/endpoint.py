@@ -8,8 +8,9 @@ It has VLLMServer's surface (base_url, api_key, config with the served name, log
 raise_if_dead, context manager), but entering it starts nothing: it checks that `GET /v1/models` lists the model
 (quantgate.base.http.model_entry) and records what the endpoint reports. Leaving it stops nothing: it asks again and
 raises when the endpoint now reports something else (it was redeployed while it was measured). Every check is
-written to `log_path`. The API key comes from an environment variable or a Prefect Secret block, read when the
-server is entered; an error names the release spec field (`where`).
+written to `log_path`. The API key is given (the release reads it from the spec's environment variable or Prefect
+Secret block: quantgate.release.secrets), else read from `api_key_env` when the server is entered; an error names the
+release spec field (`where`).
 
 What `/v1/models` reports is the endpoint's fingerprint: id, root, parent, max_model_len and owned_by, never
 `created` (vLLM stamps every answer with the current time). An endpoint can change under the same URL and name
@@ -46,19 +47,16 @@ class EndpointConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
 
 
-def spec_api_key(api_key_env: str | None, prefect_secret: str | None, section: str) -> str | None:
-    """An API key named in a release spec section (`judge`, `baseline`, `candidates[0]`), from its environment
-    variable or Prefect Secret; the error names the spec field."""
+def env_api_key(config: EndpointConfig) -> str | None:
+    """The endpoint's key from its environment variable; a Prefect Secret block is read by the caller (the release)."""
+    if config.prefect_secret:
+        raise ConfigError(f"the key of {config.url} is in Prefect Secret block {config.prefect_secret!r}, which this "
+                          "caller did not read", where=f"release spec field '{config.where}.prefect_secret'",
+                          fix="give the key (quantgate.release.secrets.endpoint_api_key reads the block)")
     try:
-        return resolve_api_key(api_key_env, prefect_secret)
+        return resolve_api_key(config.api_key_env)
     except ConfigError as exc:
-        field = "api_key_env" if api_key_env else "prefect_secret"
-        raise ConfigError(exc.message, where=f"release spec field '{section}.{field}'", fix=exc.fix) from None
-
-
-def api_key(config: EndpointConfig) -> str | None:
-    """The endpoint's API key (spec_api_key)."""
-    return spec_api_key(config.api_key_env, config.prefect_secret, config.where)
+        raise ConfigError(exc.message, where=f"release spec field '{config.where}.api_key_env'", fix=exc.fix) from None
 
 
 def fingerprint(entry: dict) -> str:
@@ -69,7 +67,7 @@ def fingerprint(entry: dict) -> str:
 
 def describe(config: EndpointConfig, key: str | None = None, timeout_s: float = 30.0) -> dict:
     """{url, model, reported (the stable entry), fingerprint}: what the endpoint says about the model now."""
-    entry = http.model_entry(config.url, config.name, key if key is not None else api_key(config), timeout_s,
+    entry = http.model_entry(config.url, config.name, key if key is not None else env_api_key(config), timeout_s,
                              where=f"release spec field '{config.where}.endpoint' ({config.url})")
     return {"url": http.api_base(config.url), "model": config.name,
             "reported": {k: entry.get(k) for k in STABLE_FIELDS}, "fingerprint": fingerprint(entry)}
@@ -80,10 +78,10 @@ class EndpointServer:
 
     death_grace_s = 0.0  # nothing of ours can be dying: an endpoint that does not answer is reported at once
 
-    def __init__(self, config: EndpointConfig, log_path: Path):
+    def __init__(self, config: EndpointConfig, log_path: Path, api_key: str | None = None):
         self.config = config
         self.log_path = Path(log_path)
-        self.api_key: str | None = None
+        self.api_key = api_key
         self.seen: dict | None = None  # describe() at entry
 
     @property
@@ -102,8 +100,9 @@ class EndpointServer:
             f.write(f"{stamp} {what} {json.dumps(info, sort_keys=True, default=str)}\n")
 
     def start(self) -> EndpointServer:
-        """Start nothing: read the key and check that /v1/models lists the model."""
-        self.api_key = api_key(self.config)
+        """Start nothing: read the key (unless given) and check that /v1/models lists the model."""
+        if self.api_key is None:
+            self.api_key = env_api_key(self.config)
         self.seen = describe(self.config, self.api_key)
         self._log("entry: not started by quantgate; /v1/models lists it", self.seen)
         return self

@@ -25,6 +25,7 @@ FLAGS = {"avx2": ("avx2",), "avx512f": ("avx512f",), "avx512_bf16": ("avx512_bf1
 
 def cpuinfo() -> tuple[str, set[str]]:
     """The CPU model name and flag set from /proc/cpuinfo (empty where it does not exist)."""
+    flags: set[str]
     model, flags = "", set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:

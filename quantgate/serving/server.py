@@ -214,6 +214,7 @@ class VLLMServer:
             stop_group(proc)
 
     def _wait_ready(self) -> None:
+        assert self.proc is not None  # start() spawned it just before
         deadline = time.monotonic() + self.config.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

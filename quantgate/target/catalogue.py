@@ -214,7 +214,8 @@ def _convert(gguf: Path, out: Path, dtype: str) -> None:
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
     # transformers marks GGUF-loaded models as quantized and refuses to save them; the weights are now plain tensors.
-    model.hf_quantizer = None
+    # (transformers types the loaded model as _BaseModelWithGenerate, which does not declare hf_quantizer)
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.architectures = [type(model).__name__]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -194,7 +194,7 @@ def weight_format(qcfg: dict | None, dtype_bytes: float, where: str) -> WeightFo
 def shape_from_config(cfg: dict, where: str = "config.json") -> ModelShape:
     """Parse a Hugging Face config.json dict (multimodal configs: the `text_config` part)."""
     qcfg = cfg.get("quantization_config")
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    text = cast(dict, cfg.get("text_config")) if isinstance(cfg.get("text_config"), dict) else cfg
     required = {"layers": ("num_hidden_layers", "n_layer", "num_layers"), "hidden": ("hidden_size", "n_embd", "d_model"),
                 "heads": ("num_attention_heads", "n_head"), "vocab": ("vocab_size",),
                 "max_positions": ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")}

@@ -114,7 +114,9 @@ def choice_letter(text: str, letters: str = "ABCDEFGH") -> str | None:
     cls = f"[{re.escape(letters)}]"
     stripped = text.strip()
     if re.fullmatch(rf"[\s(\[*]*({cls})[\s)\].*]*", stripped.upper()):
-        return re.search(cls, stripped.upper()).group()
+        found = re.search(cls, stripped.upper())
+        assert found is not None  # the full match above holds one of the letters
+        return found.group()
     for pattern in (
         rf"^[\s(\[*]*({cls})(?:[).:\]]|\s*$)",
         rf"(?i:answer)(?:\s+is)?\s*[:\-]?\s*[(\[*]*({cls})\b",
