@@ -40,6 +40,7 @@ from quantgate.release import steps as rel
 from quantgate.release.spec import load_spec
 from quantgate.release.stopping import descendants
 from quantgate.serving.server import free_port
+from tests._procs import live
 
 EVALSET = EVAL_SETS / "default.jsonl"
 
@@ -446,17 +447,6 @@ def _wait_for_prefect_server(proc: subprocess.Popen, log: Path, timeout_s: float
     raise AssertionError(f"Prefect's API server never listened below pid {proc.pid}: {_tail(log)}")
 
 
-def _live(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.Error:
-            continue
-    return out
-
-
 def _fresh_env(workspace, tmp_path: Path) -> dict:
     """The module's environment (its Prefect home: the server's database is migrated once), a fresh results folder."""
     _, env = workspace
@@ -479,7 +469,7 @@ def test_a_sigkilled_release_leaves_no_process_and_no_port_prefects_api_server_i
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         time.sleep(15)
-        left = _live(tree) + [p for p in _tagged(tag) if p not in tree]
+        left = live(tree) + [p for p in _tagged(tag) if p not in tree]
         bound = procs.listening(ports)
     finally:
         if proc.poll() is None:
@@ -517,11 +507,11 @@ def test_a_sigtermed_flow_script_stops_its_tree_prefects_api_server_last_within_
         proc.send_signal(signal.SIGTERM)
         t0, gone = time.monotonic(), {}
         while proc.poll() is None and time.monotonic() - t0 < 30:  # when each process of the tree went
-            gone |= {p: time.monotonic() - t0 for p in pids if p not in gone and not _live([p])}
+            gone |= {p: time.monotonic() - t0 for p in pids if p not in gone and not live([p])}
             time.sleep(0.02)
         took = time.monotonic() - t0
         code = proc.wait(timeout=30)
-        left = _live(pids) + [p for p in _tagged(tag) if p not in pids]
+        left = live(pids) + [p for p in _tagged(tag) if p not in pids]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -576,6 +566,6 @@ def test_a_flow_run_by_run_flow_stops_its_prefect_api_server_at_the_end_without_
             proc.kill()
     out = log.read_text(errors="replace")
     assert code == 0 and "result done" in out, out[-3000:]
-    assert _live(pids) == [] and procs.listening([port]) == {}, "Prefect's API server outlived the flow's process"
+    assert live(pids) == [] and procs.listening([port]) == {}, "Prefect's API server outlived the flow's process"
     assert "Traceback" not in out and "ConnectError" not in out and "Stopping temporary server" in out, out[-3000:]
     print(f"\nrun_flow: the flow ended, Prefect's API server (port {port}) stopped before the process exited, no error")

@@ -33,20 +33,10 @@ from quantgate.release.variants import Variant, make_server, server_config
 from quantgate.serving import server as server_mod
 from quantgate.serving.server import ServerConfig, VLLMServer
 from quantgate.serving.watchdog import IN_FLIGHT, PROGRESS, STALL_S, Sample, advance, parse_metrics
+from tests._procs import live
 
 REPO = Path(__file__).resolve().parents[1]
 SECRETS = {"OPENAI_API_KEY": "sk-parent-secret", "AWS_SECRET_ACCESS_KEY": "aws-parent-secret", "HF_TOKEN": "hf-secret"}
-
-
-def alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def wait_until(cond, timeout_s: float, step_s: float = 0.1) -> float:
@@ -91,7 +81,7 @@ def test_a_sigkilled_parent_takes_the_guarded_group_with_it():
     parent.wait()
     took = wait_until(lambda: not tagged(tag[TAG_VAR]), 10)
     print(f"guarded group (guard, bash, 2 sleeps) gone {took:.2f} s after the parent's SIGKILL")
-    assert not alive(group)
+    assert not live(group)
 
 
 def test_processes_deaf_to_sigterm_are_sigkilled_even_if_the_parent_death_signal_comes_twice():
@@ -114,7 +104,7 @@ def test_a_sigkilled_guard_takes_its_child_and_stop_sweeps_the_rest():
     try:
         bash = [p for p in psutil.Process(guard).children() if p.name() == "bash"][0].pid
         os.kill(guard, signal.SIGKILL)
-        wait_until(lambda: not alive([bash]), 5)  # PR_SET_PDEATHSIG(SIGKILL) set between fork and exec
+        wait_until(lambda: not live([bash]), 5)  # PR_SET_PDEATHSIG(SIGKILL) set between fork and exec
         left = leftovers(guard, None)
         assert len(left) == 2  # the two sleeps: orphans of the killed bash, still in the group
         warning = verify_gone("test group", guard, None)
@@ -179,7 +169,7 @@ def test_the_guard_removes_the_shared_memory_its_group_held_and_nothing_else(tmp
             (child,) = psutil.Process(guard).children()
             child.send_signal(signal.SIGKILL)
         took = wait_until(lambda: not own.exists(), 15)
-        wait_until(lambda: not alive([guard]), 15)
+        wait_until(lambda: not live([guard]), 15)
         assert shared.exists() and foreign.exists()  # held by another process / never the group's
     finally:
         for proc in (parent, outsider):
@@ -442,7 +432,7 @@ def test_a_quantization_child_dies_with_its_sigkilled_parent(demo_model, tmp_pat
     assert not set(SECRETS) & set(child_env) and child_env["TOKENIZERS_PARALLELISM"] == "false"
     parent.send_signal(signal.SIGKILL)
     parent.wait()
-    took = wait_until(lambda: not alive(pids), 10)
+    took = wait_until(lambda: not live(pids), 10)
     print(f"quantization child (pids {pids}) gone {took:.2f} s after its parent's SIGKILL")
 
 
