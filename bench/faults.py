@@ -1,17 +1,22 @@
 """Start/kill cycles of the serving manager: orphan processes and bound ports left afterwards, counted.
 
-    .venv/bin/python bench/faults.py [--cycles 20] [--kinds single,multi] [--ends kill-parent,stop]
+    .venv/bin/python bench/faults.py [--cycles 20] [--kinds single,multi] [--ends kill-parent,stop,kill-both]
 
 Each cycle starts a parent process (like the release flow) that serves the demo model with quantgate's serving
 manager: one vLLM server (`single`), or 2 local nodes with PP=2 (`multi`). Once the server answers, the cycle
-ends it one of two ways, in turn: `kill-parent` SIGKILLs the parent (nothing of quantgate runs any cleanup: the
-process guard must take the server down), `stop` asks the parent to call stop() (which verifies its own work).
+ends it one of three ways, in turn: `kill-parent` SIGKILLs the parent (nothing of quantgate runs any cleanup: the
+process guard must take the server down), `stop` asks the parent to call stop() (which verifies its own work),
+`kill-both` SIGKILLs the parent and every process guard it started at the same instant (nothing of quantgate
+survives to clean up: what is left must end by itself, through the parent-death signals the guard set up).
 Then, for up to --settle-s seconds, it counts
 - orphans: live processes carrying the server's tag (quantgate.base.procs.tagged: the server, its engine cores,
-  every node and worker, in whatever process group or session they ended up), and
+  every node and worker, in whatever process group or session they ended up) or in the session of one of its
+  process guards (noted once the server answered; a process that changed its environment still counts),
 - ports: the API port and (multi) the torch master port still listening (quantgate.base.procs.listening: the
-  kernel's socket tables /proc/net/tcp and /proc/net/tcp6).
-Both must be 0. Prints one line per cycle, the totals, seconds per cycle and the CPU model. tests/test_faults_serving.py
+  kernel's socket tables /proc/net/tcp and /proc/net/tcp6), and
+- shm: files in /dev/shm that appeared during the cycle and are still there (vLLM's `psm_*` message queues and
+  multiprocessing semaphores; nothing else should run beside the bench, or its files are counted too).
+All three must be 0. Prints one line per cycle, the totals, seconds per cycle and the CPU model. tests/test_faults_serving.py
 runs a few cycles of this same code; this script runs the issue's full count (20).
 """
 
@@ -30,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from quantgate.base.procs import listening, tagged  # noqa: E402
+from quantgate.base.procs import leftovers, listening  # noqa: E402
 from quantgate.target.catalogue import ensure_demo_model  # noqa: E402
 
 # The parent: serves, prints one JSON line once the server answers, then waits for "stop" on stdin (or a SIGKILL).
@@ -59,9 +64,45 @@ if sys.stdin.readline().strip() == "stop":
 """
 
 
+SHM = Path("/dev/shm")
+
+
+def shm_files() -> set[str]:
+    return {p.name for p in SHM.iterdir()} if SHM.is_dir() else set()
+
+
+def guards_of(pid: int) -> list[int]:
+    """The process guards `pid` started: its children running quantgate's procguard.py."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_bytes()
+            ppid = int(stat.rsplit(b")", 1)[1].split()[1])
+            if ppid == pid and b"procguard.py" in Path(f"/proc/{name}/cmdline").read_bytes():
+                out.append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _end(parent: subprocess.Popen, end: str) -> None:
+    if end == "kill-parent":
+        parent.send_signal(signal.SIGKILL)
+    elif end == "kill-both":  # the parent and its guards in one sweep, before any of them can react
+        for pid in [parent.pid, *guards_of(parent.pid)]:
+            os.kill(pid, signal.SIGKILL)
+    else:
+        assert parent.stdin is not None
+        parent.stdin.write("stop\n")
+        parent.stdin.flush()
+
+
 def cycle(kind: str, end: str, model: Path, out: Path, *, start_timeout_s: float = 900, settle_s: float = 60) -> dict:
-    """One start -> ready -> end cycle; returns its figures (orphans and ports counted after it settled)."""
+    """One start -> ready -> end cycle; returns its figures (orphans, ports and shm files counted after it settled)."""
     out.mkdir(parents=True, exist_ok=True)
+    before = shm_files()
     t0 = time.monotonic()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(out / "parent.log", "wb") as err:
@@ -70,22 +111,24 @@ def cycle(kind: str, end: str, model: Path, out: Path, *, start_timeout_s: float
     try:
         ready = json.loads(_read_line(parent, start_timeout_s))
         ready_s = time.monotonic() - t0
+        sessions = guards_of(parent.pid)  # each guard leads the session its server runs in
         t1 = time.monotonic()
-        if end == "kill-parent":
-            parent.send_signal(signal.SIGKILL)
-        else:
-            parent.stdin.write("stop\n")
-            parent.stdin.flush()
+        _end(parent, end)
         parent.wait(timeout=300)
     finally:  # interrupted (Ctrl-C) or failed: the parent goes, and its guards take its servers down
         if parent.poll() is None:
             parent.kill()
             parent.wait()
     deadline = time.monotonic() + settle_s
-    while (tagged(ready["tag"]) or listening(ready["ports"])) and time.monotonic() < deadline:
+    def orphans() -> set[int]:
+        return {p for pgid in [None, *sessions] for p in leftovers(pgid, ready["tag"])}
+
+    while (orphans() or listening(ready["ports"]) or shm_files() - before) and time.monotonic() < deadline:
         time.sleep(0.5)
+    left = sorted(shm_files() - before)
     return {"kind": kind, "end": end, "ready_s": round(ready_s, 1), "cleanup_s": round(time.monotonic() - t1, 1),
-            "orphans": len(tagged(ready["tag"])), "ports": len(listening(ready["ports"])),
+            "orphans": len(orphans()), "sessions": sessions, "ports": len(listening(ready["ports"])), "shm": len(left),
+            "shm_left": left,
             "tag": ready["tag"], "parent_exit": parent.returncode, "listen_while_up": ready["listen"], "ports_checked": ready["ports"]}
 
 
@@ -113,7 +156,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=20)
     ap.add_argument("--kinds", default="single,multi", help="comma list, used in turn: single, multi")
-    ap.add_argument("--ends", default="kill-parent,stop", help="comma list, used in turn: kill-parent, stop")
+    ap.add_argument("--ends", default="kill-parent,stop,kill-both",
+                    help="comma list, used in turn: kill-parent, stop, kill-both")
     ap.add_argument("--settle-s", type=float, default=60, help="how long a cycle waits for the leftovers to go")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench" / f"faults-{time.strftime('%Y%m%d-%H%M%S')}")
     args = ap.parse_args()
@@ -129,16 +173,17 @@ def main() -> int:
             break
         rows.append(row)
         print(f"cycle {i + 1:2d}/{args.cycles} {kind:6s} {end:11s} ready {row['ready_s']:6.1f} s  cleanup "
-              f"{row['cleanup_s']:5.1f} s  orphans {row['orphans']}  ports {row['ports']}  listening while up: "
+              f"{row['cleanup_s']:5.1f} s  orphans {row['orphans']}  ports {row['ports']}  shm {row['shm']}  listening while up: "
               f"{row['listen_while_up']}", flush=True)
     total = time.monotonic() - t0
     orphans, ports = sum(r["orphans"] for r in rows), sum(r["ports"] for r in rows)
-    print(f"\ncycles {len(rows)}  orphans {orphans}  ports {ports}  seconds per cycle {total / max(len(rows), 1):.1f}  "
+    shm = sum(r["shm"] for r in rows)
+    print(f"\ncycles {len(rows)}  orphans {orphans}  ports {ports}  shm {shm}  seconds per cycle {total / max(len(rows), 1):.1f}  "
           f"(total {total:.0f} s)  CPU: {cpu_model()}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "faults.json").write_text(json.dumps({"rows": rows, "orphans": orphans, "ports": ports,
+    (args.out / "faults.json").write_text(json.dumps({"rows": rows, "orphans": orphans, "ports": ports, "shm": shm,
                                                       "seconds": round(total, 1), "cpu": cpu_model()}, indent=1))
-    return 0 if orphans == ports == 0 else 1
+    return 0 if orphans == ports == shm == 0 else 1
 
 
 if __name__ == "__main__":

@@ -494,10 +494,10 @@ def test_a_sigtermed_flow_script_stops_its_tree_prefects_api_server_last_within_
                                 env=env, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
     try:
         server, port = _wait_for_prefect_server(proc, log)
-        prefect = {server.pid, server.ppid()}  # uvicorn and its guard
         deadline = time.monotonic() + 600
         while True:  # a task is running: a guarded child (the quantization or a vLLM server) besides Prefect's
             tree = psutil.Process(proc.pid).children(recursive=True)
+            prefect = {p.pid for p in tree if _sid(p.pid) == os.getsid(server.pid)}  # uvicorn, its guard, the watcher
             guards = [p for p in tree if p.pid not in prefect and "procguard" in " ".join(_cmdline(p.pid).split()[:4])]
             if guards:
                 break
@@ -525,6 +525,13 @@ def test_a_sigtermed_flow_script_stops_its_tree_prefects_api_server_last_within_
     print(f"\nflows/release.py SIGTERMed while {len(guards)} guarded child(ren) ran ({len(pids)} processes): exit {code} "
           f"after {took:.1f} s; the others gone by {max(others):.1f} s, Prefect's API server at {gone[server.pid]:.1f} s; "
           f"{len(left)} left, port {port} free")
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except ProcessLookupError:
+        return None
 
 
 TINY_FLOW = textwrap.dedent("""

@@ -7,9 +7,12 @@ driver) through this guard, in a session of its own (quantgate.base.procs.guarde
 
 - asks the kernel to signal it when its parent dies (PR_SET_PDEATHSIG), and also polls its parent id, so even a
   SIGKILLed parent is noticed within a second;
-- forks COMMAND as its only child, with PR_SET_PDEATHSIG(SIGKILL) set between fork and exec: if the guard itself
-  is SIGKILLed, COMMAND dies at once (its own children are then left to the parent's stop(), which sweeps the
-  process group);
+- forks COMMAND, with PR_SET_PDEATHSIG(SIGKILL) set between fork and exec: if the guard itself is SIGKILLed,
+  COMMAND dies at once;
+- forks a watcher, a copy of itself in the same process group, whose only job is the guard's own death: when the
+  guard is SIGKILLed (alone, or together with the parent, so that nothing of quantgate is left to clean up), the
+  watcher sweeps the group as the guard would have, so COMMAND's own children (vLLM's engine cores and workers,
+  which no parent-death signal reaches) die too. The guard's own sweeps take the watcher down with the group;
 - when the parent dies: SIGTERM to the whole process group, SIGKILL to what is left after GRACE_S, and exit;
 - when COMMAND exits: the same sweep of its leftovers (engine cores, workers), then exit with COMMAND's status
   (a signal death is re-raised, so the parent sees the same return code as without the guard);
@@ -17,7 +20,12 @@ driver) through this guard, in a session of its own (quantgate.base.procs.guarde
 - after each sweep: removes the shared-memory files (/dev/shm) the group had open or mapped while it ran (vLLM's
   `psm_*` message queues, multiprocessing semaphores), once no live process holds them: a SIGKILLed engine never
   unlinks its own. Only the group's files (seen in /proc/<pid>/maps and /proc/<pid>/fd of its members, looked at
-  every SHM_EVERY_S and before the sweep) are removed, never another program's.
+  every SHM_EVERY_S and before the sweep) are removed, never another program's. Python's multiprocessing
+  semaphores (`sem.mp-*`) are mapped only for a moment, so the guard rarely sees them: their owner is the group's
+  multiprocessing resource tracker, which unlinks them once every process it serves is gone. It ignores SIGTERM, so
+  the sweep's SIGKILL wave spares it at first and gives it TRACKER_WAIT_S to clean up and exit by itself. (Removing
+  unheld semaphores by name instead was tried and is wrong: a server starting beside the group hands its
+  semaphores to its spawned workers by name, unmapped for a moment, and lost them.)
 
 No quantgate imports: the serving environment runs it too. `set_parent_death_signal` is also used in-process.
 """
@@ -34,6 +42,8 @@ PR_SET_PDEATHSIG = 1
 PARENT_DIED = signal.SIGUSR2  # the guard's own parent-death signal: catchable, so it can sweep the group first
 SHM = "/dev/shm/"
 SHM_EVERY_S = 5.0  # how often the guard notes the group's shared-memory files (vLLM creates them at start-up)
+TRACKER = b"multiprocessing.resource_tracker"  # in the command line of Python's resource tracker process
+TRACKER_WAIT_S = 3.0  # how long the sweep lets the group's resource trackers unlink what they track and exit
 
 
 def set_parent_death_signal(sig: int) -> bool:
@@ -62,14 +72,25 @@ def group_members(pgid: int, exclude: int = 0) -> list[int]:
     return out
 
 
+def _is_tracker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return TRACKER in f.read()
+    except OSError:
+        return False
+
+
 def sweep(grace_s: float) -> None:
-    """SIGTERM every other member of this process group, SIGKILL those left after `grace_s`."""
+    """SIGTERM every other member of this process group, SIGKILL those left after `grace_s`: first all but the
+    multiprocessing resource trackers, which get TRACKER_WAIT_S to unlink their semaphores and exit by themselves
+    once the processes they serve are gone, then whatever is left."""
     me, pgid = os.getpid(), os.getpgid(0)
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+    waves = ((signal.SIGTERM, grace_s, True), (signal.SIGKILL, TRACKER_WAIT_S, False), (signal.SIGKILL, 5.0, True))
+    for sig, wait_s, trackers_too in waves:
         members = group_members(pgid, exclude=me)
         if not members:
             return
-        for pid in members:
+        for pid in members if trackers_too else [p for p in members if not _is_tracker(p)]:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
@@ -182,6 +203,7 @@ def main(argv: list[str]) -> None:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    _start_watcher(grace_s)
     shm: set[str] = set()  # the group's shared-memory files, removed after the sweep
     try:
         noted = 0.0
@@ -200,6 +222,37 @@ def main(argv: list[str]) -> None:
         os._exit(1)
     _sweep_uninterrupted(grace_s, shm)  # COMMAND is reaped: nothing to forward to any more
     _exit_like(status)
+
+
+def _start_watcher(grace_s: float) -> int:
+    """Fork the watcher (see the module docstring); returns its pid in the guard."""
+    guard = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the watcher: never returns into the guard's code
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the guard's sweep ends it like any member of the group
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+        def guard_died(*_: object) -> None:
+            signal.signal(PARENT_DIED, signal.SIG_IGN)
+            raise _ParentDied
+
+        signal.signal(PARENT_DIED, guard_died)
+        set_parent_death_signal(PARENT_DIED)
+        shm: set[str] = set()
+        try:
+            noted = 0.0
+            while os.getppid() == guard:  # polled too: the kernel's signal may be missed while it was being set
+                if time.monotonic() - noted >= SHM_EVERY_S:
+                    shm |= shm_held(group_members(os.getpgid(0), exclude=os.getpid()))
+                    noted = time.monotonic()
+                time.sleep(0.5)
+        except _ParentDied:
+            pass
+        _sweep_uninterrupted(grace_s, shm)
+    finally:
+        os._exit(0)
 
 
 def _sweep_uninterrupted(grace_s: float, shm: set[str]) -> None:
