@@ -11,7 +11,7 @@ from _gate_fixtures import fidelity_file
 from quantgate.base.paths import EVAL_SETS, RELEASES
 from quantgate.gate.early import early_fidelity_checks
 from quantgate.release.early import EarlyDecision, early_decision
-from quantgate.release.measure import measure_steps
+from quantgate.release.measurements import VariantJob, ordered_steps
 from quantgate.release.spec import load_spec
 from quantgate.release.variants import Variant
 
@@ -46,14 +46,17 @@ def test_a_candidate_far_beyond_its_kl_limit_fails_the_gates_own_early_check(tmp
 
 
 def _steps(tmp_path: Path, early: EarlyDecision | None, baseline: bool = False) -> list:
+    """The registry's steps for a variant with every kind pending (quantgate.release.measurements)."""
     spec = load_spec(_spec(tmp_path))
     variant = Variant(name="baseline" if baseline else "int8-w8a8", path=tmp_path, content_hash="0" * 64,
                       size_bytes=1)
     fid = {"main": tmp_path / "main", **({"alt": tmp_path / "alt"} if baseline else {})}
     ref = {"default": tmp_path / "cache" / "evals" / "default"}
-    return measure_steps(spec, variant, {"default": tmp_path / "ev"}, ["default"], tmp_path / "recall",
-                         tmp_path / "perf", fid, folder=tmp_path, tokenizer=tmp_path, reference=ref,
-                         log=lambda _: None, reference_ready=None, early=early)
+    job = VariantJob(spec=spec, variant=variant, run=tmp_path, folder=tmp_path, cache=tmp_path / "cache",
+                     tokenizer=tmp_path, reference=ref, baseline=baseline, log=lambda _: None)
+    folders = {"evals": {"default": tmp_path / "ev"}, "recall": {"recall": tmp_path / "recall"},
+               "perf": {"perf": tmp_path / "perf"}, "fidelity": fid}
+    return ordered_steps(job, folders, {k: list(v) for k, v in folders.items()}, early)
 
 
 def _spec(tmp_path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Steps of the release flow (flows/release.py), as plain functions over files.
+"""Steps of the release flow (quantgate.release.flow), as plain functions over files.
 
 Run folder (results/runs/<run-id>/):
     run.json                   the spec as loaded, git state, package versions
@@ -24,33 +24,30 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from quantgate.base.runfiles import COMPARE_DIR, EVIDENCE, PARITY, PAY_OFF, PERF, RUN, SUMMARY
+from quantgate.base.runfiles import EVIDENCE, PARITY, RUN, SUMMARY
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, lock_holder, write_json
 from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.evals.comparefile import Comparison
-from quantgate.evals.run import compare_dirs
 from quantgate.gate.decisionfile import overall
 from quantgate.gate.evidence import gate_run
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizing import sizing
 from quantgate.gate.sizing import warnings as size_warnings
 from quantgate.parity.engine import passed as parity_passed
-from quantgate.perf.compare import compare as perf_compare
-from quantgate.perf.probe import load_result
 from quantgate.plan.slots import Slot
 from quantgate.recall import run as recall
-from quantgate.recall.run import is_complete as recall_complete
-from quantgate.release import fidelity_step, registry
+from quantgate.release import registry
 from quantgate.release.adaptive import fidelity_size
 from quantgate.release.early import early_decision
-from quantgate.release.cachelayout import (engine_of, eval_complete, eval_dirs, perf_dir, perf_ok, recall_dir,
-                                           variant_cache)
+from quantgate.release.cachelayout import engine_of, eval_dirs, variant_cache
 from quantgate.release.judge_step import api_key, failure, judge_candidates
 from quantgate.release.publishing import check_env
 from quantgate.release.external import candidate_names
 from quantgate.release.ladder import describe, next_rung, rungs
-from quantgate.release.measure import check_parity, measure_steps, replica_starter
+from quantgate.release import measurements
+from quantgate.release.measure import check_parity, replica_starter
+from quantgate.release.measurements import VariantJob
 from quantgate.release.replicas import Lender, StepRunner
 from quantgate.release.runrecord import git_state, new_run_id, package_versions, run_dir
 from quantgate.release.schedule import pinned
@@ -127,10 +124,11 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity
         h = lock_holder(cache) or {}
         log(f"{variant.name}: waiting for pid {h.get('pid')} on {h.get('host')} ({h.get('what')}) to finish {cache}")
     try:
+        job = VariantJob(spec=spec, variant=variant, run=run, folder=folder, cache=cache,
+                         tokenizer=tokenizer or variant.path, reference=reference or eval_dirs(cache, spec),
+                         baseline=reference is None, log=log, reference_ready=reference_ready)
         with lock(cache, timeout=None, what=f"measure {variant.name} for run {run.name}"):
-            return _measure_cached(spec, variant, run, folder, config, cache, parity=parity, tokenizer=tokenizer,
-                                   reference=reference, log=log, reference_ready=reference_ready,
-                                   replicas=(slot, lender))
+            return _measure_cached(job, config, parity=parity, replicas=(slot, lender))
     except ServingFailure as exc:  # a candidate's server that cannot start or dies: its failure, the others go on
         return failed_evidence(variant, folder, cache, _arg(config.args, "--dtype", None), exc, log, baseline=parity)
 
@@ -143,40 +141,32 @@ def planned_evals(spec: ReleaseSpec, variant: Variant, run: Path, slot: Slot | N
     return eval_dirs(cache, spec)
 
 
-def _measure_cached(spec: ReleaseSpec, variant: Variant, run: Path, folder: Path, config, cache: Path, *,
-                    parity: bool, tokenizer: Path | None, reference: Mapping[str, Path] | None, log: Log,
-                    reference_ready: Callable[..., None] | None = None,
+def _measure_cached(job: VariantJob, config, *, parity: bool,
                     replicas: tuple[Slot | None, Lender | None] = (None, None)) -> Evidence:
-    """serve_and_evaluate's work, under the cache key's lock: what is not finished in `cache` is measured."""
-    evals = eval_dirs(cache, spec)  # the JSONL sets and the lm-eval tasks (`lm_eval:<task>`)
-    parity_file = cache / PARITY
-    todo = [name for name, d in evals.items() if not eval_complete(d)]
+    """serve_and_evaluate's work, under the cache key's lock: what is not finished in the cache is measured, kind by
+    kind (quantgate.release.measurements)."""
+    variant, log = job.variant, job.log
+    parity_file = job.cache / PARITY
     parity = parity and variant.endpoint is None  # an endpoint: no local weights for the reference to run
-    need_parity = parity and not parity_passed(cache)  # a failed check is run again, never reused
-    recall = recall_dir(cache, spec)
-    need_recall = recall is not None and not recall_complete(recall)
-    perf = perf_dir(cache, spec)
-    need_perf = perf is not None and not perf_ok(perf)
-    fid = fidelity_step.dump_dirs(cache, spec, reference or evals, baseline=reference is None) if spec.fidelity else {}
-    need_fid = bool(fid) and not fidelity_step.done(fid, fidelity_step.samples_dir(spec, reference or evals))
-    server = make_server(config, folder)
-    served = bool(todo or need_parity or need_recall or need_perf or need_fid)
+    need_parity = parity and not parity_passed(job.cache)  # a failed check is run again, never reused
+    folders, todo = measurements.plan(job)
+    server = make_server(config, job.folder)
+    served = need_parity or any(todo.values())
+    early = None
     if served:
         _log_serving(variant, config, server, log)
-        early = early_decision(spec, run, variant, reference, _dumps_ready(reference_ready), log) \
-            if need_fid else None  # fidelity cached: the final gate decides, nothing is left to skip
-        steps = measure_steps(spec, variant, evals, todo, recall if need_recall else None,
-                               perf if need_perf else None, fid if need_fid else {}, folder=folder,
-                               tokenizer=tokenizer or variant.path, reference=reference or evals, log=log,
-                               reference_ready=reference_ready, early=early)
+        if todo["fidelity"]:  # fidelity cached: the final gate decides, nothing is left to skip
+            early = early_decision(job.spec, job.run, variant, None if job.baseline else job.reference,
+                                   _dumps_ready(job.reference_ready), log)
+        steps = measurements.ordered_steps(job, folders, todo, early)
         slot, lender = replicas  # slots that fall free take extra servers of this variant, from its start on
         local = lender is not None and slot is not None and variant.endpoint is None
         runner = StepRunner(steps, name=variant.name, lender=lender if local else None, log=log,
-                            start=replica_starter(spec, variant, folder), pin=pinned)
+                            start=replica_starter(job.spec, variant, job.folder), pin=pinned)
         with runner, server as srv:
             try:
                 if need_parity:  # first, alone: a failed engine stops everything else
-                    check_parity(variant, srv, cache, _arg(config.args, "--dtype", "auto"), log)
+                    check_parity(variant, srv, job.cache, _arg(config.args, "--dtype", "auto"), log)
                 runner.work(srv)
                 if runner.servers > 1:
                     log(f"{variant.name}: measured on {runner.servers} servers (the extra ones on slots that fell free)")
@@ -184,23 +174,20 @@ def _measure_cached(spec: ReleaseSpec, variant: Variant, run: Path, folder: Path
                 srv.raise_if_dead()  # a dead server explains the failure better than a refused connection
                 raise
     else:
-        early = None
-        log(f"{variant.name}: every result is cached in {cache}; not serving")
+        log(f"{variant.name}: every result is cached in {job.cache}; not serving")
     skipped = early.skipped if early is not None else {}
     parity_report = json.loads(parity_file.read_text()) if parity else None
     if parity_report is not None and parity_report["verdict"] != "pass":
         raise QuantgateError(f"engine parity failed for the baseline: {parity_report['reason']}", where=str(parity_file),
                              fix="the serving engine, not quantization, is wrong: change serving.dtype or the engine version")
-    ev = Evidence(variant=variant, folder=folder, cache=cache, serve_command=server.command, parity=parity_report,
-                  node_commands=getattr(server, "commands", []),
-                  dtype=_arg(config.args, "--dtype", None),
-                  evals=evals, recall=None if "recall" in skipped else recall,
-                  perf=None if "perf" in skipped else perf, fidelity=fid, served=served, skipped=dict(skipped),
+    ev = Evidence(variant=variant, folder=job.folder, cache=job.cache, serve_command=server.command,
+                  parity=parity_report, node_commands=getattr(server, "commands", []),
+                  dtype=_arg(config.args, "--dtype", None), served=served, skipped=dict(skipped),
+                  **measurements.recorded(folders, skipped),
                   decided=early.reason if early is not None else None,
-                  not_applicable=not_applicable(variant, baseline=reference is None))
-    write_json(folder / EVIDENCE, ev.model_dump(mode="json"))
+                  not_applicable=not_applicable(variant, baseline=job.baseline))
+    write_json(job.folder / EVIDENCE, ev.model_dump(mode="json"))
     return ev
-
 
 
 def _log_serving(variant: Variant, config, server, log: Log) -> None:
@@ -226,18 +213,11 @@ def _arg(args: list[str], flag: str, default: str | None) -> str | None:
 
 
 def compare_variants(baseline: Evidence, candidate: Evidence, run: Path) -> dict[str, Any]:
+    """Every measurement kind's comparison files for the candidate (quantgate.release.measurements); returns the
+    eval sets' (compare/<candidate>.json), which the summary's rows are made of."""
     if candidate.failure is not None:  # its server failed: nothing to compare (the gate reads <candidate>/error.json)
         return {}
-    out = {name: compare_dirs(baseline.evals[name], candidate.evals[name]) for name in baseline.evals}
-    write_json(run / COMPARE_DIR / f"{candidate.variant.name}.json", out)
-    if baseline.recall is not None and candidate.recall is not None:
-        recall.compare_dirs(baseline.recall, candidate.recall, run / candidate.variant.name / "recall", candidate.variant.name)
-    if baseline.fidelity and candidate.fidelity:
-        fidelity_step.compare(run, baseline.fidelity, candidate.variant.name, candidate.fidelity)
-    if baseline.perf is not None and candidate.perf is not None:
-        ratios = perf_compare(load_result(baseline.perf), load_result(candidate.perf))
-        write_json(run / candidate.variant.name / PAY_OFF, {**ratios, "file": str(candidate.perf / PERF)})
-    return out
+    return measurements.compare_all(run, baseline, candidate)["evals"] or {}
 
 
 def judge(spec: ReleaseSpec, run: Path, baseline: Evidence, candidates: list[Evidence], log: Log = print) -> dict[str, Path]:
@@ -292,7 +272,7 @@ def gate(spec: ReleaseSpec, run: Path, candidates: list[str], looks: list[int] |
     decisions, path = gate_run(run, policy_path(spec), candidates, looks=plan)
     if spec.ladder:
         write_json(path, {**json.loads(path.read_text(encoding="utf-8")), "ladder": _rungs(spec, decisions)})
-    write_junit(path)  # <run>/decision.junit.xml: the checks as CI test cases (quantgate.report.junit)
+    write_junit(path, spec.junit_inconclusive)  # <run>/decision.junit.xml: the checks as CI test cases
     return decisions
 
 

@@ -1,0 +1,274 @@
+"""The kinds of measurement a release makes of every variant, one object each, and the job they share (adapter).
+
+A kind is everything the release needs to know about one measurement (`Measurement`):
+- `folders(job)`: where its results live in the variant's cache, keyed before anything runs ({}: the spec asks
+  for none of it);
+- `pending(job, folders)`: which of those folders are not done yet (each kind's own "done" test);
+- `steps(job, folders, pending, early)`: the work, as steps any running server of the variant can take
+  (quantgate.release.replicas hands them out), and `phase(job, early)`: where its steps go in the variant's order;
+- `record(folders, skipped)`: its fields of the variant's evidence (`Evidence`, written as evidence.json);
+- `compare(run, baseline, candidate)`: its comparison files in the run folder, which the gate reads.
+
+`KINDS` is the registry: the release's measure step (quantgate.release.steps) iterates it to decide what is left
+to measure, to build the steps and the evidence, and to compare a candidate with the baseline. Adding a kind is
+one class with its tests, registered in KINDS (docs/design.md, "Adding a measurement kind").
+
+    job = VariantJob(spec, variant, run, folder, cache, ...)   # once per variant, when its slot is known
+    folders = {k.name: k.folders(job) for k in KINDS}
+    todo = {k.name: k.pending(job, folders[k.name]) for k in KINDS}
+    steps = ordered_steps(job, folders, todo, early)
+
+The order of the steps on the variant's servers: the baseline samples and scores its fidelity continuations first
+(the candidates beside it wait for them); a candidate deciding early (quantgate.release.early) scores its fidelity
+after its eval sets and before the recall grid and the perf probe, which a decided REJECT skips; otherwise
+fidelity comes last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from quantgate.base.fileio import write_json
+from quantgate.base.runfiles import COMPARE_DIR, PAY_OFF, PERF
+from quantgate.base import progress
+from quantgate.evals.run import compare_dirs
+from quantgate.perf.compare import compare as perf_compare
+from quantgate.perf.probe import load_result
+from quantgate.recall import run as recall
+from quantgate.release import fidelity_step
+from quantgate.release.cachelayout import (eval_complete, eval_dirs, perf_dir, perf_ok, perf_runs_done, perf_settings,
+                                           recall_dir)
+from quantgate.release.early import EarlyDecision
+from quantgate.release.measure import measure_eval, measure_perf, measure_recall
+from quantgate.release.replicas import Step
+from quantgate.release.spec import ReleaseSpec
+from quantgate.release.variants import Evidence, Log, Variant
+
+
+@dataclass(frozen=True)
+class VariantJob:
+    """What measuring one variant needs, built once when its slot is known and passed whole."""
+    spec: ReleaseSpec
+    variant: Variant
+    run: Path                       # <run>
+    folder: Path                    # <run>/<variant>: its plan, server log and evidence.json
+    cache: Path                     # its cached results (quantgate.release.cachelayout.variant_cache)
+    tokenizer: Path                 # the baseline's: the same perf requests and fidelity sequences for every variant
+    reference: Mapping[str, Path]   # the baseline's eval folders (the baseline's own for the baseline)
+    baseline: bool                  # it is the baseline: it samples the fidelity continuations and scores the floor
+    log: Log
+    reference_ready: Callable[..., None] | None = None  # blocks until the baseline's samples (or dumps=True) exist
+
+
+class Measurement(Protocol):
+    name: str
+
+    def folders(self, job: VariantJob) -> dict[str, Path]: ...
+    def pending(self, job: VariantJob, folders: dict[str, Path]) -> list[str]: ...
+    def steps(self, job: VariantJob, folders: dict[str, Path], pending: list[str],
+              early: EarlyDecision | None) -> list[Step]: ...
+    def phase(self, job: VariantJob, early: EarlyDecision | None) -> float: ...
+    def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> dict[str, Any]: ...
+    def compare(self, run: Path, base: Evidence, cand: Evidence) -> dict[str, Any] | None: ...
+
+
+class EvalSets:
+    """Each eval set (and lm-evaluation-harness task) of the spec: one folder and one step each."""
+    name = "evals"
+
+    def folders(self, job: VariantJob) -> dict[str, Path]:
+        return eval_dirs(job.cache, job.spec)
+
+    def pending(self, job: VariantJob, folders: dict[str, Path]) -> list[str]:
+        return [n for n, d in folders.items() if not eval_complete(d)]
+
+    def steps(self, job: VariantJob, folders: dict[str, Path], pending: list[str],
+              early: EarlyDecision | None) -> list[Step]:
+        return [Step(f"eval {n}", lambda srv, n=n: measure_eval(job.spec, job.variant, srv, n, folders[n], job.log))
+                for n in pending]
+
+    def phase(self, job: VariantJob, early: EarlyDecision | None) -> float:
+        return 1
+
+    def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> dict[str, Any]:
+        return {"evals": folders}
+
+    def compare(self, run: Path, base: Evidence, cand: Evidence) -> dict[str, Any]:
+        """compare/<candidate>.json: paired statistics per eval set (also what the summary's rows are made of)."""
+        out = {name: compare_dirs(base.evals[name], cand.evals[name]) for name in base.evals}
+        write_json(run / COMPARE_DIR / f"{cand.variant.name}.json", out)
+        return out
+
+
+class _Single:
+    """A kind with at most one folder, named after the kind, and one step that a decided REJECT may skip."""
+    name = ""
+
+    def pending(self, job: VariantJob, folders: dict[str, Path]) -> list[str]:
+        return [k for k, d in folders.items() if not self.done(d)]
+
+    def done(self, folder: Path) -> bool:
+        raise NotImplementedError
+
+    def phase(self, job: VariantJob, early: EarlyDecision | None) -> float:
+        return 2
+
+    def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> dict[str, Any]:
+        return {self.name: None if self.name in skipped else folders.get(self.name)}
+
+    def steps(self, job: VariantJob, folders: dict[str, Path], pending: list[str],
+              early: EarlyDecision | None) -> list[Step]:
+        if not pending:
+            return []
+
+        def step(srv: Any) -> None:
+            if early is not None and early.skips(self.name):
+                return
+            self.run(job, srv, folders[self.name])
+        return [Step(self.name, step)]
+
+    def run(self, job: VariantJob, srv: Any, out: Path) -> None:
+        raise NotImplementedError
+
+
+class RecallGrid(_Single):
+    """The long-context recall grid (quantgate.recall): recall/<digest>/ in the cache."""
+    name = "recall"
+
+    def folders(self, job: VariantJob) -> dict[str, Path]:
+        d = recall_dir(job.cache, job.spec)
+        return {} if d is None else {self.name: d}
+
+    def done(self, folder: Path) -> bool:
+        return recall.is_complete(folder)
+
+    def run(self, job: VariantJob, srv: Any, out: Path) -> None:
+        r = job.spec.recall
+        assert r is not None  # a recall folder exists only with spec.recall (cachelayout.recall_dir)
+        job.log(f"{job.variant.name}: long-context recall, lengths {r.lengths} x depths {r.depths} x {r.kinds}")
+        with progress.reporting(f"{job.variant.name}: recall", job.log):
+            measure_recall(job.spec, job.variant, srv, out)
+
+    def compare(self, run: Path, base: Evidence, cand: Evidence) -> None:
+        if base.recall is not None and cand.recall is not None:
+            recall.compare_dirs(base.recall, cand.recall, run / cand.variant.name / "recall", cand.variant.name)
+
+
+class PerfProbe(_Single):
+    """The performance probe of the spec's workload (quantgate.perf): perf/<digest>/ in the cache."""
+    name = "perf"
+
+    def folders(self, job: VariantJob) -> dict[str, Path]:
+        d = perf_dir(job.cache, job.spec)
+        return {} if d is None else {self.name: d}
+
+    def done(self, folder: Path) -> bool:
+        return perf_ok(folder)
+
+    def run(self, job: VariantJob, srv: Any, out: Path) -> None:
+        ps = perf_settings(job.spec)
+        job.log(f"{job.variant.name}: {job.spec.workload} performance probe at concurrency {ps.levels}, {ps.repeats} "
+                f"repeats, budget {ps.budget_s:g} s (vllm bench serve)")
+        with progress.reporting(f"{job.variant.name}: perf runs", job.log), \
+                progress.watch(len(ps.levels) * ps.repeats, lambda: perf_runs_done(out)):
+            measure_perf(job.spec, job.variant, srv, out, job.folder, job.tokenizer)
+
+    def compare(self, run: Path, base: Evidence, cand: Evidence) -> None:
+        """<run>/<candidate>/pay_off.json: the speed and memory ratios against the baseline."""
+        if base.perf is not None and cand.perf is not None:
+            ratios = perf_compare(load_result(base.perf), load_result(cand.perf))
+            write_json(run / cand.variant.name / PAY_OFF, {**ratios, "file": str(cand.perf / PERF)})
+
+
+class Fidelity:
+    """Teacher-forced fidelity of the continuations the baseline sampled (quantgate.release.fidelity_step): one
+    folder and one step per scoring path ("main"; the baseline also "alt", the noise floor's)."""
+    name = "fidelity"
+
+    def folders(self, job: VariantJob) -> dict[str, Path]:
+        if job.spec.fidelity is None:
+            return {}
+        return fidelity_step.dump_dirs(job.cache, job.spec, job.reference, baseline=job.baseline)
+
+    def pending(self, job: VariantJob, folders: dict[str, Path]) -> list[str]:
+        """All paths, or none: the paths score the same samples, which must be complete too."""
+        if not folders or fidelity_step.done(folders, fidelity_step.samples_dir(job.spec, job.reference)):
+            return []
+        return list(folders)
+
+    def phase(self, job: VariantJob, early: EarlyDecision | None) -> float:
+        if job.baseline:
+            return 0  # the candidates beside it wait for its samples and dumps
+        return 1.5 if early is not None else 3  # deciding early: after the eval sets, before recall and perf
+
+    def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> dict[str, Any]:
+        return {"fidelity": folders}
+
+    def steps(self, job: VariantJob, folders: dict[str, Path], pending: list[str],
+              early: EarlyDecision | None) -> list[Step]:
+        if not pending:
+            return []
+        samples = self._sampling(job)
+        scoring = [Step(f"fidelity ({p})", self._scorer(job, samples, p, folders[p], early)) for p in pending]
+        return [samples, *scoring] if job.baseline else scoring
+
+    @staticmethod
+    def _sampling(job: VariantJob) -> Step:
+        """The baseline's: sample the continuations on a server of its own. A candidate's: wait until the
+        baseline's job has sampled them (`reference_ready`)."""
+        if job.baseline:
+            return Step("fidelity (samples)", lambda srv: fidelity_step.sample(job.spec, job.reference, job.tokenizer,
+                                                                               srv, job.log))
+        ready = job.reference_ready
+        return Step("fidelity (samples)", lambda srv: ready() if ready is not None else None)
+
+    @staticmethod
+    def _scorer(job: VariantJob, samples: Step, path: str, out: Path, early: EarlyDecision | None
+                ) -> Callable[[Any], None]:
+        def score(srv: Any) -> None:
+            samples.run(srv)  # the baseline: sampled here unless done; a candidate: waits for the baseline's
+            with progress.reporting(f"{job.variant.name}: fidelity ({path})", job.log):
+                fidelity_step.measure(job.spec, srv.config.name, srv, {path: out},
+                                      fidelity_step.sequences(job.spec, job.reference), job.log)
+            if early is not None and path == "main":
+                early.judge(out)
+        return score
+
+    def compare(self, run: Path, base: Evidence, cand: Evidence) -> None:
+        if base.fidelity and cand.fidelity:
+            fidelity_step.compare(run, base.fidelity, cand.variant.name, cand.fidelity)
+
+
+KINDS: tuple[Measurement, ...] = (EvalSets(), RecallGrid(), PerfProbe(), Fidelity())
+
+
+def plan(job: VariantJob) -> tuple[dict[str, dict[str, Path]], dict[str, list[str]]]:
+    """Every kind's folders, and those not done yet: {kind: {key: folder}}, {kind: [key, ...]}."""
+    folders = {k.name: k.folders(job) for k in KINDS}
+    return folders, {k.name: k.pending(job, folders[k.name]) for k in KINDS}
+
+
+def ordered_steps(job: VariantJob, folders: Mapping[str, dict[str, Path]], pending: Mapping[str, list[str]],
+                  early: EarlyDecision | None) -> list[Step]:
+    """Every kind's steps for what is pending, in the variant's order (the module docstring)."""
+    kinds = sorted(KINDS, key=lambda k: k.phase(job, early))  # stable: the registry's order within a phase
+    return [s for k in kinds for s in k.steps(job, folders[k.name], pending[k.name], early)]
+
+
+def recorded(folders: Mapping[str, dict[str, Path]], skipped: Mapping[str, str]) -> dict[str, Any]:
+    """The Evidence fields every kind records."""
+    out: dict[str, Any] = {}
+    for k in KINDS:
+        out |= k.record(folders[k.name], skipped)
+    return out
+
+
+def compare_all(run: Path, base: Evidence, cand: Evidence) -> dict[str, dict[str, Any] | None]:
+    """Every kind's comparison of a candidate with the baseline (each writes the files the gate reads)."""
+    return {k.name: k.compare(run, base, cand) for k in KINDS}
+
+
+__all__ = ["KINDS", "Measurement", "VariantJob", "compare_all", "ordered_steps", "plan", "recorded"]
