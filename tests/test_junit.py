@@ -1,6 +1,6 @@
-"""The gate's decision as JUnit XML: a testsuite per candidate, a testcase per check (failure for FAIL, skipped for
-inconclusive or not applicable, with the reason), written next to decision.json by the release's gate step and by
-`quantgate gate`, from real gate decisions."""
+"""The gate's decision as JUnit XML: a testsuite per candidate, a testcase per check (failure for FAIL and, by
+default, for INCONCLUSIVE; skipped for not applicable, and for inconclusive when asked), with the reason, written next
+to decision.json by the release's gate step and by `quantgate gate`, from real gate decisions."""
 
 from __future__ import annotations
 
@@ -29,23 +29,28 @@ def cases(suite: ET.Element) -> dict[str, ET.Element]:
     return {c.get("name"): c for c in suite.findall("testcase")}
 
 
-@pytest.mark.parametrize("run_kw, verdict, kind", [
-    ({}, "PROMOTE", None),
-    ({"lose": {"proper_nouns": 10}}, "REJECT", "failure"),
-    ({"kl": None}, "INCONCLUSIVE", "skipped"),
+@pytest.mark.parametrize("run_kw, verdict, inconclusive, kind", [
+    ({}, "PROMOTE", "failure", None),
+    ({"lose": {"proper_nouns": 10}}, "REJECT", "failure", "failure"),
+    ({"kl": None}, "INCONCLUSIVE", "failure", "failure"),  # nothing was promoted: CI shows a failure
+    ({"kl": None}, "INCONCLUSIVE", "skipped", "skipped"),  # the team's choice (junit_inconclusive)
 ])
-def test_one_testcase_per_check_and_the_decision(tmp_path, run_kw, verdict, kind):
+def test_one_testcase_per_check_and_the_decision(tmp_path, run_kw, verdict, inconclusive, kind):
     run = make_run(tmp_path, CAND, **run_kw)
     (d,), path = gate_run(run, DEFAULT_POLICY)
     assert d.decision == verdict
     doc = json.loads(path.read_text())
-    suite = suites(render_junit(doc))[CAND]
+    suite = suites(render_junit(doc, inconclusive))[CAND]
     got = cases(suite)
     assert list(got) == [c.name for c in d.checks] + ["decision"]
+    as_failure = inconclusive == "failure"
     for c in d.checks:
         case = got[c.name]
         if c.outcome == "fail":
             assert case.find("failure").get("message") == c.reason and str(c.limit) in case.find("failure").text
+        elif c.outcome == "inconclusive" and as_failure:
+            failure = case.find("failure")
+            assert failure.get("type") == "inconclusive" and failure.get("message") == f"inconclusive: {c.reason}"
         elif c.outcome in ("inconclusive", "skipped"):
             want = "inconclusive" if c.outcome == "inconclusive" else "not applicable"
             assert case.find("skipped").get("message") == f"{want}: {c.reason}"
@@ -53,8 +58,9 @@ def test_one_testcase_per_check_and_the_decision(tmp_path, run_kw, verdict, kind
             assert case.find("failure") is None and case.find("skipped") is None
     decision = got["decision"]
     assert {e.tag for e in decision} & {"failure", "skipped"} == ({kind} if kind else set())
-    n_fail = sum(c.outcome == "fail" for c in d.checks) + (verdict == "REJECT")
-    n_skip = sum(c.outcome in ("inconclusive", "skipped") for c in d.checks) + (verdict == "INCONCLUSIVE")
+    unsure = sum(c.outcome == "inconclusive" for c in d.checks) + (verdict == "INCONCLUSIVE")
+    n_fail = sum(c.outcome == "fail" for c in d.checks) + (verdict == "REJECT") + (unsure if as_failure else 0)
+    n_skip = sum(c.outcome == "skipped" for c in d.checks) + (0 if as_failure else unsure)
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (str(len(d.checks) + 1), str(n_fail), str(n_skip))
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
     assert props["decision"] == verdict and props["scheme"] == CAND
@@ -88,6 +94,16 @@ def test_the_gate_command_writes_it_next_to_the_decision(tmp_path):
     other = tmp_path / "elsewhere.json"
     res = CliRunner().invoke(app, ["gate", "--policy", str(DEFAULT_POLICY), "--evidence", str(run), "--out", str(other)])
     assert res.exit_code == 3 and junit_path(other) == tmp_path / "elsewhere.junit.xml" and junit_path(other).is_file()
+
+
+def test_the_gate_command_renders_an_inconclusive_candidate_as_the_team_chose(tmp_path):
+    run = make_run(tmp_path, CAND, kl=None)
+    for choice, tag in (("failure", "failure"), ("skipped", "skipped")):
+        res = CliRunner().invoke(app, ["gate", "--policy", str(DEFAULT_POLICY), "--evidence", str(run),
+                                       "--junit-inconclusive", choice])
+        assert res.exit_code == 4, res.output
+        decision = cases(suites((run / "decision.junit.xml").read_text())[CAND])["decision"]
+        assert decision.find(tag) is not None and "inconclusive" in decision.find(tag).get("message")
 
 
 def test_write_junit_reads_the_decision_file(tmp_path):

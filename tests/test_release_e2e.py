@@ -359,6 +359,14 @@ def test_prefect_deployment_run_of_the_release(workspace):
             return subprocess.run([prefect, "--no-prompt", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
 
         assert cli("work-pool", "create", "local", "--type", "process").returncode == 0
+        # an Automation on the decision event, as the README shows one (any decision of this release)
+        trigger = {"type": "event", "match": {"prefect.resource.id": "quantgate.release.e2e.*"},
+                   "expect": ["quantgate.release.decided"], "posture": "Reactive", "threshold": 1, "within": 0}
+        made = cli("automation", "create", "--from-json", json.dumps({"name": "qg-decided", "trigger": trigger,
+                                                                      "actions": [{"type": "do-nothing"}]}))
+        assert made.returncode == 0, made.stdout + made.stderr
+        (auto,) = [a for a in httpx.post(f"{api}/automations/filter", json={}, timeout=30).json()
+                   if a["name"] == "qg-decided"]
         deployed = cli("deploy", "--all")
         assert deployed.returncode == 0, deployed.stdout[-2000:] + deployed.stderr[-2000:]
         worker_log = root / "prefect-worker.log"
@@ -378,6 +386,17 @@ def test_prefect_deployment_run_of_the_release(workspace):
         for variant in ("baseline", FIRST):
             ev = json.loads((root / "results" / "runs" / "deployed" / variant / "evidence.json").read_text())
             assert ev["served"] is False
+        assert "Unexpected result for failed state" not in worker_log.read_text(errors="replace")
+        assert "Traceback" not in worker_log.read_text(errors="replace"), worker_log.read_text()[-3000:]
+        events = _events(api, "quantgate.release.decided", "quantgate.release.e2e.")
+        mine = [e for e in events if e["resource"]["quantgate.run"] == "deployed"]
+        assert [e["payload"]["decision"] for e in mine] == [summary["decision"]], events
+        assert mine[0]["resource"]["prefect.resource.id"] == f"quantgate.release.e2e.{FIRST}"
+        assert mine[0]["payload"]["failing"] and mine[0]["payload"]["figures"]
+        deadline = time.monotonic() + 120  # the Automation fired on it (its own event, from the server's triggers)
+        while not _events(api, "prefect.automation.triggered", f"prefect.automation.{auto['id']}"):
+            assert time.monotonic() < deadline, "the Automation on quantgate.release.decided did not fire"
+            time.sleep(2)
         artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["release-e2e"]}}}, timeout=30).json()
         # the newest one is the deployment's (the first test's run reported to the same server)
         newest = max(artifacts, key=lambda a: a["created"])
@@ -385,3 +404,12 @@ def test_prefect_deployment_run_of_the_release(workspace):
     finally:
         for p in reversed(procs):
             kill_tree(p.pid)
+
+
+def _events(api: str, name: str, resource_prefix: str) -> list[dict]:
+    """Events of one name whose resource id starts with `resource_prefix`, from the Prefect server's event store."""
+    got = httpx.post(f"{api}/events/filter", json={"filter": {"event": {"name": [name]},
+                                                              "resource": {"id_prefix": [resource_prefix]}},
+                                                   "limit": 50}, timeout=30)
+    got.raise_for_status()
+    return got.json()["events"]

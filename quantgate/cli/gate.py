@@ -18,7 +18,7 @@ from quantgate.gate.evidence import gate_run
 from quantgate.gate.models import EXIT_CODES
 from quantgate.gate.policy import DEFAULT_POLICY, load_policy
 from quantgate.gate.sizing import recall_sizing, sizing
-from quantgate.report.junit import write_junit
+from quantgate.report.junit import Inconclusive, write_junit
 
 
 def gate(
@@ -27,11 +27,14 @@ def gate(
     candidate: Annotated[list[str] | None, typer.Option(help="candidate (scheme id) to gate; repeatable; "
                                                                  "default: every candidate compared in the run")] = None,
     out: Annotated[Path | None, typer.Option(help="write the decision here instead of <run>/decision.json")] = None,
+    junit_inconclusive: Annotated[Inconclusive, typer.Option(
+        help="decision.junit.xml: an INCONCLUSIVE candidate and its inconclusive checks as `failure` (CI shows "
+             "that nothing was promoted) or `skipped`")] = "failure",
 ) -> None:
     """Check a release's evidence against a policy; write decision.json; exit 0 PROMOTE, 3 REJECT, 4 INCONCLUSIVE."""
     try:
         decisions, path = gate_run(evidence, policy, candidate or None, out=out)
-        write_junit(path)  # decision.junit.xml next to it, for CI
+        write_junit(path, junit_inconclusive)  # decision.junit.xml next to it, for CI
     except QuantgateError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         raise typer.Exit(2) from None
@@ -65,6 +68,11 @@ def sizing_cmd(
     except QuantgateError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         raise typer.Exit(2) from None
+    known = sorted(set(pol.primary.families if pol.primary else ()) | set(pol.fidelity.families if pol.fidelity else ()))
+    if family not in known:
+        print(f"error: --family {family!r} is not a family of policy {pol.name} ({policy}): one of {', '.join(known)}",
+              file=sys.stderr)
+        raise typer.Exit(2)
     checks = ["pooled", "primary", *[f"category:{c}" for c in pol.categories]]
     print(f"policy {pol.name}, family {family}: relative minimum detectable drop at {pol.statistics.power:.0%} power "
           f"(baseline accuracy {base:.0%}, {discordance:.0%} of samples discordant)")

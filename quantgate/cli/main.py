@@ -6,9 +6,10 @@ import sys
 
 import typer
 
+from quantgate import __version__
 from quantgate.base.errors import QuantgateError, SettingError, as_flag
 from quantgate.cli import eval as eval_cmds
-from quantgate.cli import check, gate, judge, models, perf, plan, quant, recall, release, report
+from quantgate.cli import check, gate, judge, models, perf, plan, quant, recall, release, report, runs
 from quantgate.cli import registry as registry_cmds
 
 app = typer.Typer(
@@ -16,7 +17,20 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"quantgate {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
+                                          help="print quantgate's version and exit")) -> None:
+    """Quantize an LLM for its target hardware, validate it against the baseline, gate its release."""
 
 # One line per command; the commands' logic lives in their capability packages.
 app.command("report")(report.report)
@@ -37,6 +51,8 @@ app.command("plan")(plan.plan)
 app.add_typer(models.models_app, name="models")
 app.add_typer(registry_cmds.registry_app, name="registry")
 app.command("check")(check.check)
+app.command("runs")(runs.runs)
+app.command("show")(runs.show)
 
 
 def user_error(exc: QuantgateError) -> QuantgateError:

@@ -27,7 +27,10 @@ registry_app = typer.Typer(help="Promoted entries: list, verify, publish.", no_a
 def list_cmd(model: Annotated[str | None, typer.Option(help="only this model")] = None,
              root: Annotated[Path | None, typer.Option(help="registry folder (default results/registry)")] = None) -> None:
     """One line per complete entry: model, version, candidate, scheme, path."""
-    for e in registry.list_entries(root, model):
+    entries = registry.list_entries(root, model)
+    if not entries:
+        print(f"no promoted entries{f' of {model}' if model else ''} in {registry.registry_root(root)}")
+    for e in entries:
         print(f"{e.get('model')}  {e.get('version')}  {e.get('candidate')}  {e.get('scheme')}  {e['path']}")
 
 

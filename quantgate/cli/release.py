@@ -3,6 +3,7 @@ API server it uses is started and stopped by quantgate.release.stopping.run_flow
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -10,9 +11,10 @@ from typing import Any
 
 import typer
 
-from quantgate.base.paths import REPO, results_dir
+from quantgate.base.paths import results_dir
 from quantgate.cli.check import Kind, check
 from quantgate.gate.models import EXIT_CODES
+from quantgate.release.outcome import summary_of
 from quantgate.release.publishing import env_notes, exit_code, failures
 from quantgate.release.runrecord import check_new_run_id, timings
 from quantgate.release.spec import load_spec
@@ -24,16 +26,10 @@ from quantgate.release.stopping import run_flow
 _SERVED_NOTE: dict[Any, str] = {True: "  (served)", False: "  (from cache)"}
 
 
-def load_flow(name: str):
-    """Import flows/<name>.py by path (flows/ is the deployments' source folder, not an installed package)."""
-    import importlib.util
-
-    path = REPO / "flows" / f"{name}.py"
-    module_spec = importlib.util.spec_from_file_location(f"quantgate_flows_{name}", path)
-    assert module_spec is not None and module_spec.loader is not None  # a .py path always has a source loader
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return getattr(module, name)
+def load_flow():
+    """The release flow (quantgate.release.flow), imported when a release runs: Prefect loads only then, so the
+    other commands start quickly."""
+    return importlib.import_module("quantgate.release.flow").release
 
 
 def _check_only(spec: Path) -> None:
@@ -69,12 +65,12 @@ def release(
     check_new_run_id(run_id)  # and a run id that is no folder name or whose folder exists
     # SIGTERM/SIGHUP/SIGINT stop every server and child of the release, Prefect's API server (guarded: it dies with
     # this process, even a SIGKILLed one) last, then exit 143/129/130
-    state = run_flow(load_flow("release"), spec=str(spec), run_id=run_id, return_state=True)
+    state = run_flow(load_flow(), spec=str(spec), run_id=run_id, return_state=True)
     try:
-        summary = state.result(raise_on_failure=False)
+        summary = summary_of(state.result(raise_on_failure=False))  # Completed: the summary; Failed: NotPromoted
     except Exception:  # noqa: BLE001 - the flow itself crashed; Prefect logged the cause above
         summary = None
-    if not isinstance(summary, dict):
+    if summary is None:
         print(f"error: the release flow ended {state.type.value}: {state.message}", file=sys.stderr)
         raise typer.Exit(1)
     print(json.dumps({k: summary[k] for k in ("release", "run", "decision", "promoted")}, indent=2))

@@ -90,6 +90,9 @@ class ReleaseSpec(BaseModel):
     decide_early: bool = Field(True, description="true: a candidate whose fidelity already fails its limit (the gate's "
                                "own check at the first look's share of alpha) skips its recall grid, perf probe and "
                                "judge: the REJECT is decided. false: measure everything (the full picture)")
+    junit_inconclusive: Literal["failure", "skipped"] = Field(
+        "failure", description="how decision.junit.xml shows an INCONCLUSIVE candidate and its inconclusive checks: "
+        "failure (CI shows that nothing was promoted) or skipped")
     eval_sets: list[Path] = Field(default_factory=list)
     lm_eval: LmEvalSpec | None = Field(None, description="lm-evaluation-harness tasks as eval sets (quantgate.evals.lmeval)")
     judge: JudgeSpec | None = Field(None, description="LLM judge step; null: none (a policy requiring it rejects)")

@@ -1,0 +1,72 @@
+"""`quantgate runs` (the run folders, newest first, filtered) and `quantgate show RUN` (one run: its decision per
+candidate with the reasons, and where its report, summary and log are), read from the run folders themselves
+(quantgate.report.runview), so a failed or interrupted run is listed too, with what it has."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from quantgate.base.paths import results_dir
+from quantgate.report.runview import RunView, load_run
+
+
+def _status(view: RunView) -> str:
+    """The run's decision, or what it is when there is none: running or stopped before a decision."""
+    if view.summary and view.summary.get("decision"):
+        return str(view.summary["decision"])
+    if view.decision and view.decision.get("decision"):
+        return str(view.decision["decision"])
+    return "no decision"
+
+
+def _views(root: Path) -> list[RunView]:
+    folders = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")] if root.is_dir() else []
+    return sorted((load_run(p) for p in folders), key=lambda v: v.started, reverse=True)
+
+
+def runs(
+    results: Annotated[Path | None, typer.Option(help="results folder (default: $QUANTGATE_RESULTS or results/)")] = None,
+    release: Annotated[str | None, typer.Option(help="only runs of this release (the spec's name)")] = None,
+    decision: Annotated[str | None, typer.Option(help="only runs with this decision: PROMOTE, REJECT, INCONCLUSIVE, "
+                                                      "or 'no decision'")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="at most this many, newest first")] = 20,
+) -> None:
+    """List the release runs, newest first: run id, when, release, decision, candidates."""
+    root = (results or results_dir()) / "runs"
+    shown = [v for v in _views(root) if (release is None or v.get("name", "release") == release)
+             and (decision is None or _status(v).lower() == decision.lower())][:limit]
+    if not shown:
+        filters = ", ".join(f for f in (release and f"release {release}", decision and f"decision {decision}") if f)
+        print(f"no runs in {root}" + (f" matching {filters}" if filters else ""))
+        return
+    for v in shown:
+        names = ", ".join(v.candidates) or "-"
+        print(f"{v.run_id}  {v.started[:19]}  {v.get('name', 'release', default='-')}  {_status(v)}  {names}")
+
+
+def show(
+    run: Annotated[str, typer.Argument(help="run id (a folder of results/runs) or a run folder's path")],
+    results: Annotated[Path | None, typer.Option(help="results folder (default: $QUANTGATE_RESULTS or results/)")] = None,
+) -> None:
+    """One run: its decision, each candidate's decision with the reasons, and where its files are."""
+    folder = Path(run) if Path(run).is_dir() else (results or results_dir()) / "runs" / run
+    if not folder.is_dir():
+        print(f"error: no run folder {folder}: `quantgate runs` lists them", file=sys.stderr)
+        raise typer.Exit(2)
+    view = load_run(folder)
+    print(f"run {view.run_id} ({view.started[:19]}), release {view.get('name', 'release', default='-')}, "
+          f"model {view.get('model', default='-')}: {_status(view)}")
+    for name, cand in view.candidates.items():
+        row = (view.decision or {}).get("candidates", {}).get(name) or cand.summary or {}
+        print(f"  {name}: {row.get('decision', 'no decision')}")
+        for reason in row.get("reasons") or []:
+            print(f"    - {reason}")
+    for gap in view.gaps:
+        print(f"  missing {gap.what}: {gap.reason}" + (f" ({gap.file})" if gap.file else ""))
+    for label, path in (("report", folder / "report.html"), ("summary", folder / "summary.json"),
+                        ("decision", folder / "decision.json")):
+        print(f"  {label}: {path}" + ("" if path.exists() else " (not written)"))

@@ -1,0 +1,277 @@
+"""The release flow: a release spec in, evidence for every variant out (results/runs/<run-id>/).
+
+    spec -> model -> the release's slots (quantgate.release.schedule: disjoint devices or CPU cores)
+         -> at once, each job on a free slot:  baseline: plan -> serve -> engine parity -> evals -> recall -> perf
+                                                -> fidelity (its answers, twice) -> stop
+                                               each scheme of the rung: quantize -> serve and measure like the
+                                                baseline, scoring the baseline's answers for fidelity last
+            (all schemes at once, or one at a time with `ladder: true`; everything cached)
+         -> compare with the baseline -> judge (spec.judge) -> gate (policy); a ladder stops at the first PROMOTE
+         -> promote -> publish (spec.publish, PROMOTE entries) -> report (HTML, Markdown artifact, results DB)
+         -> notify (spec.notify: the decision to each webhook)
+
+The flow run ends Failed when no candidate is promoted, named "Rejected" (harm detected) or "Inconclusive" (too
+little evidence to decide), so pipelines can branch on its state; a promotion whose publishing or notification
+failed ends Failed too, named "Publish failed" (the entry stays promoted).
+
+Orchestration only: every step is a call into `quantgate`. Jobs are submitted to Prefect's thread-pool task runner
+and each waits for a slot of the release's SlotPool, so at most one job per slot computes at a time. Run it with
+`quantgate release SPEC`, as a Prefect deployment (prefect.yaml names `flows/release.py:release`, a thin entry that
+imports this flow), or directly: `python flows/release.py SPEC`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import PrefectFuture
+from prefect.states import Completed, Failed
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from quantgate.base import progress
+from quantgate.base.errors import QuantgateError
+from quantgate.fidelity import run as fidelity_run, sampling
+from quantgate.gate.models import Decision
+from quantgate.release import fidelity_step, judge_cache, outcome, publishing, schedule, webhook
+from quantgate.release.adaptive import fidelity_looks, widen
+from quantgate.release.autoschemes import at_flow_start
+from quantgate.release import steps as rel
+from quantgate.release.runrecord import timed
+from quantgate.release.spec import ReleaseSpec, load_spec
+
+WORKERS = 16  # threads for submitted jobs; the SlotPool, not this, limits how many compute at once
+
+
+@task(retries=2, retry_delay_seconds=10, cache_policy=NO_CACHE)
+def prepare_model(spec: ReleaseSpec, run: Path) -> Path:
+    """Catalogue id -> verified checkpoint (downloads are the transient part, hence the retries)."""
+    with timed(run, "model"):
+        return rel.resolve_model(spec.model)
+
+
+@task(cache_policy=NO_CACHE)
+def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path, pool: schedule.SlotPool) -> rel.Variant:
+    """llmcompressor in a child process, pinned to a CPU slot; an artifact with the same inputs is reused."""
+    log = get_run_logger().info
+    try:
+        with pool.take_for_quantize(f"quantize {scheme}", then=scheme) as slot, schedule.pinned(slot), \
+                timed(run, f"quantize {scheme}") as row:
+            row.update(slot=slot.label if slot else None)
+            return rel.quantize_variant(spec, model_dir, scheme, run, log=log)
+    except BaseException:
+        pool.withdraw(f"quantize {scheme}", scheme)  # its server will not come: lend its slot to the others
+        raise
+
+
+# log_prints off: dill (under `datasets`) disassembles functions with print() into a captured stdout, which
+# Prefect's print capture would turn into pages of bytecode in the run log; our own messages go through `log`
+@task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE, log_prints=False)
+def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parity: bool, pool: schedule.SlotPool,
+                       tokenizer: Path | None = None, reference: Mapping[str, Path] | None = None,
+                       baseline_failed: Callable[[], bool] = lambda: False) -> rel.Evidence:
+    """On a free slot: plan, serve, check the engine, run the eval sets, recall grid, perf probe and fidelity, stop
+    the server (cached: no server). Candidates score the continuations the baseline samples (in its cache beside
+    its eval folders, `reference`) for fidelity, waiting for them when the baseline's job beside them has not
+    finished them yet (`baseline_failed`: it will not)."""
+    log = get_run_logger().info
+    ready = None
+    if reference is not None and spec.fidelity is not None:
+        def ready(dumps: bool = False) -> None:  # the baseline's fidelity samples (or its dumps of them), in its cache
+            if dumps:
+                schedule.wait_for_reference(fidelity_step.baseline_dumps(spec, reference), baseline_failed, log,
+                                            final=lambda d: fidelity_run.is_complete(d, None))
+            else:
+                schedule.wait_for_reference({"samples": fidelity_step.samples_dir(spec, reference)}, baseline_failed,
+                                            log, final=sampling.is_complete)
+    rank = schedule.BASELINE if parity else schedule.CANDIDATE
+    with pool.take_for(variant.name, rank, variant.endpoint is not None) as slot, schedule.pinned(slot), \
+            progress.reporting(variant.name, log=log), timed(run, f"serve and measure {variant.name}") as row:
+        ev = rel.serve_and_evaluate(spec, variant, run, parity=parity, tokenizer=tokenizer, reference=reference,
+                                    log=log, slot=slot, reference_ready=ready, lender=pool)
+        row.update(served=ev.served, slot=slot.label if slot else None)
+        return ev
+
+
+def _failed(job: PrefectFuture | None) -> Callable[[], bool]:
+    """Whether a job ended without success, asked later (a future passed as a task argument would be waited for)."""
+    return lambda: job is not None and job.state.is_final() and not job.state.is_completed()
+
+
+@task(cache_policy=NO_CACHE)
+def compare(baseline: rel.Evidence, candidate: rel.Evidence, run: Path) -> dict:
+    with timed(run, f"compare {candidate.variant.name}"):
+        return rel.compare_variants(baseline, candidate, run)
+
+
+@task(retries=1, retry_delay_seconds=10, cache_policy=NO_CACHE)
+def judge(spec: ReleaseSpec, run: Path, baseline: rel.Evidence, candidates: list[rel.Evidence]) -> dict:
+    """The LLM judge on each candidate vs the baseline (cached by its inputs); a retry resumes. A failure is
+    recorded for the gate."""
+    log = get_run_logger().info
+    with progress.reporting("judge", log=log), timed(run, "judge " + ", ".join(c.variant.name for c in candidates)):
+        return judge_cache.judge(spec, run, baseline, candidates, rel.judge, log=log)
+
+
+@task(cache_policy=NO_CACHE)
+def gate(spec: ReleaseSpec, run: Path, candidates: list[str], looks: list[int] | None = None) -> list:
+    with timed(run, "gate"):
+        return rel.gate(spec, run, candidates, looks)
+
+
+@task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def promote(spec: ReleaseSpec, run: Path, decision, variant: rel.Variant) -> dict:
+    with timed(run, f"promote {variant.name}"):
+        return rel.promote(spec, run, decision, variant)
+
+
+@task(cache_policy=NO_CACHE)
+def publish(spec: ReleaseSpec, run: Path, promotions: dict) -> list[dict]:
+    """Every promoted entry to the spec's `publish:` targets (<run>/publish.json); a failure is recorded, not raised,
+    and never un-does the promotion."""
+    with timed(run, "publish"):
+        return publishing.publish_run(spec.publish, run, promotions)
+
+
+@task(cache_policy=NO_CACHE)
+def notify(spec: ReleaseSpec, run: Path, summary: dict) -> list[dict]:
+    """The decision POSTed to the spec's `notify:` webhooks (<run>/notify.json); failures recorded, not raised."""
+    with timed(run, "notify"):
+        return webhook.notify_run(spec.notify, run, summary)
+
+
+@task(cache_policy=NO_CACHE)
+def report(run: Path) -> str:
+    """report.html + report.md in the run folder, a row in the results database; the Markdown for the artifact."""
+    with timed(run, "report"):
+        return rel.publish(run)
+
+
+def measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path, candidates: list,
+            baseline: bool = True) -> tuple[rel.Evidence | None, list[rel.Evidence]]:
+    """Serve and measure the baseline and the candidates (Variants, scheme ids to quantize first, or names of the
+    spec's `candidates`) side by side on the pool's slots, the baseline submitted first so that it takes the first
+    free slot. With one slot the candidates wait for a served baseline (they score its answers). An endpoint takes
+    no slot: it is measured where it runs, beside whatever the slots hold."""
+    base = rel.baseline_for(s, model_dir)
+    reference = rel.planned_evals(s, base, run, pool.sample)  # first: it also asks vLLM its version, once
+    candidates = [c if not isinstance(c, str) or c in s.schemes else rel.external_variant(s, c, model_dir, run)
+                  for c in candidates]
+    coming = _slot_jobs(pool, base if baseline else None, candidates)
+    pool.announce(*coming)  # no slot is lent to a variant's extra server while these still have to take theirs
+    try:
+        return _measure(s, run, pool, model_dir, base, reference, candidates, baseline)
+    finally:
+        pool.withdraw(*coming)
+
+
+def _slot_jobs(pool: schedule.SlotPool, base: rel.Variant | None, candidates: list) -> list[str]:
+    """The pool jobs (names as they take their slots) that measuring these variants will start."""
+    jobs = [base.name] if base is not None and base.endpoint is None else []
+    for c in candidates:
+        if isinstance(c, str):  # a scheme: its quantization (on a CPU slot only), then its server
+            jobs += [f"quantize {c}", c] if pool.kind == "cpu" else [c]
+        elif c.endpoint is None:
+            jobs.append(c.name)
+    return jobs
+
+
+def _measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path, base: rel.Variant,
+             reference: Mapping[str, Path], candidates: list, baseline: bool
+             ) -> tuple[rel.Evidence | None, list[rel.Evidence]]:
+    base_job = serve_and_evaluate.submit(s, base, run, parity=True, pool=pool) if baseline else None
+    candidates = [quantize.submit(s, model_dir, c, run, pool) if isinstance(c, str) else c for c in candidates]
+    after = [base_job] if base_job is not None and pool.width == 1 and base.endpoint is None else None
+    jobs = [serve_and_evaluate.submit(  # type: ignore[call-overload]  # Task.submit's overloads omit wait_for
+        s, c, run, parity=False, pool=pool, tokenizer=model_dir, reference=reference,
+        baseline_failed=_failed(base_job), wait_for=after) for c in candidates]
+    base_ev = base_job.result() if base_job is not None else None
+    if base_ev is not None and base_ev.evals != reference:
+        raise QuantgateError(f"the baseline's eval folders {base_ev.evals} are not the planned {reference}: the "
+                             "candidates scored other answers", where="quantgate.release.flow measure",
+                             fix="a bug: the slot's cache key changed between planning and serving; report it")
+    return base_ev, [j.result() for j in jobs]
+
+
+# Prefect's flow decorator types task_runner as TaskRunner[PrefectFuture]; ThreadPoolTaskRunner's futures are a
+# subtype it does not accept (TaskRunner is invariant in its future type): the runner is the documented one.
+@flow(name="release", log_prints=True,
+      task_runner=ThreadPoolTaskRunner(max_workers=WORKERS))  # type: ignore[arg-type]
+def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
+    """Run a release spec to a decision; the summary is results/runs/<run-id>/summary.json."""
+    s = load_spec(spec)
+    run = rel.start_run(s, spec, run_id)
+    logger = get_run_logger()
+    for warning in rel.sizing_warnings(s):
+        logger.warning(f"sample size: {warning}")
+    for note in s.machine_notes:  # `hardware: auto` and skip_unsupported: what was decided for this machine, and why
+        logger.warning(note)
+    model_dir = prepare_model(s, run)
+    s = at_flow_start(s, model_dir, run, log=logger.info)  # `schemes: auto`: ranked with the model's size
+    pool = schedule.release_pool(s, model_dir, log=logger.info)
+    schedule.preload_libraries()  # before any job thread imports them
+    looks = fidelity_looks(s)  # planned before the first look: each look spends its share of the fidelity alpha
+    base_ev: rel.Evidence | None = None
+    variants: dict[str, rel.Variant] = {}
+    cand_ev: list[rel.Evidence] = []
+    comparisons: dict[str, dict] = {}
+    decisions: list[Decision] = []
+    while rung := rel.next_schemes(s, decisions):
+        measured_base, evidence = measure(s, run, pool, model_dir, rung, baseline=base_ev is None)
+        base_ev = base_ev or measured_base
+        assert base_ev is not None  # the first rung measures the baseline (or its job raised)
+        comparisons |= {c.variant.name: compare(base_ev, c, run) for c in evidence}
+        if s.judge is not None:
+            judged = judge(s, run, base_ev, evidence, return_state=True)
+            if judged.is_failed():  # recorded in <candidate>/judge/error.json: the gate shows it
+                logger.warning(f"judge step failed: {judged.message}")
+        variants |= {c.variant.name: c.variant for c in evidence}
+        cand_ev += evidence
+        decisions = gate(s, run, list(variants), looks)
+        for _ in range(s.adaptive.rounds if s.adaptive else 0):  # INCONCLUSIVE: more samples, then decide again
+            wider = widen(s, decisions)
+            if wider is None:
+                break
+            s = wider
+            logger.info(f"INCONCLUSIVE: widening to eval.limit={s.eval.limit}, fidelity.limit="
+                        f"{s.fidelity.limit if s.fidelity else None}")
+            undecided = {d.candidate for d in decisions if d.decision == "INCONCLUSIVE"}
+            # a second round of measurement on new samples: its servers start again (the first round's stopped
+            # at the end of their measurement, before the gate could ask for more)
+            # measured in full: these candidates were undecided, and the early check is planned for the first look
+            base_ev, redo = measure(s.model_copy(update={"decide_early": False}), run, pool, model_dir,
+                                    [variants[n] for n in undecided])
+            assert base_ev is not None
+            comparisons |= {c.variant.name: compare(base_ev, c, run) for c in redo}
+            cand_ev = [c for c in cand_ev if c.variant.name not in undecided] + redo
+            decisions = gate(s, run, list(variants), looks)
+    outcome.emit_decisions(s.name, run, decisions)  # `quantgate.release.decided`, for Prefect Automations
+    promotions = {d.candidate: promote(s, run, d, variants[d.candidate]) for d in decisions if d.promoted}
+    published = publish(s, run, promotions) if s.publish and promotions else None  # PROMOTE entries only
+    assert base_ev is not None  # a spec has at least one candidate (ReleaseSpec), so a rung ran
+    summary = rel.finish_run(s, run, base_ev, cand_ev, comparisons, decisions, promotions)
+    return conclude(s, run, summary, published)
+
+
+def conclude(s: ReleaseSpec, run: Path, summary: dict, published: list[dict] | None):
+    """After the summary: the publish records into it, the report artifact, the webhooks, the flow run's state."""
+    logger = get_run_logger()
+    if published is not None:
+        summary = publishing.add_to_summary(run, summary, "publish", published)
+    create_markdown_artifact(key=f"release-{s.name}", markdown=report(run),
+                             description=f"quantgate release {s.name}: {summary['decision']} ({run / 'report.html'})")
+    if s.notify:  # every decision, after the gate and the report
+        summary = publishing.add_to_summary(run, summary, "notify", notify(s, run, summary))
+    message = f"{summary['decision']}: {run / 'summary.json'}"
+    for failure in publishing.failures(summary):
+        logger.error(failure)
+    if summary["promoted"]:
+        if publishing.failures(summary):  # promoted and registered, but it did not all go out
+            return Failed(name="Publish failed", message=message, data=outcome.NotPromoted(message, summary))
+        return Completed(message=message, data=summary)
+    return Failed(name="Rejected" if summary["decision"] == "REJECT" else "Inconclusive", message=message,
+                  data=outcome.NotPromoted(message, summary))  # a Failed state's data must be an exception
+

@@ -1,0 +1,59 @@
+"""The command line's conventions: --version and -h everywhere, unknown values refused, empty lists said, and the
+run folders listed and shown (`quantgate runs`, `quantgate show RUN`) from real gated run folders."""
+
+from __future__ import annotations
+
+import shutil
+
+from _gate_fixtures import make_run
+from typer.testing import CliRunner
+
+from quantgate import __version__
+from quantgate.cli.main import app
+from quantgate.gate.evidence import gate_run
+from quantgate.gate.policy import DEFAULT_POLICY
+
+run_cli = CliRunner().invoke
+
+
+def test_version_and_short_help():
+    for flag in ("--version", "-V"):
+        res = run_cli(app, [flag])
+        assert res.exit_code == 0 and res.output.strip() == f"quantgate {__version__}"
+    assert run_cli(app, ["-h"]).exit_code == 0 and "release" in run_cli(app, ["-h"]).output
+    res = run_cli(app, ["gate", "-h"])
+    assert res.exit_code == 0 and "--junit-inconclusive" in res.output
+
+
+def test_an_unknown_family_is_refused_naming_the_known_ones():
+    res = run_cli(app, ["sizing", "--family", "foo"])
+    assert res.exit_code == 2 and "'foo'" in res.output and "int8" in res.output and "w4a16" in res.output
+    assert run_cli(app, ["sizing", "--family", "int8", "--n", "300"]).exit_code == 0
+
+
+def test_an_empty_registry_and_no_runs_say_so(tmp_path):
+    res = run_cli(app, ["registry", "list", "--root", str(tmp_path / "registry")])
+    assert res.exit_code == 0 and "no promoted entries" in res.output
+    res = run_cli(app, ["runs", "--results", str(tmp_path)])
+    assert res.exit_code == 0 and f"no runs in {tmp_path / 'runs'}" in res.output
+
+
+def test_runs_lists_and_filters_and_show_tells_one_run(tmp_path):
+    results = tmp_path / "results"
+    for name, kw in (("good", {}), ("bad", {"lose": {"proper_nouns": 10}})):
+        run = make_run(tmp_path / name, "w4a16-gptq", **kw)
+        gate_run(run, DEFAULT_POLICY)
+        shutil.copytree(run, results / "runs" / f"r-{name}")
+    shutil.copytree(tmp_path / "good" / "run", results / "runs" / "r-stopped")
+    (results / "runs" / "r-stopped" / "decision.json").unlink()  # stopped before the gate
+    res = run_cli(app, ["runs", "--results", str(results)])
+    assert res.exit_code == 0, res.output
+    lines = {ln.split()[0]: ln for ln in res.output.splitlines()}
+    assert "PROMOTE" in lines["r-good"] and "REJECT" in lines["r-bad"] and "no decision" in lines["r-stopped"]
+    assert all("w4a16-gptq" in ln for ln in lines.values())
+    res = run_cli(app, ["runs", "--results", str(results), "--decision", "reject"])
+    assert [ln.split()[0] for ln in res.output.splitlines()] == ["r-bad"]
+    res = run_cli(app, ["show", "r-bad", "--results", str(results)])
+    assert res.exit_code == 0 and "w4a16-gptq: REJECT" in res.output and "    - " in res.output
+    assert "report.html (not written)" in res.output
+    assert run_cli(app, ["show", "nope", "--results", str(results)]).exit_code == 2

@@ -1,0 +1,41 @@
+"""How a release tells Prefect its decision (quantgate.release.outcome): the event's shape, the Failed state's
+data, and the summary read back from either state. The event reaching a real Prefect server is
+tests/test_release_e2e.py's deployment test."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+from prefect.states import Completed, Failed
+
+from quantgate.gate.models import Check, Decision
+from quantgate.release.outcome import EVENT, NotPromoted, decided_event, summary_of
+
+
+def _decision(verdict: str) -> Decision:
+    checks = [Check(name="fidelity:kl", measured=0.036, limit=0.02, required=True, outcome="fail",
+                    reason="KL 0.036 > 0.02"),
+              Check(name="pooled:default", measured=0.01, limit=0.02, required=True, outcome="pass", reason="ok")]
+    return Decision(decision=verdict, candidate="int8-w8a8", scheme="int8-w8a8", family="int8",
+                    policy={"name": "default"}, checks=checks, reasons=["fidelity:kl: KL 0.036 > 0.02"])
+
+
+def test_the_decision_event_names_the_release_and_candidate_and_carries_the_failing_checks():
+    ev = decided_event("demo", Path("/r/runs/demo-1"), _decision("REJECT"))
+    assert ev["event"] == EVENT == "quantgate.release.decided"
+    assert ev["resource"]["prefect.resource.id"] == "quantgate.release.demo.int8-w8a8"
+    assert ev["resource"]["quantgate.decision"] == "REJECT" and ev["resource"]["quantgate.run"] == "demo-1"
+    assert ev["payload"]["failing"] == ["fidelity:kl"]
+    assert ev["payload"]["figures"]["fidelity:kl"] == {"measured": 0.036, "limit": 0.02, "outcome": "fail"}
+    assert all(isinstance(v, str) for v in ev["resource"].values())  # Prefect's resource labels are strings
+
+
+def test_a_failed_state_carries_an_exception_with_the_summary_and_reads_back_like_a_completed_one():
+    summary = {"decision": "REJECT", "run": "demo-1", "promoted": []}
+    failed = Failed(name="Rejected", message="REJECT", data=NotPromoted("REJECT", summary))
+    got = failed.result(raise_on_failure=False)
+    assert isinstance(got, BaseException) and summary_of(got) == summary
+    assert summary_of(pickle.loads(pickle.dumps(got))) == summary  # a worker may persist it
+    assert summary_of(Completed(data={"decision": "PROMOTE"}).result()) == {"decision": "PROMOTE"}
+    assert summary_of(None) is None and summary_of("crashed") is None
