@@ -340,6 +340,8 @@ def test_the_flow_sigtermed_between_steps_leaves_nothing_running_and_two_resumed
         left = _tagged(tag)
     assert left == [], f"left running after SIGTERM: {_describe(left)}"
     assert code == 128 + signal.SIGTERM and "ConnectError" not in log1.read_text(errors="replace"), _tail(log1)
+    status = json.loads((run1 / "status.json").read_text())  # the run says how it ended (report, dashboard, show)
+    assert status["status"] == "interrupted" and status["signal"] == "SIGTERM", status
     # measured before the SIGTERM stopped the release (a step whose server the stop killed ends as a serving
     # failure of that dead run: it is measured again)
     measured = {v for v in ("baseline", "int8-w8a8")

@@ -140,6 +140,8 @@ def test_release_flow_produces_evidence_for_every_variant(workspace, receiver):
     summary = json.loads((run / "summary.json").read_text())
     cand = summary["candidates"][FIRST]
     assert summary["decision"] == "PROMOTE" and cand["decision"] == "PROMOTE", cand["reasons"]
+    status = json.loads((run / "status.json").read_text())
+    assert (status["status"], status["decision"]) == ("completed", "PROMOTE")
     decision = json.loads((run / "decision.json").read_text())
     checks = {c["name"]: c for c in decision["candidates"][FIRST]["checks"]}
     assert checks and all(c["passed"] is not False for c in checks.values())

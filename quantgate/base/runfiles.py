@@ -4,6 +4,7 @@ A release's run folder (`results/runs/<run-id>/`):
 
     run.json               the spec as run, its file, git commit, package versions, machine (release.steps)
     timings.json           one row per step: start, seconds, status, slot                 (release.runrecord)
+    status.json            completed, failed (step, root cause, log) or interrupted (base.runstatus)
     summary.json           the release's outcome: decision, candidates, figures, paths    (release.steps)
     decision.json          the gate: one decision per candidate, each check's evidence   (gate.evidence)
     decision.junit.xml     the same decision as JUnit test cases, for CI systems
@@ -29,6 +30,7 @@ from __future__ import annotations
 # run folder
 RUN = "run.json"
 TIMINGS = "timings.json"
+STATUS = "status.json"
 SUMMARY = "summary.json"
 DECISION = "decision.json"
 DECISION_JUNIT = "decision.junit.xml"

@@ -11,16 +11,13 @@ from typing import Annotated
 import typer
 
 from quantgate.base.paths import results_dir
-from quantgate.report.runview import RunView, load_run
+from quantgate.report.runview import RunView, load_run, outcome_of
 
 
 def _status(view: RunView) -> str:
-    """The run's decision, or what it is when there is none: running or stopped before a decision."""
-    if view.summary and view.summary.get("decision"):
-        return str(view.summary["decision"])
-    if view.decision and view.decision.get("decision"):
-        return str(view.decision["decision"])
-    return "no decision"
+    """The run's decision, or how it ended without one (FAILED, INTERRUPTED), or "no decision" (still running, or
+    a run of an older quantgate that stopped)."""
+    return outcome_of(view) or "no decision"
 
 
 def _views(root: Path) -> list[RunView]:
@@ -65,6 +62,10 @@ def show(
         print(f"  {name}: {row.get('decision', 'no decision')}")
         for reason in row.get("reasons") or []:
             print(f"    - {reason}")
+    st = view.status
+    if st is not None and st.status != "completed":
+        print(f"  {st.status}" + (f" in step {st.step}" if st.step else "") + (f" by {st.signal}" if st.signal else "")
+              + (f": {st.root_cause}" if st.root_cause else "") + (f" (log: {st.log})" if st.log else ""))
     for gap in view.gaps:
         print(f"  missing {gap.what}: {gap.reason}" + (f" ({gap.file})" if gap.file else ""))
     for label, path in (("report", folder / "report.html"), ("summary", folder / "summary.json"),

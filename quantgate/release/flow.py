@@ -40,7 +40,7 @@ from quantgate.release import fidelity_step, judge_cache, outcome, publishing, s
 from quantgate.release.adaptive import fidelity_looks, widen
 from quantgate.release.autoschemes import at_flow_start
 from quantgate.release import steps as rel
-from quantgate.release.runrecord import timed
+from quantgate.release.runrecord import recording_status, timed
 from quantgate.release.spec import ReleaseSpec, load_spec
 
 WORKERS = 16  # threads for submitted jobs; the SlotPool, not this, limits how many compute at once
@@ -201,9 +201,19 @@ def _measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path
 @flow(name="release", log_prints=True,
       task_runner=ThreadPoolTaskRunner(max_workers=WORKERS))  # type: ignore[arg-type]
 def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
-    """Run a release spec to a decision; the summary is results/runs/<run-id>/summary.json."""
+    """Run a release spec to a decision; the summary is results/runs/<run-id>/summary.json, and status.json says
+    whether it completed, failed (the step and its root cause) or was interrupted."""
     s = load_spec(spec)
     run = rel.start_run(s, spec, run_id)
+    with recording_status(run) as done:
+        state = _release(s, run)
+        done["decision"] = (outcome.summary_of(state.data) or {}).get("decision")
+        return state
+
+
+def _release(s: ReleaseSpec, run: Path):
+    """The release in its run folder: model, quantize, measure, compare, judge, gate (and widen), promote, publish,
+    report, notify."""
     logger = get_run_logger()
     for warning in rel.sizing_warnings(s):
         logger.warning(f"sample size: {warning}")

@@ -4,6 +4,8 @@ results/runs/<run-id>/
     run.json                 spec (as loaded), git commit + dirty flag, package versions, start/end
     <step>/manifest.json     inputs' hashes, outputs, seconds (one per step)
     timings.json             wall seconds of every flow step, in order (`timed`; timings.json.lock guards it)
+    status.json              completed, failed or interrupted, with the failing step and its root cause
+                             (`recording_status`; the model is quantgate.base.runstatus)
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
 
-from quantgate.base.runfiles import MANIFEST, TIMINGS
+from quantgate.base.runfiles import MANIFEST, STATUS, TIMINGS
 from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base.fileio import lock, write_json
 from quantgate.base.paths import REPO, results_dir
-from quantgate.release.stopping import stopping
+from quantgate.base.runstatus import RunStatus, root_cause_in_log, root_cause_in_text
+from quantgate.release.stopping import on_stop, stopping
 
 PACKAGES = ("quantgate", "llmcompressor", "compressed-tensors", "transformers", "torch", "prefect", "datasets", "evaluate")
 
@@ -140,3 +143,48 @@ def timings(run: Path) -> list[dict[str, Any]]:
         return json.loads((run / TIMINGS).read_text())
     except (OSError, ValueError):
         return []
+
+
+_INTERRUPTS = ("KeyboardInterrupt", "SystemExit", "TerminationSignal", "Abort", "CancelledError", "Cancelled")
+
+
+def write_status(run: Path, status: str, **fields: Any) -> RunStatus:
+    """<run>/status.json (quantgate.base.runstatus.RunStatus)."""
+    record = RunStatus(status=status, finished=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **fields)
+    write_json(run / STATUS, record.model_dump(mode="json", exclude_none=True))
+    return record
+
+
+def failure_fields(run: Path, exc: BaseException) -> dict[str, Any]:
+    """What status.json says of a release that raised `exc`: interrupted, or failed with the step (the first that
+    failed in timings.json), the error, its root cause (the first exception in the failing server's log, else in
+    the error's own text, else the exception it came from) and that log."""
+    if stopping() or any(t.__name__ in _INTERRUPTS for t in type(exc).__mro__):
+        return {"status": "interrupted", "error": f"{type(exc).__name__}: {exc}"}
+    failed = sorted((r for r in timings(run) if r.get("status") == "failed"), key=lambda r: r.get("start", 0))
+    message = exc.message if isinstance(exc, QuantgateError) else str(exc)
+    log = getattr(exc, "log_path", None)
+    cause = root_cause_in_log(log) if log else None
+    inner = exc.__cause__ or exc.__context__
+    cause = cause or root_cause_in_text(message) or (f"{type(inner).__name__}: {inner}" if inner else None)
+    return {"status": "failed", "step": failed[0]["step"] if failed else None, "error": f"{type(exc).__name__}: "
+            f"{message.splitlines()[0] if message else ''}", "root_cause": cause, "log": str(log) if log else None}
+
+
+@contextmanager
+def recording_status(run: Path) -> Iterator[dict[str, Any]]:
+    """<run>/status.json when the block ends: completed (with what the block put in the yielded dict, e.g. the
+    decision), failed (failure_fields) or interrupted, also by a stop signal that ends the process before the block
+    can (quantgate.release.stopping.on_stop)."""
+    done: dict[str, Any] = {}
+    def interrupted(sig: str) -> None:
+        write_status(run, "interrupted", signal=sig)
+
+    with on_stop(interrupted):
+        try:
+            yield done
+        except BaseException as exc:
+            fields = failure_fields(run, exc)
+            write_status(run, fields.pop("status"), **fields)
+            raise
+    write_status(run, "completed", **done)

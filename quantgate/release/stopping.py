@@ -53,6 +53,7 @@ DRAIN_S = 10.0  # the flow's last logs and events reach the API server before it
 
 _prefect: Any = None  # the Prefect API server this process owns (prefect_api_server), stopped after all the rest
 _stopping = threading.Event()  # set by the first stop signal: a second one (Ctrl-C twice) changes nothing
+_at_stop: list[Callable[[str], None]] = []  # called with the signal's name once the tree is stopped (on_stop)
 
 
 def _parents() -> dict[int, int]:
@@ -158,7 +159,22 @@ def _on_signal(signum: int, frame: object) -> None:
                 f"{', Prefect API server last' if last else ''}\n".encode())
     _quiet()
     stop_tree(last=last)
+    for record in list(_at_stop):  # e.g. the run's status.json: interrupted
+        try:
+            record(name)
+        except Exception:  # noqa: BLE001 - the process is going; a record it could not write is not news now
+            pass
     os._exit(128 + signum)  # now: threads still measuring must not keep a stopped release alive
+
+
+@contextmanager
+def on_stop(record: Callable[[str], None]) -> Iterator[None]:
+    """While the block runs, a stop signal calls `record(signal name)` after the tree is stopped, before exiting."""
+    _at_stop.append(record)
+    try:
+        yield
+    finally:
+        _at_stop.remove(record)
 
 
 @contextmanager

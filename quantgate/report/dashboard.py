@@ -25,7 +25,12 @@ from quantgate.report.runview import run_folders
 from quantgate.report.store import Store, default_path
 
 # PROMOTE, REJECT (harm detected), INCONCLUSIVE (too little evidence to decide: not promoted), then anything else
-DECISION_ORDER = {"PROMOTE": 0, "REJECT": 1, "INCONCLUSIVE": 2, "UNKNOWN": 3}
+DECISION_ORDER = {"PROMOTE": 0, "REJECT": 1, "INCONCLUSIVE": 2, "FAILED": 3, "INTERRUPTED": 4, "UNKNOWN": 5}
+
+
+def _ended(run_decision: str | None) -> str | None:
+    """A run that ended without a decision shows how it ended (FAILED, INTERRUPTED) on each of its candidates."""
+    return run_decision if run_decision in ("FAILED", "INTERRUPTED") else None
 
 
 def build(results: Path | str, db: Path | str | None = None, *, log=print) -> Path:
@@ -82,7 +87,7 @@ def render(store: Store, results: Path, out_dir: Path) -> str:
         for c in mine:
             rows.append({**r, **{k: c[k] for k in ("candidate", "scheme", "needs", "size_ratio", "throughput_ratio",
                                                    "recall_delta", "judge_net")},
-                         "cand_decision": str(c["decision"] or "UNKNOWN"), "href": href})
+                         "cand_decision": str(c["decision"] or _ended(r["decision"]) or "UNKNOWN"), "href": href})
     rows.reverse()  # newest first
     options = {k: sorted({str(r[k]) for r in rows if r[k]}) for k in ("model", "scheme", "hardware")}
     options["decision"] = sorted({r["cand_decision"] for r in rows}, key=lambda v: (DECISION_ORDER.get(v, 9), v))

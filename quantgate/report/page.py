@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from quantgate.report import charts, sections
-from quantgate.report.runview import BASELINE, Candidate, Gap, RunView, load_run, size_ratio
+from quantgate.report.runview import BASELINE, Candidate, Gap, RunView, load_run, outcome_of, size_ratio
 from quantgate.report.sections import d as _d, need as _need, num as _num
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -165,7 +165,8 @@ def context(view: RunView, out_dir: Path, link_root: Path) -> dict:
     return {
         "run_id": view.run_id, "started": view.started, "release": view.get("release", "name") or "?",
         "model": view.get("model") or "?", "hardware": view.get("hardware") or "?",
-        "decision": dec.get("decision") or _d(view.summary).get("decision") or "UNKNOWN",
+        "decision": outcome_of(view) or "UNKNOWN",
+        "status": view.status.model_dump() if view.status is not None else None,
         "promoted": dec.get("promoted") or next(iter(_list(_d(view.summary).get("promoted"))), None),
         "policy": policy, "git": _d(run.get("git")), "packages": _d(run.get("packages")),
         "parity": {"verdict": parity.get("verdict"), "reason": parity.get("reason")} if parity else None,

@@ -21,7 +21,9 @@ from typing import Any, TypeVar
 from collections.abc import Callable
 
 from quantgate.base.runfiles import (CELLS, COMPARE_DIR, DECISION, DELTA, EVIDENCE, JUDGE_DIR, JUDGE_REPORT, PAY_OFF, PERF,
-                                     QUANTIZATION, RUN, SUMMARY)
+                                     QUANTIZATION, RUN, STATUS, SUMMARY)
+from quantgate.base.runstatus import RunStatus, load_status
+from quantgate.base.typedfile import RunFileError
 from quantgate.base.stats import num as _num
 from quantgate.base.errors import QuantgateError
 from quantgate.gate.sizeratio import size_ratio as size_ratio_of
@@ -76,6 +78,7 @@ class RunView:
     summary: dict | None = None
     decision: dict | None = None
     floor: dict | None = None     # fidelity/floor.json: the baseline against itself (the noise floor)
+    status: RunStatus | None = None  # status.json: completed, failed (step, root cause, log) or interrupted
     variants: dict[str, Variant] = field(default_factory=dict)
     candidates: dict[str, Candidate] = field(default_factory=dict)
     gaps: list[Gap] = field(default_factory=list)
@@ -180,6 +183,9 @@ def _candidate_names(view: RunView) -> list[str]:
     order = [str(s) for s in view.spec.get("schemes") or []]
     found = {p.stem for p in (view.folder / COMPARE_DIR).glob("*.json")}
     found |= {s for s in order if (view.folder / s).is_dir()}
+    if view.status is not None and view.status.status != "completed":  # ended early: what it set out to release
+        order += [str(c["name"]) for c in view.spec.get("candidates") or [] if isinstance(c, dict) and c.get("name")]
+        found |= set(order)
     found |= set(_rows(view.summary))
     found |= set(_rows(view.decision))
     return sorted(found, key=lambda c: (order.index(c) if c in order else len(order), c))
@@ -238,8 +244,10 @@ def load_run(folder: Path | str) -> RunView:
     folder = Path(folder)
     view = RunView(folder=folder, run_id=folder.name, started="")
     view.run = _read(view, folder / RUN, "run record")
-    view.summary = _read(view, folder / SUMMARY, "summary")
-    view.decision = _read(view, folder / DECISION, "decision")
+    view.status = _status(view, folder)
+    ended = view.status is None or view.status.status == "completed"  # a failed or stopped run has no summary
+    view.summary = _read(view, folder / SUMMARY, "summary", required=ended)
+    view.decision = _read(view, folder / DECISION, "decision", required=ended)
     view.started = _started(folder, view.run_id, view.decision)
     view.floor = _read(view, folder / "fidelity" / "floor.json", "fidelity noise floor", required=_want_fidelity(view))
     view.variants[BASELINE] = _variant(view, BASELINE)
@@ -249,6 +257,27 @@ def load_run(folder: Path | str) -> RunView:
     if not view.candidates:
         view.gaps.append(Gap("candidates", str(folder), "no candidate found (no compare/, summary or spec schemes)"))
     return view
+
+
+def _status(view: RunView, folder: Path) -> RunStatus | None:
+    """status.json, or None (older runs, runs still going); a damaged one is a gap."""
+    if (folder / STATUS).is_file():
+        view.files.append(folder / STATUS)  # in the fingerprint: a run that ends later is ingested again
+    try:
+        return load_status(folder)
+    except RunFileError as exc:
+        view.gaps.append(Gap("run status", str(folder / STATUS), exc.message))
+        return None
+
+
+def outcome_of(view: RunView) -> str | None:
+    """The run's decision, else how it ended without one: FAILED or INTERRUPTED (status.json); None when unknown."""
+    decided = (view.decision or {}).get("decision") or (view.summary or {}).get("decision")
+    if decided:
+        return str(decided)
+    if view.status is not None and view.status.status != "completed":
+        return view.status.status.upper()
+    return None
 
 
 def is_run(folder: Path) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import results_dir
-from quantgate.report.runview import BASELINE, Gap, RunView, load_run, run_folders, size_ratio
+from quantgate.report.runview import BASELINE, Gap, RunView, load_run, outcome_of, run_folders, size_ratio
 from quantgate.report.sections import d as _dict, num as _num, outcome
 
 HEADER = b"SQLite format 3\x00"
@@ -305,7 +305,7 @@ _PERF = ("output_tok_s", "requests_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms
 
 def _run_row(view: RunView, fp: str, policy: dict) -> tuple:
     git = _dict((view.run or {}).get("git"))
-    decision = (view.decision or {}).get("decision") or (view.summary or {}).get("decision")
+    decision = outcome_of(view)  # a failed or interrupted run: FAILED / INTERRUPTED (status.json)
     gaps = [{"what": g.what, "file": g.file, "reason": g.reason} for g in view.gaps]
     return (view.run_id, str(view.folder), view.get("release", "name"), view.get("model"), view.get("hardware"),
             view.started, decision, fp, _now(), (view.decision or {}).get("promoted"), policy.get("name"),
