@@ -196,8 +196,8 @@ def test_model_too_big_says_by_how_much():
     assert short == pytest.approx(need - pool, abs=0.06)
 
 
-def test_replicas_that_cannot_fit_name_the_flag():
-    with pytest.raises(QuantgateError, match="with --replicas 8") as exc:
+def test_replicas_that_cannot_fit_name_the_setting():
+    with pytest.raises(QuantgateError, match="with serving.replicas 8") as exc:
         run(M70B, "h100", context=20000, concurrency=20, kv_dtype="fp8", replicas=8)
     assert "fewer replicas" in str(exc.value)
 

@@ -206,7 +206,8 @@ def _requests_sha256(path: str | None) -> str | None:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError as exc:
         raise SettingError(f"cannot read the requests file {path}: {exc}", setting="requests",
-                          fix="write it with quantgate.perf.workloads.write_requests (`--lengths-from EVALSET`)") from None
+                          fix="write it with quantgate.perf.workloads.write_requests (an eval set's lengths: "
+                              "`perf.lengths: eval_sets` in a release spec)") from None
 
 
 def _marker(result: Path, kind: str) -> Path:

@@ -215,10 +215,11 @@ def _nothing_fits(req: PlanRequest, last: tuple[Layout, Capacity] | None, no_lay
                            + " | ".join(no_layout), setting="gpus / nodes / serving.replicas",
                            fix="use a device count whose TP divides the heads, or fewer devices per replica")
     lay, cap = last
-    scope = f"with --replicas {req.replicas}" if req.replicas else f"even at maximum parallelism ({lay.devices} devices)"
+    scope = f"with serving.replicas {req.replicas}" if req.replicas else f"even at maximum parallelism ({lay.devices} devices)"
     return QuantgateError(f"{s.name} does not fit {scope}: {_shortfall(lay, cap, req)}", where="plan",
-                          fix="quantize the weights (FP8/INT8/W4A16), use --kv-dtype fp8 where supported, lower "
-                              "--context or --concurrency, add devices/nodes" + (", or fewer replicas" if req.replicas else ""))
+                          fix="quantize the weights (FP8/INT8/W4A16), set serving.kv_cache_dtype fp8 where supported, "
+                              "lower context or concurrency, add devices/nodes"
+                              + (", or fewer replicas" if req.replicas else ""))
 
 
 def _choose(req: PlanRequest, policy: PlannerPolicy, gpus: int, total: int,
