@@ -106,12 +106,15 @@ class EvalSets:
 class _Single:
     """A kind with at most one folder, named after the kind, and one step that a decided REJECT may skip."""
     name = ""
+    folder_of: Callable[[Path, ReleaseSpec], Path | None]  # (cache, spec) -> its folder; None: not in the spec
+    done: Callable[[Path], bool]                          # its own "done" test of that folder
+
+    def folders(self, job: VariantJob) -> dict[str, Path]:
+        d = type(self).folder_of(job.cache, job.spec)
+        return {} if d is None else {self.name: d}
 
     def pending(self, job: VariantJob, folders: dict[str, Path]) -> list[str]:
-        return [k for k, d in folders.items() if not self.done(d)]
-
-    def done(self, folder: Path) -> bool:
-        raise NotImplementedError
+        return [k for k, d in folders.items() if not type(self).done(d)]
 
     def phase(self, job: VariantJob, early: EarlyDecision | None) -> float:
         return 2
@@ -137,13 +140,8 @@ class _Single:
 class RecallGrid(_Single):
     """The long-context recall grid (quantgate.recall): recall/<digest>/ in the cache."""
     name = "recall"
-
-    def folders(self, job: VariantJob) -> dict[str, Path]:
-        d = recall_dir(job.cache, job.spec)
-        return {} if d is None else {self.name: d}
-
-    def done(self, folder: Path) -> bool:
-        return recall.is_complete(folder)
+    folder_of = staticmethod(recall_dir)
+    done = staticmethod(recall.is_complete)
 
     def run(self, job: VariantJob, srv: Any, out: Path) -> None:
         r = job.spec.recall
@@ -160,13 +158,8 @@ class RecallGrid(_Single):
 class PerfProbe(_Single):
     """The performance probe of the spec's workload (quantgate.perf): perf/<digest>/ in the cache."""
     name = "perf"
-
-    def folders(self, job: VariantJob) -> dict[str, Path]:
-        d = perf_dir(job.cache, job.spec)
-        return {} if d is None else {self.name: d}
-
-    def done(self, folder: Path) -> bool:
-        return perf_ok(folder)
+    folder_of = staticmethod(perf_dir)
+    done = staticmethod(perf_ok)
 
     def run(self, job: VariantJob, srv: Any, out: Path) -> None:
         ps = perf_settings(job.spec)
