@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
+from test_decide_early import SPEC  # one spec with every kind: eval set, recall grid, perf probe, fidelity
 
-from quantgate.base.paths import EVAL_SETS
 from quantgate.base.runfiles import MANIFEST, PERF
 from quantgate.release import measurements
 from quantgate.release.measurements import KINDS, VariantJob, ordered_steps, plan, recorded
@@ -18,16 +18,6 @@ from quantgate.release.replicas import Step
 from quantgate.release.spec import load_spec
 from quantgate.release.variants import Evidence, Variant
 
-SPEC = f"""\
-version: 1
-name: kinds
-model: demo
-hardware: a100
-schemes: [int8-w8a8]
-eval_sets: [{EVAL_SETS / 'default.jsonl'}]
-recall: {{lengths: [512], depths: [50], kinds: [number], samples: 1}}
-perf: {{concurrency: [1], num_prompts: 4, input_len: 32, output_len: 8, repeats: 1}}
-"""
 
 
 def _job(tmp_path: Path, spec_text: str = SPEC, baseline: bool = False) -> VariantJob:
