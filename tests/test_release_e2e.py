@@ -388,8 +388,12 @@ def test_prefect_deployment_run_of_the_release(workspace):
         for variant in ("baseline", FIRST):
             ev = json.loads((root / "results" / "runs" / "deployed" / variant / "evidence.json").read_text())
             assert ev["served"] is False
-        assert "Unexpected result for failed state" not in worker_log.read_text(errors="replace")
-        assert "Traceback" not in worker_log.read_text(errors="replace"), worker_log.read_text()[-3000:]
+        logged = worker_log.read_text(errors="replace")
+        assert "Unexpected result for failed state" not in logged and "TypeError" not in logged, logged[-3000:]
+        # Prefect's engine re-raises a Failed flow run's exception and logs it with its traceback (flow_engine.run_flow,
+        # by design): the only one in the log is that record, the decision with the summary's path
+        ends = re.findall(r"Traceback \(most recent call last\):.*?\n(\S[^\n]*)", logged, flags=re.S)
+        assert ends and all(e.startswith(f"quantgate.release.outcome.NotPromoted: {summary['decision']}: ") for e in ends), ends
         events = _events(api, "quantgate.release.decided", "quantgate.release.e2e.")
         mine = [e for e in events if e["resource"]["quantgate.run"] == "deployed"]
         assert [e["payload"]["decision"] for e in mine] == [summary["decision"]], events
