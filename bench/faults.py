@@ -14,8 +14,9 @@ Then, for up to --settle-s seconds, it counts
   process guards (noted once the server answered; a process that changed its environment still counts),
 - ports: the API port and (multi) the torch master port still listening (quantgate.base.procs.listening: the
   kernel's socket tables /proc/net/tcp and /proc/net/tcp6), and
-- shm: files in /dev/shm that appeared during the cycle and are still there (vLLM's `psm_*` message queues and
-  multiprocessing semaphores; nothing else should run beside the bench, or its files are counted too).
+- shm: files in /dev/shm that appeared during the cycle and are still there with no live process holding them
+  (vLLM's `psm_*` message queues and multiprocessing semaphores: a file some live process maps or holds open belongs
+  to that process, an orphan or work running beside the bench, and is not a leftover).
 All three must be 0. Prints one line per cycle, the totals, seconds per cycle and the CPU model. tests/test_faults_serving.py
 runs a few cycles of this same code; this script runs the issue's full count (20).
 """
@@ -35,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from quantgate.base.procguard import shm_held  # noqa: E402
 from quantgate.base.procs import leftovers, listening  # noqa: E402
 from quantgate.target.catalogue import ensure_demo_model  # noqa: E402
 
@@ -69,6 +71,12 @@ SHM = Path("/dev/shm")
 
 def shm_files() -> set[str]:
     return {p.name for p in SHM.iterdir()} if SHM.is_dir() else set()
+
+
+def unheld(names: set[str]) -> list[str]:
+    """The files of `names` (in /dev/shm) that no live process maps or holds open."""
+    held = shm_held([int(n) for n in os.listdir("/proc") if n.isdigit()])
+    return sorted(n for n in names if str(SHM / n) not in held and (SHM / n).exists())
 
 
 def guards_of(pid: int) -> list[int]:
@@ -123,9 +131,9 @@ def cycle(kind: str, end: str, model: Path, out: Path, *, start_timeout_s: float
     def orphans() -> set[int]:
         return {p for pgid in [None, *sessions] for p in leftovers(pgid, ready["tag"])}
 
-    while (orphans() or listening(ready["ports"]) or shm_files() - before) and time.monotonic() < deadline:
+    while (orphans() or listening(ready["ports"]) or unheld(shm_files() - before)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    left = sorted(shm_files() - before)
+    left = unheld(shm_files() - before)
     return {"kind": kind, "end": end, "ready_s": round(ready_s, 1), "cleanup_s": round(time.monotonic() - t1, 1),
             "orphans": len(orphans()), "sessions": sessions, "ports": len(listening(ready["ports"])), "shm": len(left),
             "shm_left": left,
