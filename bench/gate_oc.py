@@ -375,10 +375,18 @@ def main(argv: list[str] | None = None) -> int:
                     "shape (tokens, KL) from its samples, rescaled to each scenario's KL")
     ap.add_argument("--fidelity-cv", type=float, default=FIDELITY_CV, help="per-sample KL spread (gamma CV)")
     ap.add_argument("--scenario", nargs="+", help="only these scenarios (names as printed)")
+    ap.add_argument("--context-prompts", type=int, help="haystack prompts per context length instead of the spec's "
+                    "fidelity.context_prompts (what a larger demo would buy)")
+    ap.add_argument("--context-new-tokens", type=int, help="tokens sampled after each haystack instead of the spec's "
+                    "fidelity.context_new_tokens")
     args = ap.parse_args(argv)
     if args.rates:
         RATES.update(json.loads(args.rates.read_text()))
     globals()["FIDELITY_CV"] = args.fidelity_cv
+    if args.context_prompts:
+        globals()["CONTEXT_PROMPTS"] = args.context_prompts
+    if args.context_new_tokens:
+        globals()["CONTEXT_TOKENS"] = int(0.9 * args.context_new_tokens)
     if args.fidelity_file:
         REAL_SHAPE.extend((int(x["n_tokens"]), float(x["kl_sum"])) for x in
                           json.loads(args.fidelity_file.read_text())["samples"] if x["n_tokens"] > 0)
@@ -388,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
           f"seed {args.seed}; recall grid {HAYSTACKS} haystacks x {NEEDLES_PER_HAYSTACK} needles "
           f"(intra-haystack correlation {RECALL_ICC}); fidelity {FIDELITY_SAMPLES} samples (adaptive scenarios: looks {ADAPTIVE_PLAN}), "
           f"{'shape of ' + str(args.fidelity_file) if args.fidelity_file else f'per-sample CV {FIDELITY_CV}'}; "
+          f"{CONTEXT_PROMPTS} haystacks per context length, about {CONTEXT_TOKENS} scored tokens each; "
           f"CPU {cpuinfo()[0]} (a simulation: the figures do not depend on it)")
     met_all = True
     for shape in args.shape:
