@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from quantgate import __version__
+import quantgate
 from quantgate.base.errors import QuantgateError, SettingError, as_flag
 from quantgate.cli import eval as eval_cmds
 from quantgate.cli import check, gate, judge, models, perf, plan, quant, recall, release, report, runs
@@ -23,7 +23,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        print(f"quantgate {__version__}")
+        print(f"quantgate {quantgate.__version__}")
         raise typer.Exit(0)
 
 
