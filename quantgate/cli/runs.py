@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from quantgate.base.paths import results_dir
-from quantgate.report.runview import RunView, load_run, outcome_of
+from quantgate.report.runview import RunView, load_run, outcome_of, run_folders
 
 
 def _status(view: RunView) -> str:
@@ -20,9 +20,8 @@ def _status(view: RunView) -> str:
     return outcome_of(view) or "no decision"
 
 
-def _views(root: Path) -> list[RunView]:
-    folders = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")] if root.is_dir() else []
-    return sorted((load_run(p) for p in folders), key=lambda v: v.started, reverse=True)
+def _views(results: Path) -> list[RunView]:
+    return sorted((load_run(p) for p in run_folders(results)), key=lambda v: v.started, reverse=True)
 
 
 def runs(
@@ -33,8 +32,9 @@ def runs(
     limit: Annotated[int, typer.Option(min=1, help="at most this many, newest first")] = 20,
 ) -> None:
     """List the release runs, newest first: run id, when, release, decision, candidates."""
-    root = (results or results_dir()) / "runs"
-    shown = [v for v in _views(root) if (release is None or v.get("name", "release") == release)
+    results = results or results_dir()
+    root = results / "runs"
+    shown = [v for v in _views(results) if (release is None or v.get("name", "release") == release)
              and (decision is None or _status(v).lower() == decision.lower())][:limit]
     if not shown:
         filters = ", ".join(f for f in (release and f"release {release}", decision and f"decision {decision}") if f)

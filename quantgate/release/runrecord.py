@@ -177,6 +177,7 @@ def recording_status(run: Path) -> Iterator[dict[str, Any]]:
     decision), failed (failure_fields) or interrupted, also by a stop signal that ends the process before the block
     can (quantgate.release.stopping.on_stop)."""
     done: dict[str, Any] = {}
+
     def interrupted(sig: str) -> None:
         write_status(run, "interrupted", signal=sig)
 

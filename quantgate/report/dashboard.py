@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 from quantgate.report import charts
 from quantgate.report.page import TEMPLATES, _env, write_report
-from quantgate.report.runview import run_folders
+from quantgate.report.runview import ENDED, run_folders
 from quantgate.report.store import Store, default_path
 
 # PROMOTE, REJECT (harm detected), INCONCLUSIVE (too little evidence to decide: not promoted), then anything else
@@ -30,7 +30,7 @@ DECISION_ORDER = {"PROMOTE": 0, "REJECT": 1, "INCONCLUSIVE": 2, "FAILED": 3, "IN
 
 def _ended(run_decision: str | None) -> str | None:
     """A run that ended without a decision shows how it ended (FAILED, INTERRUPTED) on each of its candidates."""
-    return run_decision if run_decision in ("FAILED", "INTERRUPTED") else None
+    return run_decision if run_decision in ENDED else None
 
 
 def build(results: Path | str, db: Path | str | None = None, *, log=print) -> Path:

@@ -270,6 +270,9 @@ def _status(view: RunView, folder: Path) -> RunStatus | None:
         return None
 
 
+ENDED = ("FAILED", "INTERRUPTED")  # what outcome_of says of a run that ended without a decision
+
+
 def outcome_of(view: RunView) -> str | None:
     """The run's decision, else how it ended without one: FAILED or INTERRUPTED (status.json); None when unknown."""
     decided = (view.decision or {}).get("decision") or (view.summary or {}).get("decision")
