@@ -15,3 +15,11 @@ def live(pids: list[int]) -> list[int]:
         except psutil.Error:
             continue
     return out
+
+
+def cmdline(proc: psutil.Process) -> str:
+    """`proc`'s command line joined, or "" for a zombie or a process already gone (a child exiting mid-scan)."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import CPU_TEST_ARGS, CPU_TEST_ENV
 
 from quantgate.base import http
 from quantgate.base.errors import QuantgateError
@@ -31,9 +30,9 @@ from quantgate.evals.client import ClientConfig, Request, read_results, run
 from quantgate.release.spec import load_spec
 from quantgate.release.variants import Variant, make_server, server_config
 from quantgate.serving import server as server_mod
-from quantgate.serving.server import ServerConfig, VLLMServer
+from quantgate.serving.server import VLLMServer
 from quantgate.serving.watchdog import IN_FLIGHT, PROGRESS, STALL_S, Sample, advance, parse_metrics
-from tests._procs import live
+from tests._procs import cmdline, live
 
 REPO = Path(__file__).resolve().parents[1]
 SECRETS = {"OPENAI_API_KEY": "sk-parent-secret", "AWS_SECRET_ACCESS_KEY": "aws-parent-secret", "HF_TOKEN": "hf-secret"}
@@ -134,6 +133,26 @@ def test_a_sigkilled_parent_and_guard_together_leave_nothing():
     assert not live(group)
 
 
+def test_a_guard_sigkilled_in_the_middle_of_its_sweep_leaves_the_sigkill_waves_to_its_watcher():
+    """The double kill as it lands: the parent's SIGKILL starts the guard's sweep (its SIGTERM wave), and the guard's
+    own SIGKILL comes a moment later, before its SIGKILL wave. A member deaf to SIGTERM (vLLM's PP worker, the
+    resource tracker) is then ended by the watcher, which the guard's SIGTERM wave no longer takes down with the
+    rest (bench/faults.py: a PP=2 kill-both cycle left Worker_PP1 alive)."""
+    tag = tag_env()
+    parent, guard = _guarded_parent(tag, "trap '' TERM; sleep 300 & sleep 300 & wait")
+    group = leftovers(guard, None)
+    watcher = [p.pid for p in psutil.Process(guard).children() if "procguard" in cmdline(p)]
+    assert len(watcher) == 1
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    time.sleep(1.0)  # the guard is in its SIGTERM wave (grace 2 s), which the bash and its sleeps are deaf to
+    assert live(watcher), "the guard's SIGTERM wave took its watcher down"
+    os.kill(guard, signal.SIGKILL)
+    took = wait_until(lambda: not tagged(tag[TAG_VAR]), 15)
+    print(f"guard SIGKILLed mid-sweep: its SIGTERM-deaf group gone {took:.2f} s later (grace 2 s)")
+    assert not live(group)
+
+
 @pytest.mark.parametrize("script,code", [("exit 0", 0), ("exit 3", 3), ("kill -9 $$", -9), ("kill -15 $$", -15)])
 def test_the_guard_returns_the_childs_status(script, code):
     proc = subprocess.run(guarded(["bash", "-c", script]), start_new_session=True, timeout=30)
@@ -185,7 +204,7 @@ def test_the_guard_removes_the_shared_memory_its_group_held_and_nothing_else(tmp
             parent.send_signal(signal.SIGKILL)
         else:  # the child dies first (as a SIGKILLed engine): the guard noted its files while it ran
             time.sleep(SHM_EVERY_S + 1)
-            (child,) = [c for c in psutil.Process(guard).children() if "procguard" not in " ".join(c.cmdline())]
+            (child,) = [c for c in psutil.Process(guard).children() if "procguard" not in cmdline(c)]
             child.send_signal(signal.SIGKILL)  # the command, not the guard's watcher (a fork of the guard)
         took = wait_until(lambda: not own.exists(), 15)
         wait_until(lambda: not live([guard]), 15)
@@ -302,7 +321,7 @@ def test_a_real_spawned_server_child_gets_no_parent_secrets(tmp_path, monkeypatc
     try:
         wait_until(lambda: len(tagged(tag[TAG_VAR])) == 3, 10)  # the guard, its watcher, the launcher
         child = [p for p in tagged(tag[TAG_VAR]) if psutil.Process(p).ppid() == proc.pid
-                 and "procguard" not in " ".join(psutil.Process(p).cmdline())][0]
+                 and "procguard" not in cmdline(psutil.Process(p))][0]
         for pid in (proc.pid, child):
             env = environ_of(pid)
             assert not set(SECRETS) & set(env), env.keys()
@@ -435,7 +454,7 @@ def test_vllm_sigkilled_mid_eval_then_the_eval_rerun_answers_every_id_once(demo_
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         child = subprocess.Popen([sys.executable, "-c", EVAL_CHILD, srv.base_url, srv.api_key, str(path), str(n)], env=env)
         wait_until(lambda: len(read_results(path)) >= n // 4, 600, 0.05)
-        api = [p for p in psutil.Process(srv.proc.pid).children() if "vllm_launcher" in " ".join(p.cmdline())][0]
+        api = [p for p in psutil.Process(srv.proc.pid).children() if "vllm_launcher" in cmdline(p)][0]
         api.send_signal(signal.SIGKILL)  # the vLLM API server dies mid-eval
         child.wait(timeout=300)
         wait_until(lambda: not srv.alive(), 30)
@@ -482,7 +501,7 @@ def test_a_quantization_child_dies_with_its_sigkilled_parent(demo_model, tmp_pat
             kids = psutil.Process(parent.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
-        return [p for p in kids if "quantgate.quantize.runner" in " ".join(p.cmdline())]
+        return [p for p in kids if "quantgate.quantize.runner" in cmdline(p)]
 
     wait_until(lambda: len(runner()) == 2, 120)  # the guard and the runner itself
     time.sleep(3)  # let the runner get into llmcompressor's imports
@@ -523,7 +542,7 @@ def test_a_hung_engine_is_named_by_the_watchdog(demo_model, tmp_path):
         thread.start()
         root = srv.base_url.removesuffix("/v1")
         wait_until(lambda: parse_metrics(http.get(f"{root}/metrics").text).get(PROGRESS[1], 0) > 0, 300, 0.5)
-        engine = [p for p in psutil.Process(pid).children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
+        engine = [p for p in psutil.Process(pid).children(recursive=True) if "EngineCore" in cmdline(p)]
         assert engine, "no engine core process found"
         for p in engine + [c for e in engine for c in e.children(recursive=True)]:
             p.send_signal(signal.SIGSTOP)

@@ -289,12 +289,15 @@ def _dump(folder: Path, ids: list[str]) -> Path:
 
 
 def test_the_floor_scores_a_stratified_subset_and_is_compared_on_it(tmp_path):
-    from quantgate.release.fidelity_step import floor_subset
+    from quantgate.release.fidelity_step import FLOOR_CONTEXT, floor_subset
 
-    ids = [f"{c}-{k}" for c in ("qa", "math", "context:4096") for k in range(10)]
+    ids = [f"{c}-{k}" for c in ("qa", "math", "context:4096", "context:1024") for k in range(10)]
     seqs = [run.Sequence(id=i, category=i.split("-")[0], token_ids=[1, 2, 3], score_from=1) for i in ids]
-    picked = floor_subset(seqs, 7)
-    assert len(picked) == 7 and {s.category for s in picked} == {"qa", "math", "context:4096"}
+    picked = floor_subset(seqs, 9)
+    by_cat = {c: sum(s.category == c for s in picked) for c in ("qa", "math", "context:4096", "context:1024")}
+    # every category is there; a haystack (its prefill the cost) at most FLOOR_CONTEXT times per length
+    assert len(picked) == 9 and by_cat["context:4096"] == by_cat["context:1024"] == FLOOR_CONTEXT
+    assert by_cat["qa"] + by_cat["math"] == 9 - 2 * FLOOR_CONTEXT and min(by_cat.values()) > 0
     assert floor_subset(seqs, None) == seqs
     main, alt = _dump(tmp_path / "main", ids), _dump(tmp_path / "alt", [s.id for s in picked])
     floor = run.compare_dumps(main, alt, subset=True)

@@ -141,7 +141,7 @@ def test_a_a_candidate_is_promoted_with_fidelity_at_the_floor(measured):
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_damaged_candidate_is_rejected_for_fidelity(measured):
+def test_damaged_candidate_is_rejected_for_fidelity(measured, demo_model):
     d, run = _decide(measured, "bad_run", "bad")
     checks = {c.name: c for c in d.checks}
     assert d.decision == "REJECT", d.reasons
@@ -153,3 +153,8 @@ def test_damaged_candidate_is_rejected_for_fidelity(measured):
     # decided as soon as its fidelity was scored (quantgate.release.early), by the same check the gate failed
     assert measured["bad"].decided and "fidelity:kl:" in measured["bad"].decided, measured["bad"].decided
     assert measured["aa"].decided is None
+    # an unchanged re-run decides again from the cached fidelity, before serving: the skipped steps stay skipped
+    bad = measured["bad"]
+    again = rel.serve_and_evaluate(measured["spec"], bad.variant, measured["bad_run"], parity=False,
+                                   tokenizer=demo_model, reference=measured["base"].evals)
+    assert not again.served and again.decided == bad.decided and set(again.skipped) == {"recall", "perf"}

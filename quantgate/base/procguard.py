@@ -12,7 +12,10 @@ driver) through this guard, in a session of its own (quantgate.base.procs.guarde
 - forks a watcher, a copy of itself in the same process group, whose only job is the guard's own death: when the
   guard is SIGKILLed (alone, or together with the parent, so that nothing of quantgate is left to clean up), the
   watcher sweeps the group as the guard would have, so COMMAND's own children (vLLM's engine cores and workers,
-  which no parent-death signal reaches) die too. The guard's own sweeps take the watcher down with the group;
+  which no parent-death signal reaches) die too. The watcher is deaf to SIGTERM; the guard's own sweeps spare it
+  and SIGKILL it when they are done, so a guard SIGKILLed halfway through its sweep still leaves the SIGKILL waves
+  to its watcher (the parent and the guard killed together: the parent's death starts the guard's sweep a moment
+  before the guard's own SIGKILL lands; bench/faults.py found a PP=2 worker deaf to SIGTERM left that way);
 - when the parent dies: SIGTERM to the whole process group, SIGKILL to what is left after GRACE_S, and exit;
 - when COMMAND exits: the same sweep of its leftovers (engine cores, workers), then exit with COMMAND's status
   (a signal death is re-raised, so the parent sees the same return code as without the guard);
@@ -80,14 +83,19 @@ def _is_tracker(pid: int) -> bool:
         return False
 
 
-def sweep(grace_s: float) -> None:
+def sweep(grace_s: float, spare: int | None = None) -> None:
     """SIGTERM every other member of this process group, SIGKILL those left after `grace_s`: first all but the
     multiprocessing resource trackers, which get TRACKER_WAIT_S to unlink their semaphores and exit by themselves
-    once the processes they serve are gone, then whatever is left."""
+    once the processes they serve are gone, then whatever is left. `spare` (the guard's watcher) is neither
+    signalled nor waited for: the caller ends it after the sweep."""
     me, pgid = os.getpid(), os.getpgid(0)
+
+    def others() -> list[int]:
+        return [p for p in group_members(pgid, exclude=me) if p != spare]
+
     waves = ((signal.SIGTERM, grace_s, True), (signal.SIGKILL, TRACKER_WAIT_S, False), (signal.SIGKILL, 5.0, True))
     for sig, wait_s, trackers_too in waves:
-        members = group_members(pgid, exclude=me)
+        members = others()
         if not members:
             return
         for pid in members if trackers_too else [p for p in members if not _is_tracker(p)]:
@@ -96,7 +104,7 @@ def sweep(grace_s: float) -> None:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + wait_s
-        while group_members(pgid, exclude=me) and time.monotonic() < deadline:
+        while others() and time.monotonic() < deadline:
             time.sleep(0.1)
 
 
@@ -203,7 +211,7 @@ def main(argv: list[str]) -> None:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    _start_watcher(grace_s)
+    watcher = _start_watcher(grace_s)
     shm: set[str] = set()  # the group's shared-memory files, removed after the sweep
     try:
         noted = 0.0
@@ -218,9 +226,9 @@ def main(argv: list[str]) -> None:
                 noted = time.monotonic()
             time.sleep(0.5)
     except _ParentDied:
-        _sweep_uninterrupted(grace_s, shm)
+        _sweep_uninterrupted(grace_s, shm, watcher)
         os._exit(1)
-    _sweep_uninterrupted(grace_s, shm)  # COMMAND is reaped: nothing to forward to any more
+    _sweep_uninterrupted(grace_s, shm, watcher)  # COMMAND is reaped: nothing to forward to any more
     _exit_like(status)
 
 
@@ -231,7 +239,10 @@ def _start_watcher(grace_s: float) -> int:
     if pid:
         return pid
     try:  # the watcher: never returns into the guard's code
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the guard's sweep ends it like any member of the group
+        # Deaf to SIGTERM: the guard's sweep spares it and SIGKILLs it when done, so a guard SIGKILLed in the middle
+        # of its sweep (quantgate and the guard killed together: the guard's parent-death signal starts the sweep
+        # a moment before its own SIGKILL lands) still has a watcher to send the SIGKILL waves it never sent.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
         def guard_died(*_: object) -> None:
@@ -255,14 +266,21 @@ def _start_watcher(grace_s: float) -> int:
         os._exit(0)
 
 
-def _sweep_uninterrupted(grace_s: float, shm: set[str]) -> None:
+def _sweep_uninterrupted(grace_s: float, shm: set[str], watcher: int | None = None) -> None:
     """The final sweep, deaf to SIGTERM (it SIGTERMs the group, the guard included) and to further parent-death
-    signals: the kernel sends one again each time an orphan's new parent (a subreaper) exits. Then the group's
-    shared-memory files that nobody holds any more are removed."""
+    signals: the kernel sends one again each time an orphan's new parent (a subreaper) exits. The guard's
+    `watcher` is spared until the sweep is done, then SIGKILLed and reaped. Then the group's shared-memory files
+    that nobody holds any more are removed."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(PARENT_DIED, signal.SIG_IGN)
     shm |= shm_held(group_members(os.getpgid(0), exclude=os.getpid()))
-    sweep(grace_s)
+    sweep(grace_s, spare=watcher)
+    if watcher is not None:
+        try:
+            os.kill(watcher, signal.SIGKILL)
+            os.waitpid(watcher, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
     remove_shm(shm)
 
 

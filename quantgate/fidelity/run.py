@@ -37,6 +37,7 @@ from quantgate.fidelity.core import SampleFidelity, ScoredSample, compare_sample
 SCHEMA = 1
 DUMP = "logprobs.jsonl"
 CORPUS_CATEGORY = "corpus"
+CONTEXT_PREFIX = "context:"  # the category of a haystack prompt: context:<length> (quantgate.release.fidelity_step)
 Progress = Callable[[int, int], None]
 
 

@@ -17,11 +17,20 @@ short prompts reaches at once. The continuations are therefore the server's own 
 repeatable is the samples file itself: it is cached with the baseline's results, and every variant scores exactly
 those tokens.
 
+The baseline's own side of the comparison comes with the samples: each request also asks for the top-k logprobs
+of every sampled position (`top_k`), so the sampling server's answer already holds what a teacher-forced scoring of
+the same tokens on the baseline would return (the logprob of the actual token and the top-k), and `write_dump`
+turns the samples into the baseline's dump with no second pass over the prompts. That pass was the costliest part
+of fidelity on a CPU (every haystack prefilled again, with prompt logprobs, which vLLM computes without its prefix
+cache). The two paths differ only in engine numerics (decoding one token at a time against a prefill of the whole
+sequence); the noise floor measures exactly that difference (quantgate.release.fidelity_step).
+
 Layout of a samples folder:
-  samples.jsonl  one line per prompt: {"id", "category", "prompt_ids", "ids"} (ids: the sampled continuation);
+  samples.jsonl  one line per prompt: {"id", "category", "prompt_ids", "ids", "lp", "top"} (ids: the sampled
+                 continuation; lp and top, with `top_k`: its logprobs and top-k as a dump line has them);
                  append-only and resumable, as the logprob dumps (quantgate.base.http.JsonlAppender)
   manifest.json  {"schema", "status": "complete"|"partial", "n", "n_sampled", "prompts_hash", "max_tokens",
-                 "model", "endpoint", "elapsed_s", "error"}
+                 "top_k", "model", "endpoint", "elapsed_s", "error"}
 """
 
 from __future__ import annotations
@@ -40,9 +49,9 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json
 from quantgate.base.runfiles import MANIFEST
-from quantgate.fidelity.run import Sequence, items_of, prompt_ids, read_lines, stratified
+from quantgate.fidelity.run import DUMP, SCHEMA as DUMP_SCHEMA, Sequence, items_of, prompt_ids, read_lines, sequences_hash, stratified
 
-SCHEMA = 1
+SCHEMA = 2  # 2: the sampled positions' logprobs and top-k (the baseline's dump) come with the samples
 SAMPLES = "samples.jsonl"
 Progress = Callable[[int, int], None]
 # Sampling exactly from the model's distribution: every truncation off (the server's or the checkpoint's
@@ -87,12 +96,42 @@ def prompts_hash(prompts: Iterable[Prompt]) -> str:
     return h.hexdigest()
 
 
-def _parse(body: dict, prompt: Prompt) -> dict:
+TOKEN_ID = "token_id:"  # how the answer names a token with return_tokens_as_token_ids
+
+
+def _token(name: str) -> int:
+    if not name.startswith(TOKEN_ID):
+        raise ValueError(f"a logprob names token {name!r}, not {TOKEN_ID}<id> (the server ignored "
+                         "return_tokens_as_token_ids)")
+    return int(name[len(TOKEN_ID):])
+
+
+def _parse(body: dict, prompt: Prompt, top_k: int | None = None) -> dict:
+    """One samples line from a /v1/completions answer; with `top_k`, the sampled positions' logprobs as well: the
+    actual token's (`lp`) and the top-k ranked by logprob (`top`, as a dump line's: [[ids], [logprobs]])."""
     choice = body["choices"][0]
     ids = choice.get("token_ids")
     if ids is None:
         raise ValueError("the answer has no token_ids (the server ignored return_token_ids)")
-    return {"id": prompt.id, "category": prompt.category, "prompt_ids": prompt.token_ids, "ids": [int(t) for t in ids]}
+    line: dict[str, Any] = {"id": prompt.id, "category": prompt.category, "prompt_ids": prompt.token_ids,
+                            "ids": [int(t) for t in ids]}
+    if top_k is None:
+        return line
+    lps = choice.get("logprobs") or {}
+    rows, tokens = lps.get("top_logprobs"), lps.get("tokens")
+    if rows is None or tokens is None or len(rows) != len(ids):
+        raise ValueError(f"the answer has {len(rows or [])} logprob rows for {len(ids)} sampled tokens")
+    line["lp"], line["top"] = [], []
+    for pos, (token, row) in enumerate(zip(line["ids"], rows)):
+        if _token(tokens[pos]) != token:
+            raise ValueError(f"logprob row {pos} is for token {tokens[pos]!r}, the answer's token is {token}")
+        by_id = {_token(name): float(lp) for name, lp in row.items()}
+        if token not in by_id:
+            raise ValueError(f"logprob row {pos} lacks the sampled token {token}")
+        ranked = sorted(by_id.items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]  # the row: the top-k (+ the token)
+        line["lp"].append(by_id[token])
+        line["top"].append([[t for t, _ in ranked], [lp for _, lp in ranked]])
+    return line
 
 
 def _fatal(status: int, text: str, model: str) -> QuantgateError | None:
@@ -107,13 +146,23 @@ def _fatal(status: int, text: str, model: str) -> QuantgateError | None:
     return None
 
 
-def _kept(path: Path, prompts: list[Prompt]) -> set[str]:
+def _has_logprobs(rec: dict, top_k: int) -> bool:
+    """The line holds a logprob and a top list of 1 to top_k tokens for every sampled token."""
+    lp, top = rec.get("lp"), rec.get("top")
+    return (lp is not None and top is not None and len(lp) == len(top) == len(rec.get("ids", []))
+            and all(1 <= len(t[0]) <= top_k for t in top))
+
+
+def _kept(path: Path, prompts: list[Prompt], top_k: int | None) -> set[str]:
     wanted: dict[str | None, Prompt] = {p.id: p for p in prompts}
     done: set[str] = set()
     for rec in read_lines(path):
         p = wanted.get(rec.get("id"))
         if p is None or rec.get("prompt_ids") != p.token_ids:
             raise QuantgateError(f"{path} holds sample {rec.get('id')!r} continued from another prompt",
+                                 where=str(path), fix="sample into a new folder, or delete this one")
+        if top_k is not None and not _has_logprobs(rec, top_k):
+            raise QuantgateError(f"{path} holds sample {rec.get('id')!r} without its top-{top_k} logprobs",
                                  where=str(path), fix="sample into a new folder, or delete this one")
         done.add(p.id)
     return done
@@ -128,18 +177,19 @@ def is_complete(out_dir: Path | str) -> bool:
 
 
 def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts: list[Prompt], out_dir: Path | str,
-                         *, max_tokens: int, concurrency: int = 8, timeout_s: float = 300.0,
+                         *, max_tokens: int, top_k: int | None = None, concurrency: int = 8, timeout_s: float = 300.0,
                          max_attempts: int = 4, progress: Progress | None = None) -> Path:
     """One sampled continuation of up to `max_tokens` tokens (a prompt's own `max_tokens` first) per prompt not yet
-    in out_dir/samples.jsonl; returns that file. Resumable; manifest.json says "complete" when every prompt has its
-    line, else "partial" and a QuantgateError names the failures (re-run to fill them in)."""
+    in out_dir/samples.jsonl, with the top-`top_k` logprobs of every sampled position when given (see write_dump);
+    returns that file. Resumable; manifest.json says "complete" when every prompt has its line, else "partial" and
+    a QuantgateError names the failures (re-run to fill them in)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path, digest, t0 = out / SAMPLES, prompts_hash(prompts), time.monotonic()
     if is_complete(out):
         return path
     (out / MANIFEST).unlink(missing_ok=True)
-    done = _kept(path, prompts)
+    done = _kept(path, prompts, top_k)
     todo = [p for p in prompts if p.id not in done]
     failed: list[tuple[str, str]]
     count, failed = [len(done)], []
@@ -149,7 +199,9 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
     async def one(client, p: Prompt) -> None:
         payload = {"model": model, "prompt": p.token_ids, "max_tokens": p.max_tokens or max_tokens, "return_token_ids": True,
                    **UNTRUNCATED}
-        ans = await post_json(client, url, payload, retry, parse=lambda body: _parse(body, p),
+        if top_k is not None:
+            payload |= {"logprobs": top_k, "return_tokens_as_token_ids": True}
+        ans = await post_json(client, url, payload, retry, parse=lambda body: _parse(body, p, top_k),
                               fatal=lambda status, text: _fatal(status, text, model))
         if ans.value is not None:
             writer.write(ans.value)
@@ -166,7 +218,7 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
     write_json(out / MANIFEST, {
         "schema": SCHEMA, "status": "partial" if failed else "complete", "n": len(prompts),
         "n_sampled": len(prompts) - len(failed), "prompts_hash": digest, "max_tokens": max_tokens,
-        "model": model, "endpoint": endpoint, "elapsed_s": round(time.monotonic() - t0, 3), "error": first})
+        "top_k": top_k, "model": model, "endpoint": endpoint, "elapsed_s": round(time.monotonic() - t0, 3), "error": first})
     if failed:
         raise QuantgateError(f"{len(failed)} of {len(prompts)} prompts got no sampled continuation; first: {first}",
                              where=str(path), fix="check the server; re-run to sample the rest (sampled lines are kept)")
@@ -183,3 +235,31 @@ def load_sequences(out_dir: Path | str) -> list[Sequence]:
     seqs = [Sequence(id=r["id"], category=r["category"], token_ids=r["prompt_ids"] + r["ids"],
                      score_from=len(r["prompt_ids"])) for r in read_lines(out / SAMPLES) if r["ids"]]
     return sorted(seqs, key=lambda s: s.id)
+
+
+def write_dump(samples_dir: Path | str, out_dir: Path | str) -> Path:
+    """The sampling server's own logprobs of the continuations as a complete dump folder (quantgate.fidelity.run's
+    layout: logprobs.jsonl + manifest.json), the same sequences `load_sequences` gives: what the baseline's
+    teacher-forced scoring of them would hold, read from the sampling answers. Returns the dump file."""
+    src, out = Path(samples_dir), Path(out_dir)
+    seqs = load_sequences(src)
+    manifest = json.loads((src / MANIFEST).read_text(encoding="utf-8"))
+    top_k = manifest.get("top_k")
+    if top_k is None:
+        raise QuantgateError("the samples hold no logprobs of their own", where=str(src),
+                             fix="sample again with top_k (delete the folder; the release does this with its settings)")
+    lines = {r["id"]: r for r in read_lines(src / SAMPLES)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+    tmp = out / f"{DUMP}.tmp"
+    with tmp.open("w", encoding="utf-8") as fh:
+        for s in seqs:
+            rec = lines[s.id]
+            fh.write(json.dumps({"id": s.id, "category": s.category, "ids": s.token_ids, "score_from": s.score_from,
+                                 "lp": rec["lp"], "top": rec["top"]}, separators=(",", ":")) + "\n")
+    tmp.replace(out / DUMP)
+    write_json(out / MANIFEST, {
+        "schema": DUMP_SCHEMA, "status": "complete", "n": len(seqs), "n_scored": len(seqs), "top_k": top_k,
+        "model": manifest.get("model"), "endpoint": manifest.get("endpoint"), "sequences_hash": sequences_hash(seqs),
+        "elapsed_s": 0.0, "error": None, "source": "sampling"})
+    return out / DUMP

@@ -40,6 +40,7 @@ from quantgate.base.paths import RELEASES
 from quantgate.base.yamlconfig import item_error, load_model, read_yaml
 from quantgate.evals.dataset import load_categories
 from quantgate.evals.metrics import load_table
+from quantgate.fidelity.run import CONTEXT_PREFIX
 from quantgate.gate.models import Bound
 from quantgate.quantize.schemes import load_schemes
 
@@ -245,10 +246,20 @@ class FidelityCheck(_Strict):
     categories: dict[str, FidelityLimit] = Field(default_factory=dict, description="a category's own limits "
                                                  "(default: the family's)")
     min_category_samples: int = Field(10, ge=2, description="fewer samples in a category: INCONCLUSIVE")
+    context_factor: float = Field(1.0, ge=1, le=10, description="a context length's slice (context:<length>) is "
+                                  "held to the family's limits widened by this factor: KL times it, top-1 "
+                                  "disagreement times it (a category named in `categories` keeps its own)")
     required: bool = True
 
     def limit_for(self, family: str, category: str | None = None) -> FidelityLimit:
-        return self.categories.get(category, self.families[family]) if category else self.families[family]
+        if category in self.categories:
+            return self.categories[category]
+        lim = self.families[family]
+        if category is None or not category.startswith(CONTEXT_PREFIX) or self.context_factor == 1.0:
+            return lim
+        k = self.context_factor
+        return FidelityLimit(max_kl=lim.max_kl * k,
+                             min_top1=None if lim.min_top1 is None else max(0.0, 1.0 - k * (1.0 - lim.min_top1)))
 
 
 NotApplicable = Literal["missing", "skip", "fail"]

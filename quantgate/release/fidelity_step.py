@@ -1,17 +1,22 @@
 """The release's fidelity step (adapter): the baseline samples a continuation of every fidelity prompt, every
-variant scores those continuations teacher-forced, and the baseline scores them twice for the noise floor.
+candidate scores those continuations teacher-forced, and the baseline scores a subset of them for the noise floor.
 
 Prompts: each eval set's samples as chat-template prompts, a stratified subset of `fidelity.limit` (every category
 gets its share), the optional text corpus (each passage a prompt), and `fidelity.context_prompts` haystack prompts
 per length of the recall grid (category `context:<length>`: a haystack document of that length, which the baseline
-continues: the gate judges fidelity at every context length, not only on short answers). The baseline's server samples one
-continuation per prompt at temperature 1 (quantgate.fidelity.sampling): on those tokens the mean
-log-ratio of the actual token is an unbiased KL estimate (quantgate.fidelity.core). Every variant's server scores
-prompt + continuation with the same requests (prompt logprobs of the continuation, top-k) at
-`fidelity.concurrency`: the main path. The baseline's server scores a stratified subset of them
-(`fidelity.floor_samples`) once more one request at a time, so that batches are composed differently: KL between
-the baseline's two dumps on that subset is the noise floor the gate reads a candidate's KL against. On CPU the baseline serves FP32 and W4A16 candidates BF16 activations: the floor holds the
-engine's batch noise only, so a candidate's KL includes its activation dtype (stated in the summary's notes).
+continues: the gate judges fidelity at every context length, not only on short answers). The baseline's server
+samples one continuation per prompt at temperature 1 (quantgate.fidelity.sampling): on those tokens the mean
+log-ratio of the actual token is an unbiased KL estimate (quantgate.fidelity.core).
+
+Two paths, and what each costs. The baseline's side (the "main" dump) is the sampling answers' own logprobs of
+the sampled positions (the actual token and the top-k): no second pass. Every candidate's server scores prompt +
+continuation teacher-forced (prompt logprobs of the continuation, top-k) at `fidelity.concurrency`: one prefill
+per sequence. The baseline's server also scores a stratified subset (`fidelity.floor_samples`, at most
+FLOOR_CONTEXT sequences per context length: a haystack's prefill is the expensive part) the candidates' way, the
+"alt" dump: KL between the baseline's decoded and its prefilled logprobs on that subset is the noise floor the
+gate reads a candidate's KL against, the engine numerics every candidate's comparison carries. On CPU the baseline
+serves FP32 and W4A16 candidates BF16 activations: the floor holds the engine's path noise only, so a candidate's
+KL includes its activation dtype (stated in the summary's notes).
 
 Files:
     <baseline cache>/fidelity/<key>-samples/                           samples.jsonl + manifest.json
@@ -32,12 +37,12 @@ from quantgate.base.fileio import lock, write_json
 from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.fidelity import sampling
 from quantgate.fidelity.core import SampleFidelity, merge_draws, summarize
-from quantgate.fidelity.run import Sequence, compare_dumps, is_complete, score_sequences, stratified
+from quantgate.fidelity.run import CONTEXT_PREFIX, Sequence, compare_dumps, is_complete, score_sequences, stratified
 from quantgate.recall.run import build_checked_grid, load_needle_data
 from quantgate.release.spec import ReleaseSpec
 
 Log = Callable[[str], None]
-ALT_CONCURRENCY = 1
+FLOOR_CONTEXT = 2  # haystack sequences per context length in the floor's subset
 DRAW = "#"  # a prompt's k-th sampled continuation is the sequence <prompt id>#<k>
 SAMPLE_CONCURRENCY = 32  # decoding is the cost of sampling: a wide batch is many times faster on a CPU
 ESTIMATOR = "sampled-logratio"  # what <run>/fidelity/*.json's kl means (quantgate.fidelity.core)
@@ -47,7 +52,7 @@ def _key(spec: ReleaseSpec, reference: Mapping[str, Path]) -> str:
     """By the baseline's eval folders (themselves keyed by the baseline's checkpoint, serving arguments, engine and
     eval set) and the fidelity settings."""
     assert spec.fidelity is not None
-    blob = json.dumps({"evals": sorted(str(p) for p in reference.values()),
+    blob = json.dumps({"evals": sorted(str(p) for p in reference.values()), "samples_schema": sampling.SCHEMA,
                        "fidelity": spec.fidelity.model_dump(mode="json")}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -113,7 +118,7 @@ def context_records(spec: ReleaseSpec, tokenizer: Path) -> list[dict[str, Any]]:
     out = []
     for length, by_haystack in sorted(docs.items()):
         for hay, doc in sorted(by_haystack.items())[: f.context_prompts]:
-            out.append({"id": f"context/{hay}", "category": f"context:{length}",
+            out.append({"id": f"context/{hay}", "category": f"{CONTEXT_PREFIX}{length}",
                         "messages": [{"role": "user", "content": f"{doc}\n\n{f.context_instruction}"}]})
     return out
 
@@ -155,40 +160,50 @@ def sample(spec: ReleaseSpec, reference: Mapping[str, Path], tokenizer: Path, sr
                     log(f"baseline: fidelity continuations {n}/{total}")
 
             sampling.sample_continuations(srv.base_url, srv.config.name, srv.api_key, prompts, out,
-                                          max_tokens=f.max_new_tokens,
+                                          max_tokens=f.max_new_tokens, top_k=f.top_k,
                                           concurrency=max(f.concurrency, SAMPLE_CONCURRENCY),
                                           progress=progress)
     return out
 
 
-def sequences(spec: ReleaseSpec, reference: Mapping[str, Path]) -> list[Sequence]:
-    """Prompt + the baseline's sampled continuation, scored over the continuation (the samples must be complete)."""
-    return sampling.load_sequences(samples_dir(spec, reference))
-
-
-def measure(spec: ReleaseSpec, name: str, srv, dirs: Mapping[str, Path], seqs: list[Sequence], log: Log) -> None:
-    """Score the sequences on a running server: the main path, and for the baseline the one-at-a-time path."""
+def measure(spec: ReleaseSpec, name: str, srv, dirs: Mapping[str, Path], samples: Path, log: Log, *,
+            baseline: bool = False) -> None:
+    """Fill the variant's dump folders from the baseline's complete samples folder: the baseline's "main" from its
+    sampling answers (no request), every other path by scoring on the running server (the baseline's "alt": the
+    floor's subset)."""
     f = spec.fidelity
     assert f is not None
+    seqs = sampling.load_sequences(samples)
     for path_name, folder in dirs.items():
-        conc = f.concurrency if path_name == "main" else ALT_CONCURRENCY
+        if baseline and path_name == "main":
+            sampling.write_dump(samples, folder)
+            log(f"{name}: fidelity (main): the sampling answers' own logprobs of {len(seqs)} sequences")
+            continue
         scored = floor_subset(seqs, f.floor_samples) if path_name == "alt" else seqs
         tokens, every = sum(len(s.token_ids) - s.score_from for s in scored), max(1, len(scored) // 5)
         log(f"{name}: fidelity ({path_name} path): {len(scored)} sequences, {tokens} scored tokens, top-{f.top_k}, "
-            f"concurrency {conc}")
+            f"concurrency {f.concurrency}")
 
         def progress(n: int, total: int, _p: str = path_name, every: int = every) -> None:
             if n % every == 0 or n == total:
                 log(f"{name}: fidelity ({_p}) {n}/{total}")
 
-        score_sequences(srv.base_url, name, srv.api_key, scored, folder, top_k=f.top_k, concurrency=conc,
+        score_sequences(srv.base_url, name, srv.api_key, scored, folder, top_k=f.top_k, concurrency=f.concurrency,
                         progress=progress)
 
 
 def floor_subset(seqs: list[Sequence], limit: int | None) -> list[Sequence]:
-    """The sequences the floor's path scores: `limit` of them round-robin over the categories (context lengths
-    included), ids sorted; all when limit is None."""
-    keep = {it["id"] for it in stratified([{"id": s.id, "category": s.category} for s in seqs], limit)}
+    """The sequences the floor's path scores: `limit` of them round-robin over the categories, of which each
+    context length gives at most FLOOR_CONTEXT (its first ids), ids sorted; all when limit is None."""
+    if limit is None:
+        return seqs
+    context: dict[str, list[Sequence]] = {}
+    for s in sorted(seqs, key=lambda s: s.id):
+        if s.category.startswith(CONTEXT_PREFIX):
+            context.setdefault(s.category, []).append(s)
+    capped = [s for group in context.values() for s in group[:FLOOR_CONTEXT]]
+    rest = [{"id": s.id, "category": s.category} for s in seqs if not s.category.startswith(CONTEXT_PREFIX)]
+    keep = {it["id"] for it in stratified(rest, max(0, limit - len(capped)))} | {s.id for s in capped}
     return [s for s in seqs if s.id in keep]
 
 
@@ -208,4 +223,4 @@ def compare(run: Path, base_dirs: Mapping[str, Path], cand_name: str, cand_dirs:
                {"baseline": str(base_dirs["main"]), "alt": str(base_dirs["alt"])})
 
 
-__all__ = ["baseline_dumps", "compare", "done", "dump_dirs", "measure", "sample", "samples_dir", "sequences"]
+__all__ = ["baseline_dumps", "compare", "done", "dump_dirs", "measure", "sample", "samples_dir"]

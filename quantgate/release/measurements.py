@@ -225,7 +225,8 @@ class Fidelity:
             samples.run(srv)  # the baseline: sampled here unless done; a candidate: waits for the baseline's
             with progress.reporting(f"{job.variant.name}: fidelity ({path})", job.log):
                 fidelity_step.measure(job.spec, srv.config.name, srv, {path: out},
-                                      fidelity_step.sequences(job.spec, job.reference), job.log)
+                                      fidelity_step.samples_dir(job.spec, job.reference), job.log,
+                                      baseline=job.baseline)
             if early is not None and path == "main":
                 early.judge(out)
         return score

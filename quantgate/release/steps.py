@@ -39,7 +39,7 @@ from quantgate.plan.slots import Slot
 from quantgate.recall import run as recall
 from quantgate.release import registry
 from quantgate.release.adaptive import fidelity_size
-from quantgate.release.early import early_decision
+from quantgate.release.early import SKIPPABLE, early_decision
 from quantgate.release.cachelayout import engine_of, eval_dirs, variant_cache
 from quantgate.release.judge_step import api_key, failure, judge_candidates
 from quantgate.release.publishing import check_env
@@ -151,13 +151,18 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
     need_parity = parity and not parity_passed(job.cache)  # a failed check is run again, never reused
     folders, todo = measurements.plan(job)
     server = make_server(config, job.folder)
-    served = need_parity or any(todo.values())
     early = None
+    if todo["fidelity"] or any(todo.get(kind) for kind in SKIPPABLE):
+        early = early_decision(job.spec, job.run, variant, None if job.baseline else job.reference,
+                               _dumps_ready(job.reference_ready), log)
+    if early is not None and not todo["fidelity"]:  # fidelity cached: decided now, before anything is served
+        early.judge(folders["fidelity"]["main"])
+        for kind in SKIPPABLE:
+            if todo.get(kind) and early.skips(kind):
+                todo[kind] = []
+    served = need_parity or any(todo.values())
     if served:
         _log_serving(variant, config, server, log)
-        if todo["fidelity"]:  # fidelity cached: the final gate decides, nothing is left to skip
-            early = early_decision(job.spec, job.run, variant, None if job.baseline else job.reference,
-                                   _dumps_ready(job.reference_ready), log)
         steps = measurements.ordered_steps(job, folders, todo, early)
         slot, lender = replicas  # slots that fall free take extra servers of this variant, from its start on
         local = lender is not None and slot is not None and variant.endpoint is None
