@@ -9,8 +9,9 @@ Shapes:
 - demo: the samples of eval_sets/default.jsonl (300: their categories and metrics) and the recall grid of
   releases/demo.yaml (3 lengths x 4 kinds x 2 samples = 24 haystacks, a needle at each of 5 depths: 120 needles,
   as `make demo` asks them); fidelity as releases/demo.yaml sets it (read through the spec model: every one of the
-  300 samples, 50 per category, each 4 sampled answers of about 25 tokens; 30 haystacks per recall length, each a
-  continuation of about 230 tokens; the floor on a stratified subset of 60);
+  300 samples, 50 per category, each with `fidelity.draws` sampled answers of about 25 tokens; its
+  `context_prompts` haystacks per recall length, each a continuation of about 230 tokens; the floor on a
+  stratified subset of 60);
 - r500: 500 samples drawn from the same set (new ids) and the same recall grid.
 Recall needles that share a haystack are not independent: each haystack draws its own difficulty (the baseline's
 chance of recalling its needles varies around RECALL_RATE with intra-haystack correlation RECALL_ICC), so the

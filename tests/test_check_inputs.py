@@ -11,6 +11,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -314,3 +315,20 @@ def test_checkpoint_problems_reads_headers_only(tmp_path):
     assert "names model-00002.safetensors, which is not in" in checkpoint_problems(int8, "int8-w8a8")[0]
     (int8 / "model.safetensors").write_bytes(b"\xff" * 4)
     assert "no readable safetensors file" in checkpoint_problems(int8)[-1]
+
+
+def test_a_truncated_weights_file_is_refused_by_check_in_seconds(tmp_path):
+    """An interrupted copy: the header is whole, the tensor data is not. vLLM found it only when loading, minutes
+    into a release; `release --check` names the file and exits 2."""
+    int8 = checkpoint(tmp_path / "int8", INT8_CONFIG, INT8_TENSORS)
+    weights = int8 / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[:-3])
+    assert f"truncated: the file has {len(whole) - 3:,} bytes, its header describes {len(whole):,}" in \
+        checkpoint_problems(int8, "int8-w8a8")[0]
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC + f"model: demo\ncandidates:\n  - {{name: e, checkpoint: {int8}}}\n")
+    t0 = time.monotonic()
+    r = quantgate("release", str(path), "--check")
+    assert r.returncode == 2 and "truncated" in r.stderr and str(weights) in r.stderr, r.stdout + r.stderr
+    assert time.monotonic() - t0 < 60

@@ -9,6 +9,7 @@ and refuses with the list of offending layers when no group size works.
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from collections.abc import Sequence
@@ -64,7 +65,9 @@ class PreflightResult(BaseModel):
 
 
 def read_safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a .safetensors file (8-byte little-endian length, then JSON)."""
+    """The JSON header of a .safetensors file (8-byte little-endian length, then JSON), after checking that the file
+    holds every byte the header's data offsets describe: a truncated copy (an interrupted download or copy) has a
+    readable header and fails only when the weights are loaded, minutes into a release."""
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) != 8:
@@ -73,7 +76,13 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
         if n > 100 * 1024**2:
             raise ConfigError("safetensors header is implausibly large", where=str(path), fix="re-create the checkpoint")
         header = json.loads(f.read(n))
+        size = os.fstat(f.fileno()).st_size
     header.pop("__metadata__", None)
+    ends = [t["data_offsets"][1] for t in header.values() if isinstance(t, dict) and len(t.get("data_offsets") or []) == 2]
+    need = 8 + n + max(ends, default=0)
+    if size < need:
+        raise ConfigError(f"truncated: the file has {size:,} bytes, its header describes {need:,}", where=str(path),
+                          fix="copy or download the checkpoint again (an interrupted transfer leaves a file like this)")
     return header
 
 
