@@ -201,11 +201,12 @@ def test_hub_upload_creates_a_private_repo_and_uploads_the_entry(entry, monkeypa
     assert upload["folder_path"] == str(entry) and upload["ignore_patterns"] == ["publish.json"]
 
 
-def test_hub_without_a_token_is_skipped_with_a_note_not_a_crash(entry, monkeypatch):
+def test_hub_without_a_token_is_a_failed_publish_not_a_skip(entry, monkeypatch):
     monkeypatch.delenv("QG_TEST_HF", raising=False)
     hub = FakeHub()
     rec = publishing.publish_one(entry, PublishTarget(hf_repo="org/demo", token_env="QG_TEST_HF"), candidate=CAND, api=hub)
-    assert rec["status"] == "skipped" and "QG_TEST_HF is not set" in rec["note"] and hub.calls == []
+    assert rec["status"] == "failed" and "QG_TEST_HF is not set" in rec["error"] and hub.calls == []
+    assert "quantgate registry publish" in rec["error"]  # how to finish it by hand
 
 
 def test_a_failed_upload_is_recorded(entry, monkeypatch):
@@ -296,17 +297,18 @@ def test_promoted_entry_with_card_published_to_a_folder_and_the_receiver_told(tm
                                          f"notify:\n  - url: {rx.url}\n"))
     e = registry.promote(d, model="demo", version="v1", checkpoint=ckpt, run=run)
     records = publishing.publish_run(spec.publish, run, {CAND: e})
-    assert [r["status"] for r in records] == ["published", "skipped"]
+    assert [r["status"] for r in records] == ["published", "failed"]  # the Hub target has no token
     copy = tmp_path / "shelf" / "demo" / "v1"
     assert (copy / "README.md").read_text() == (Path(e["path"]) / "README.md").read_text()
     assert "## Serving with vLLM" in (copy / "README.md").read_text() and registry.verify_entry(copy)
     assert json.loads((run / "publish.json").read_text())["records"] == records
     summary = publishing.add_to_summary(run, _summary(run), "publish", records)
-    assert publishing.exit_code(summary, 0) == 0 and json.loads((run / "summary.json").read_text())["publish"] == records
+    assert publishing.exit_code(summary, 0) == publishing.OUTBOUND_FAILED == 5  # a PROMOTE that did not ship
+    assert json.loads((run / "summary.json").read_text())["publish"] == records
     summary = publishing.add_to_summary(run, summary, "notify", webhook.notify_run(spec.notify, run, summary))
     assert summary["notify"][0]["status"] == "delivered"
     body = json.loads(rx.got[0][1])
-    assert body["decision"] == "PROMOTE" and [p["status"] for p in body["publish"]] == ["published", "skipped"]
+    assert body["decision"] == "PROMOTE" and [p["status"] for p in body["publish"]] == ["published", "failed"]
 
 
 def test_a_failed_publish_is_reported_and_keeps_the_promotion(tmp_path, entry):
@@ -345,7 +347,7 @@ def test_the_example_spec_passes_release_check(monkeypatch):
     monkeypatch.delenv("QUANTGATE_WEBHOOK_SECRET", raising=False)
     res = CliRunner().invoke(app, ["release", str(example), "--check"])
     assert res.exit_code == 0, res.output
-    assert "note: publish: hf://my-org/demo-int8 would be skipped: HF_TOKEN is not set" in res.output
+    assert "note: publish: hf://my-org/demo-int8 would fail (exit 5): HF_TOKEN is not set" in res.output
     assert "note: notify[0]: QUANTGATE_WEBHOOK_SECRET is not set" in res.output
     monkeypatch.setenv("HF_TOKEN", "x")
     monkeypatch.setenv("QUANTGATE_WEBHOOK_SECRET", "y")

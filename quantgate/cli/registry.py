@@ -9,6 +9,7 @@ URL scheme, no Hub token).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -67,9 +68,10 @@ def publish_cmd(
     if man is None:
         print(f"error: {entry}: not a complete registry entry (no manifest.json)", file=sys.stderr)
         raise typer.Exit(2)
+    if where.hf_repo is not None and not os.environ.get(where.token_env or HF_TOKEN):  # nothing to try with
+        print(f"error: {where.token_env or HF_TOKEN} is not set: a Hub upload needs a token with write access "
+              f"(export it, or name another variable with --token-env)", file=sys.stderr)
+        raise typer.Exit(2)
     rec = publish_one(entry, where, candidate=str(man.get("candidate")))  # verifies the entry from its bytes first
     print(json.dumps(rec, indent=2))
-    if rec["status"] == "skipped":
-        print(f"error: {rec.get('note')}", file=sys.stderr)
-        raise typer.Exit(2)
     raise typer.Exit(1 if rec["status"] == "failed" else 0)

@@ -5,7 +5,7 @@
       - url: memory://models               #   any fsspec URL: file:///..., s3://bucket/prefix (with s3fs), ...
       - hf_repo: my-org/demo-w4a16         #   a Hugging Face Hub model repository, through huggingface_hub,
         token_env: HF_TOKEN                #   with the token from this variable (default HF_TOKEN); without it the
-        private: true                      #   target is skipped with a note; a new repository is private by default
+        private: true                      #   publish fails (exit 5); a new repository is private by default
     notify:                                # after the gate, for every decision (PROMOTE, REJECT, INCONCLUSIVE)
       - url: https://ci.example/hooks/quantgate
         secret_env: QUANTGATE_WEBHOOK_SECRET   # HMAC-SHA256 of the body in X-Quantgate-Signature-256
@@ -53,7 +53,7 @@ class PublishTarget(BaseModel):
     hf_repo: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$",
                                 description="a Hugging Face Hub model repository, owner/name")
     token_env: str | None = Field(None, pattern=ENV_NAME, description="hf_repo: the variable holding the Hub token "
-                                  "(default HF_TOKEN); not set at run time: the target is skipped with a note")
+                                  "(default HF_TOKEN); not set at run time: this publish fails (exit 5), nothing is uploaded")
     private: bool | None = Field(None, description="hf_repo: a repository quantgate creates is private (default true)")
 
     @field_validator("folder")
@@ -122,7 +122,7 @@ def check_env(notify: list[NotifySpec]) -> None:
 
 def env_notes(publish: list[PublishTarget], notify: list[NotifySpec]) -> list[str]:
     """What the environment lacks right now for these targets and webhooks (for `quantgate release --check`)."""
-    out = [f"publish: {t.label} would be skipped: {t.token_env or HF_TOKEN} is not set" for t in publish
+    out = [f"publish: {t.label} would fail (exit 5): {t.token_env or HF_TOKEN} is not set" for t in publish
            if t.hf_repo is not None and not os.environ.get(t.token_env or HF_TOKEN)]
     return out + [f"notify[{i}]: {n.secret_env} is not set: the release would stop at its start" for i, n in enumerate(notify)
                   if n.secret_env and not os.environ.get(n.secret_env)]
@@ -138,8 +138,10 @@ def publish_one(entry: Path | str, target: PublishTarget, *, candidate: str, api
     if target.hf_repo is not None:
         env = target.token_env or HF_TOKEN
         token = os.environ.get(env)
-        if not token:
-            return rec | {"status": "skipped", "note": f"{env} is not set: not uploaded to the Hub"}
+        if not token:  # a release that must ship is not done when it did not: a failure, never a quiet skip
+            return rec | {"status": "failed", "error": f"{env} is not set: not uploaded to the Hub (export {env}=<a "
+                                                       "Hub token with write access>, then `quantgate registry "
+                                                       f"publish {entry} {target.label}`)"}
     try:
         out = registry.publish_entry(entry, target.label, token=token, api=api,
                                      private=True if target.private is None else target.private)
