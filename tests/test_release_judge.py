@@ -124,3 +124,15 @@ def test_margin_defaults_to_the_policy(tmp_path, judge_margin, policy, want):
     extra = f"policy: {RELEASES / 'policies' / policy}\n"
     m = "" if judge_margin is None else f", margin: {judge_margin}"
     assert margin(spec_with(tmp_path, f"{{serve: demo{m}}}", extra)) == want
+
+
+def test_run_json_names_the_serving_vllm_beside_the_pipelines_packages(tmp_path, monkeypatch):
+    """vLLM lives in its own environment: run.json's packages name its version too (the report's provenance)."""
+    from quantgate.serving.env import serve_python, vllm_version
+
+    monkeypatch.setenv("QUANTGATE_RESULTS", str(tmp_path / "results"))
+    spec = spec_with(tmp_path, "{endpoint: 'http://h:1/v1', model: m, api_key_env: QG_TEST_JUDGE_KEY}")
+    monkeypatch.setenv("QG_TEST_JUDGE_KEY", "s3cret")
+    run = rel.start_run(spec, tmp_path / "spec.yaml", "r-versions")
+    packages = json.loads((run / "run.json").read_text())["packages"]
+    assert packages["vllm"] == vllm_version(serve_python()) and packages["vllm"] and packages["torch"]

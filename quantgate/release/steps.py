@@ -58,6 +58,7 @@ from quantgate.release.variants import (Evidence, Log, ServingFailure, Variant, 
 from quantgate.report.junit import write_junit
 from quantgate.report.page import write_report
 from quantgate.report.store import Store, default_path
+from quantgate.serving.env import serve_python, vllm_version
 from quantgate.target.catalogue import resolve_model
 
 __all__ = ["baseline_for", "baseline_variant", "external_variant", "quantize_variant", "resolve_model"]  # the flow calls them as steps
@@ -71,8 +72,18 @@ def start_run(spec: ReleaseSpec, spec_path: str | Path, run_id: str | None) -> P
     check_env(spec.notify)  # and a webhook secret (quantgate.release.publishing)
     run = run_dir(new_run_id(spec.name) if run_id is None else run_id)  # '' is refused, not replaced
     write_json(run / RUN, {"spec_file": str(spec_path), "spec": spec.model_dump(mode="json"), "git": git_state(),
-                                  "packages": package_versions(), "machine": spec.machine_notes})
+                                  "packages": {**package_versions(), "vllm": _serving_vllm(spec)},
+                                  "machine": spec.machine_notes})
     return run
+
+
+def _serving_vllm(spec: ReleaseSpec) -> str | None:
+    """vLLM's version in the serving environment (a separate environment: not among this process's packages); None
+    when there is none to ask (a release of endpoints only may run without one)."""
+    try:
+        return vllm_version(serve_python(spec.serving.python))
+    except QuantgateError:
+        return None
 
 
 def sizing_warnings(spec: ReleaseSpec) -> list[str]:
