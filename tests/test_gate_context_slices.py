@@ -30,6 +30,8 @@ def test_the_default_policy_widens_the_context_slices_only():
     wide = f.limit_for("int8", "context:4096")
     assert wide.max_kl == 2 * fam.max_kl and wide.min_top1 == pytest.approx(1 - 2 * (1 - fam.min_top1))
     assert f.limit_for("int8", "multilingual") == fam and f.limit_for("int8") == fam
+    lenient = f.model_copy(update={"families": {"int8": FidelityLimit(max_kl=10.0, min_top1=0.0)}})
+    assert lenient.limit_for("int8", "context:512").max_kl == 20.0  # widened past what a policy may write: fine
     named = f.model_copy(update={"categories": {"context:4096": FidelityLimit(max_kl=0.005)}})
     assert named.limit_for("int8", "context:4096").max_kl == 0.005  # a slice named in `categories` keeps its own
 

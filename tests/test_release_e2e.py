@@ -171,7 +171,8 @@ def test_release_flow_produces_evidence_for_every_variant(workspace, receiver):
     assert pay_off["throughput_ratio"] > 0 and 0.45 < pay_off["size_ratio"] < 0.72
     assert summary["baseline"]["parity"]["verdict"] == "pass"
     assert 0.45 < cand["size_ratio"] < 0.72  # 8-bit linear weights, the 16-bit (tied) embeddings kept
-    # fidelity: continuations the baseline sampled, scored by both, the floor by the baseline twice; judged pooled,
+    # fidelity: continuations the baseline sampled (its logprobs with them), scored by the candidate, the floor by
+    # the baseline prefilling a subset; judged pooled,
     # per category and at the recall grid's context length; the decision carries every slice
     assert checks["fidelity:floor"]["passed"] is True and checks["fidelity:kl"]["measured"] > 0
     assert checks["fidelity:kl:context:512"]["passed"] is True and checks["fidelity:kl:arithmetic_numbers"]["passed"]

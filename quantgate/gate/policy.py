@@ -257,9 +257,9 @@ class FidelityCheck(_Strict):
         lim = self.families[family]
         if category is None or not category.startswith(CONTEXT_PREFIX) or self.context_factor == 1.0:
             return lim
-        k = self.context_factor
-        return FidelityLimit(max_kl=lim.max_kl * k,
-                             min_top1=None if lim.min_top1 is None else max(0.0, 1.0 - k * (1.0 - lim.min_top1)))
+        k = self.context_factor  # derived from validated limits: not re-validated (a lenient 10 nats widens to 20)
+        return FidelityLimit.model_construct(max_kl=lim.max_kl * k, min_top1=None if lim.min_top1 is None else
+                                             max(0.0, 1.0 - k * (1.0 - lim.min_top1)))
 
 
 NotApplicable = Literal["missing", "skip", "fail"]

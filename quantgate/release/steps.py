@@ -162,11 +162,10 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
     need_parity = parity and not parity_passed(job.cache)  # a failed check is run again, never reused
     folders, todo = measurements.plan(job)
     server = make_server(config, job.folder)
-    early = None
-    if todo["fidelity"] or any(todo.get(kind) for kind in SKIPPABLE):
-        early = early_decision(job.spec, job.run, variant, None if job.baseline else job.reference,
-                               _dumps_ready(job.reference_ready), log)
-    if early is not None and not todo["fidelity"]:  # fidelity cached: decided now, before anything is served
+    early = early_decision(job.spec, job.run, variant, None if job.baseline else job.reference,
+                           _dumps_ready(job.reference_ready), log)
+    if early is not None and not todo["fidelity"]:  # fidelity cached: decided now (as the first run did), before
+        # anything is served: what it skipped stays skipped, and the judge skips the candidate again
         early.judge(folders["fidelity"]["main"])
         for kind in SKIPPABLE:
             if todo.get(kind) and early.skips(kind):
