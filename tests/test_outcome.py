@@ -10,7 +10,7 @@ from pathlib import Path
 from prefect.states import Completed, Failed
 
 from quantgate.gate.models import Check, Decision
-from quantgate.release.outcome import EVENT, NotPromoted, decided_event, summary_of
+from quantgate.release.outcome import EVENT, NotPromoted, artifact_key, check_rows, decided_event, summary_of
 
 
 def _decision(verdict: str) -> Decision:
@@ -39,3 +39,15 @@ def test_a_failed_state_carries_an_exception_with_the_summary_and_reads_back_lik
     assert summary_of(pickle.loads(pickle.dumps(got))) == summary  # a worker may persist it
     assert summary_of(Completed(data={"decision": "PROMOTE"}).result()) == {"decision": "PROMOTE"}
     assert summary_of(None) is None and summary_of("crashed") is None
+
+
+def test_artifact_keys_are_what_prefect_accepts_and_the_table_has_a_row_per_check():
+    from prefect.artifacts import Artifact
+
+    for name in ("demo", "My_Release.v2", "a--b"):
+        key = artifact_key(name, "checks")
+        Artifact(type="table", key=key, data=[])  # Prefect's own validation: lowercase, digits, dashes
+        assert key.startswith("release-") and key.endswith("-checks")
+    rows = check_rows([_decision("REJECT")])
+    assert [(r["candidate"], r["check"], r["outcome"]) for r in rows] == [
+        ("int8-w8a8", "fidelity:kl", "fail"), ("int8-w8a8", "pooled:default", "pass")]

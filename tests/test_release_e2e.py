@@ -408,6 +408,12 @@ def test_prefect_deployment_run_of_the_release(workspace):
         # the newest one is the deployment's (the first test's run reported to the same server)
         newest = max(artifacts, key=lambda a: a["created"])
         assert summary["decision"] in newest["data"] and "deployed" in newest["data"] and FIRST in newest["data"]
+        found = {k: max(httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": [k]}}},
+                                   timeout=30).json(), key=lambda a: a["created"])
+                 for k in ("release-e2e-report", "release-e2e-checks")}
+        assert found["release-e2e-report"]["type"] == "link" and "deployed/report.html" in found["release-e2e-report"]["data"]
+        table = found["release-e2e-checks"]["data"]  # a JSON list of rows, one per check of every candidate
+        assert found["release-e2e-checks"]["type"] == "table" and "fidelity:kl" in table and FIRST in table
     finally:
         for p in reversed(procs):
             kill_tree(p.pid)

@@ -263,6 +263,7 @@ def _release(s: ReleaseSpec, run: Path):
     published = publish(s, run, promotions) if s.publish and promotions else None  # PROMOTE entries only
     assert base_ev is not None  # a spec has at least one candidate (ReleaseSpec), so a rung ran
     summary = rel.finish_run(s, run, base_ev, cand_ev, comparisons, decisions, promotions)
+    outcome.create_artifacts(s.name, run, decisions)  # the report's link and the checks' table
     return conclude(s, run, summary, published)
 
 
@@ -271,7 +272,7 @@ def conclude(s: ReleaseSpec, run: Path, summary: dict, published: list[dict] | N
     logger = get_run_logger()
     if published is not None:
         summary = publishing.add_to_summary(run, summary, "publish", published)
-    create_markdown_artifact(key=f"release-{s.name}", markdown=report(run),
+    create_markdown_artifact(key=outcome.artifact_key(s.name), markdown=report(run),
                              description=f"quantgate release {s.name}: {summary['decision']} ({run / 'report.html'})")
     if s.notify:  # every decision, after the gate and the report
         summary = publishing.add_to_summary(run, summary, "notify", notify(s, run, summary))

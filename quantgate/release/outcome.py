@@ -11,6 +11,8 @@
 
   An Automation matches it with `{"match": {"prefect.resource.id": "quantgate.release.*"}, "expect":
   ["quantgate.release.decided"]}` (README, "Running it from a Prefect server").
+- **The artifacts**, beside the report's markdown: a link to `<run>/report.html` and a table of every candidate's
+  checks (candidate, check, outcome, measured, limit, reason), which the Prefect UI shows on the flow run.
 - **The state**: a flow run that promotes nothing ends Failed, named "Rejected" or "Inconclusive" ("Publish
   failed" for a promotion that did not all go out). A Failed state's data must be an exception for Prefect (a plain
   value makes it log `TypeError: Unexpected result for failed state`): `NotPromoted` carries the summary, so
@@ -19,6 +21,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -69,4 +72,29 @@ def emit_decisions(release: str, run: Path, decisions: list[Decision]) -> int:
     return sum(emit_event(**decided_event(release, run, d)) is not None for d in decisions)
 
 
-__all__ = ["EVENT", "NotPromoted", "decided_event", "emit_decisions", "summary_of"]
+def artifact_key(release: str, part: str = "") -> str:
+    """A Prefect artifact key for the release: lowercase letters, digits and dashes only (Prefect refuses any other
+    key, and a spec name may hold capitals, dots and underscores)."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"release-{release}{'-' + part if part else ''}".lower()).strip("-")
+
+
+def check_rows(decisions: list[Decision]) -> list[dict[str, Any]]:
+    """One table row per check of every decision, for the flow run's table artifact."""
+    return [{"candidate": d.candidate, "decision": d.decision, "check": c.name, "outcome": c.outcome,
+             "measured": c.measured, "limit": c.limit, "reason": c.reason} for d in decisions for c in d.checks]
+
+
+def create_artifacts(release: str, run: Path, decisions: list[Decision]) -> None:
+    """The link to the report and the checks' table (the module docstring); Prefect imported here, as above."""
+    from prefect.artifacts import create_link_artifact, create_table_artifact
+
+    create_link_artifact(key=artifact_key(release, "report"), link=(run / "report.html").resolve().as_uri(),
+                         link_text=f"{release}: report.html of run {run.name}",
+                         description=f"quantgate release {release}, run {run.name}: the full report")
+    if decisions:
+        create_table_artifact(key=artifact_key(release, "checks"), table=check_rows(decisions),
+                              description=f"quantgate release {release}, run {run.name}: every check of every "
+                                          "candidate (decision.json has their evidence files)")
+
+
+__all__ = ["EVENT", "NotPromoted", "artifact_key", "check_rows", "create_artifacts", "decided_event", "emit_decisions", "summary_of"]
