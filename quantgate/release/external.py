@@ -233,7 +233,8 @@ def _weights_problems(folder: Path, config: dict, scheme: str | None) -> list[st
     tensors: dict[str, str] = {}
     for f in (f for f in files if f.suffix == ".safetensors"):
         try:
-            tensors |= {n: str(t.get("dtype")) for n, t in read_safetensors_header(f).items() if isinstance(t, dict)}
+            tensors |= {n: str(t.get("dtype")) for n, t in read_safetensors_header(f, whole=True).items()
+                        if isinstance(t, dict)}
         except (QuantgateError, OSError, ValueError, RecursionError) as exc:
             problems.append(f"{f} is no readable safetensors file: {getattr(exc, 'message', exc)}")
     qc = cast(Mapping, config.get("quantization_config")) if isinstance(config.get("quantization_config"), Mapping) else {}
