@@ -1,10 +1,11 @@
 """The release flow: a release spec in, evidence for every variant out (results/runs/<run-id>/).
 
     spec -> model -> the release's slots (quantgate.release.schedule: disjoint devices or CPU cores)
-         -> at once, each job on a free slot:  baseline: plan -> serve -> engine parity -> evals -> recall -> perf
-                                                -> fidelity (its answers, twice) -> stop
+         -> at once, each job on a free slot:  baseline: plan -> serve -> engine parity -> fidelity (sampled
+                                                continuations with their logprobs; a subset prefilled: the
+                                                floor) -> evals -> recall -> perf -> stop
                                                each scheme of the rung: quantize -> serve and measure like the
-                                                baseline, scoring the baseline's answers for fidelity last
+                                                baseline, scoring the baseline's continuations for fidelity
             (all schemes at once, or one at a time with `ladder: true`; everything cached)
          -> compare with the baseline -> judge (spec.judge) -> gate (policy); a ladder stops at the first PROMOTE
          -> promote -> publish (spec.publish, PROMOTE entries) -> report (HTML, Markdown artifact, results DB)

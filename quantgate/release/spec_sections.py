@@ -154,9 +154,9 @@ class PerfSpec(PerfOverrides):
 
 
 class FidelitySpec(BaseModel):
-    """Teacher-forced fidelity (quantgate.fidelity): continuations the baseline sampled after the eval prompts, scored
-    by every variant through prompt logprobs; the baseline scores them twice for the noise floor. Token-level
-    evidence, thousands of tokens."""
+    """Teacher-forced fidelity (quantgate.fidelity): continuations the baseline sampled after the eval prompts (with
+    their logprobs: the baseline's side), scored by every candidate through prompt logprobs; the baseline prefills a
+    subset of them for the noise floor. Token-level evidence, thousands of tokens."""
     model_config = ConfigDict(extra="forbid")
 
     limit: int | None = Field(120, ge=1, description="eval prompts to continue and score (stratified over "
@@ -175,11 +175,11 @@ class FidelitySpec(BaseModel):
                        "tokens each); a prompt's draws count as one sample in the intervals")
     top_k: int = Field(20, ge=1, le=20, description="prompt logprobs per position (vLLM's --max-logprobs bounds it, "
                                                     "default 20)")
-    concurrency: int = Field(8, ge=1, description="requests in flight on the main path (the floor's path sends one "
-                                                  "at a time)")
-    floor_samples: int | None = Field(60, ge=1, description="sequences the baseline scores a second time, one request "
-                                      "at a time, for the noise floor (stratified over the categories and context "
-                                      "lengths; the floor is one mean against a cap); None: every sequence")
+    concurrency: int = Field(8, ge=1, description="scoring requests in flight")
+    floor_samples: int | None = Field(60, ge=1, description="sequences the baseline also scores by prefill, for the "
+                                      "noise floor (its decoded against its prefilled logprobs; stratified over the "
+                                      "categories, at most 2 haystacks per context length; the floor is one mean "
+                                      "against a cap); None: every sequence")
     corpus: Path | None = Field(None, description="optional text file of passages scored as well")
 
     @field_validator("corpus")
