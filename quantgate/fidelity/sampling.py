@@ -228,12 +228,20 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
 def load_sequences(out_dir: Path | str) -> list[Sequence]:
     """The sequences to score from a complete samples folder: prompt + continuation, scored from the end of the
     prompt (the continuation only). A prompt whose continuation is empty has nothing to score and is left out."""
-    out = Path(out_dir)
+    return _sequences(_complete_lines(Path(out_dir)))
+
+
+def _complete_lines(out: Path) -> list[dict]:
+    """The lines of a complete samples folder (refused when it is not)."""
     if not is_complete(out):
         raise QuantgateError("the baseline's sampled continuations are missing or incomplete", where=str(out),
                              fix="sample them on the baseline's server first (a re-run resumes)")
+    return read_lines(out / SAMPLES)
+
+
+def _sequences(lines: list[dict]) -> list[Sequence]:
     seqs = [Sequence(id=r["id"], category=r["category"], token_ids=r["prompt_ids"] + r["ids"],
-                     score_from=len(r["prompt_ids"])) for r in read_lines(out / SAMPLES) if r["ids"]]
+                     score_from=len(r["prompt_ids"])) for r in lines if r["ids"]]
     return sorted(seqs, key=lambda s: s.id)
 
 
@@ -242,13 +250,13 @@ def write_dump(samples_dir: Path | str, out_dir: Path | str) -> Path:
     layout: logprobs.jsonl + manifest.json), the same sequences `load_sequences` gives: what the baseline's
     teacher-forced scoring of them would hold, read from the sampling answers. Returns the dump file."""
     src, out = Path(samples_dir), Path(out_dir)
-    seqs = load_sequences(src)
+    read = _complete_lines(src)  # read once: the sequences and their logprobs
     manifest = json.loads((src / MANIFEST).read_text(encoding="utf-8"))
     top_k = manifest.get("top_k")
     if top_k is None:
         raise QuantgateError("the samples hold no logprobs of their own", where=str(src),
                              fix="sample again with top_k (delete the folder; the release does this with its settings)")
-    lines = {r["id"]: r for r in read_lines(src / SAMPLES)}
+    seqs, lines = _sequences(read), {r["id"]: r for r in read}
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)
     tmp = out / f"{DUMP}.tmp"
