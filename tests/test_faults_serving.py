@@ -484,7 +484,7 @@ QUANT_PARENT = """
 import sys
 from pathlib import Path
 from quantgate.quantize.run import QuantizeRequest, quantize
-quantize(QuantizeRequest(model=Path(sys.argv[1]), scheme="fp8-dynamic", out=Path(sys.argv[2]), overwrite=True),
+quantize(QuantizeRequest(model=Path(sys.argv[1]), scheme="int8-w8a8", out=Path(sys.argv[2]), overwrite=True),
          log=lambda s: print(s, flush=True))
 """
 
@@ -497,17 +497,22 @@ def test_a_quantization_child_dies_with_its_sigkilled_parent(demo_model, tmp_pat
                               stdout=subprocess.PIPE, text=True)
 
     def runner() -> list[psutil.Process]:
+        """The guard, its watcher (a fork of the guard) and the runner: every process naming the runner."""
         try:
             kids = psutil.Process(parent.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
         return [p for p in kids if "quantgate.quantize.runner" in cmdline(p)]
 
-    wait_until(lambda: len(runner()) == 2, 120)  # the guard and the runner itself
-    time.sleep(3)  # let the runner get into llmcompressor's imports
-    procs = runner()
-    pids = [p.pid for p in procs]
-    child_env = environ_of(max(pids, key=lambda p: psutil.Process(p).create_time()))
+    def proper() -> list[int]:
+        """The runner itself: exec'd, so its command line no longer names the guard."""
+        return [p.pid for p in runner() if "procguard" not in cmdline(p)]
+
+    wait_until(lambda: bool(proper()), 120)
+    time.sleep(3)  # let the runner get into llmcompressor's imports (int8-w8a8 calibrates: it runs far longer)
+    pids, child = [p.pid for p in runner()], proper()
+    assert len(child) == 1 and len(pids) >= 2, f"the runner ended before the kill: {parent.poll()=}, {pids=}"
+    child_env = environ_of(child[0])
     assert not set(SECRETS) & set(child_env) and child_env["TOKENIZERS_PARALLELISM"] == "false"
     parent.send_signal(signal.SIGKILL)
     parent.wait()
