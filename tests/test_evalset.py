@@ -19,6 +19,7 @@ default_max_tokens: 16
 metrics:
   exact_match: {higher_is_better: true, aggregation: mean}
   chrf: {higher_is_better: true, aggregation: mean}
+categories: {factual_qa: facts, multilingual: other languages}
 """
 GOOD = {"id": "a", "category": "factual_qa", "prompt": "Capital of France?", "references": ["Paris"], "metrics": ["exact_match"]}
 
@@ -46,7 +47,7 @@ BAD = [
     ([line(prompt=..., messages=[{"role": "assistant", "content": "hi"}])], 1, "last message must have role 'user'"),
     ([GOOD, line(id="b", metrics=["bleurt"])], 2, "unknown metric 'bleurt'"),
     ([GOOD, line(id="b", metrics=["bleu"])], 2, "unknown metric 'bleu'"),  # in the table, not declared by this set
-    ([GOOD, GOOD | {"id": "b", "category": "poetry"}], 2, "unknown category 'poetry'"),
+    ([GOOD, GOOD | {"id": "b", "category": "poetry"}], 2, "category 'poetry' is not declared in the sidecar; it declares: factual_qa, multilingual"),
     ([GOOD, "{not json"], 2, "invalid JSON"),
     ([GOOD, "[1, 2]"], 2, "expected a JSON object"),
     ([line(surprise=1)], 1, "field 'surprise': Extra inputs are not permitted"),

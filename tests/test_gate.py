@@ -159,6 +159,16 @@ CASES = [
      "no eval set has category"),
     ("category-missing-optional", [("categories.arithmetic_numbers.required", False)], [("categories", {})],
      "category:", K, "PROMOTE", "skipped"),
+    # a listed primary metric no set measures, beside one that a set does: not applicable; none measured: missing
+    ("primary-metric-not-in-any-set", [("primary.metrics", ["exact_match", "numeric_match"])], [],
+     "primary:numeric_match", K, "PROMOTE", "no eval set of this release is scored with numeric_match"),
+    ("primary-no-metric-in-any-set", [("primary.metrics", ["numeric_match"])], [], "primary:numeric_match", I,
+     "INCONCLUSIVE", "no eval set measured numeric_match"),
+    # a team's own set without the category: the check does not apply (skipped), it is not missing evidence
+    ("category-not-in-any-set", [], [("categories", {"default": {"billing": {"numeric_match": stat(n=50)}}})],
+     "category:arithmetic_numbers", K, "PROMOTE", "no eval set of this release has category 'arithmetic_numbers'"),
+    ("category-in-a-set-without-its-metric", [], [("categories", {"default": {"arithmetic_numbers": {
+        "exact_match": stat(n=50)}}})], "category:arithmetic_numbers", I, "INCONCLUSIVE", "no eval set has category"),
     # --- recall ---
     ("recall-drop-harm", [], [("recall.recall.ci_low", -0.08), ("recall.recall.p_harm", 0.0001)], "recall:recall", F,
      "REJECT", "+0.0800 > limit 0.0500"),
@@ -312,7 +322,6 @@ BAD_POLICIES = [
     ("pay_off: {max_size_ratio: 0.8", "pay_off: {max_size_ratio: 0", "pay_off.max_size_ratio", "greater than 0"),
     ("judge: {margin: 0.05", "judge: {margin: 2", "judge.margin", "less than or equal to 1"),
     ("metrics: [exact_match,", "metrics: [exact_matc,", "primary.metrics", "unknown metric 'exact_matc'"),
-    ("  proper_nouns:  ", "  proper_noun:  ", "categories.proper_noun", "unknown category 'proper_noun'"),
     ("metric: chrf,", "metric: chrff,", "categories.multilingual.metric", "unknown metric"),
     ("{w4a16: 0.08, fp4: 0.08}}\n  proper", "{w4a16: 1.08, fp4: 0.08}}\n  proper",
      "categories.arithmetic_numbers.by_family.w4a16", "less than or equal to 1"),

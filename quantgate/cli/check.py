@@ -3,7 +3,8 @@
 Kinds (detected per file, or forced with --kind):
   spec     release spec YAML: a `model:` key, or a YAML file under releases/ (not releases/policies/)
   policy   gate policy YAML: `primary:` or another check key, or a YAML file under releases/policies/
-  evalset  eval set: `<name>.jsonl` with its `<name>.meta.yaml` sidecar (either file may be named); its prompts are
+  evalset  eval set: `<name>.jsonl` (or .parquet, .csv with a sidecar, a folder saved by `datasets`) with its
+           `<name>.meta.yaml` sidecar (either may be named); its prompts are
            checked against a context (an estimate of characters/4) when one is given: `--context N`, `--spec SPEC`
            (its `context`) or `--model MODEL` (its config.json's max_position_embeddings); without one a `note` says
            that lengths were not checked
@@ -39,7 +40,9 @@ import typer
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.yamlconfig import read_yaml, top_line
-from quantgate.evals.dataset import load_evalset, meta_path_for
+from quantgate.evals.dataset import load_evalset
+from quantgate.evals.setsource import is_evalset_folder, meta_path_for, samples_beside
+from quantgate.release.steps import feed_warnings
 from quantgate.gate.policy import CHECK_SECTIONS, DEFAULT_POLICY, GatePolicy, load_policy
 from quantgate.judge.review import check_csv, key_path_for, load_key
 from quantgate.release.autoschemes import local_config
@@ -108,10 +111,10 @@ def _kind_from_folder(path: Path) -> Kind | None:
 def detect_kind(path: Path) -> Kind:
     """The kind of a file from its name, its top-level keys and its folder (QuantgateError when unknown)."""
     name = path.name.lower()
-    if name.endswith(".jsonl") or name.endswith(".meta.yaml"):
+    if name.endswith((".jsonl", ".parquet", ".meta.yaml")) or (path.is_dir() and is_evalset_folder(path)):
         return Kind.evalset
     if name.endswith(".csv"):
-        return Kind.review
+        return Kind.evalset if meta_path_for(path).is_file() else Kind.review
     if not name.endswith((".yaml", ".yml")):
         raise QuantgateError("cannot tell what kind of file this is", where=str(path),
                              fix="pass --kind spec|policy|evalset|review")
@@ -166,9 +169,10 @@ class Given:
 
 
 def _check_evalset(path: Path, max_context: int | None = None) -> None:
-    if not path.is_file() and meta_path_for(path).is_file():
+    if not path.exists() and meta_path_for(path).is_file():
         raise QuantgateError("eval set not found (its sidecar is there)", where=str(path),
-                             fix="write the samples beside the sidecar: <name>.jsonl")
+                             fix="write the samples beside the sidecar: <name>.jsonl, .parquet or .csv, or a "
+                                 "datasets folder <name>")
     load_evalset(path, max_context=max_context)
 
 
@@ -257,7 +261,7 @@ def _check_one(path: Path, kind: Kind, done: set[Path], given: Given | None = No
     """(kind, path, error or None) for the file and, for a spec, every file it names; files in `done` are skipped."""
     given = given or Given()
     if kind is Kind.evalset and path.name.endswith(".meta.yaml"):
-        path = path.with_name(path.name.removesuffix(".meta.yaml") + ".jsonl")
+        path = samples_beside(path)
     if path.resolve() in done:
         return []
     done.add(path.resolve())
@@ -273,6 +277,9 @@ def _check_one(path: Path, kind: Kind, done: set[Path], given: Given | None = No
                 done.add(es.resolve())
                 results.append(_attempt(Kind.evalset, es, _check_evalset, es, max_context=value.context)[0])
         results += _check_one(value.policy or DEFAULT_POLICY, Kind.policy, done, given)
+        if all(err is None for _, _, err in results):
+            for warning in feed_warnings(value):  # the policy's checks its eval sets cannot feed (stderr, not fatal)
+                print(f"warning spec {_show(path)}: unfed check {warning}", file=sys.stderr, flush=True)
     return results
 
 
@@ -348,7 +355,7 @@ def _report(results: list[Result]) -> int:
 
 def check(
     paths: Annotated[list[Path], typer.Argument(help="files to check: release specs, gate policies, eval sets "
-                                                     "(.jsonl), human-review CSVs", show_default=False)],
+                                                     "(.jsonl, .parquet, a datasets folder), human-review CSVs", show_default=False)],
     kind: Annotated[Kind | None, typer.Option(help="the kind of every PATH (default: detected per file)")] = None,
     context: Annotated[int | None, typer.Option(min=1, help="served context in tokens: eval-set prompts "
                                                    "(characters/4) plus max_tokens must fit it")] = None,
@@ -366,9 +373,13 @@ def check(
     given, errors = _given(context, spec, model, review_key)
     bad = _report(errors)
     for path in paths:
-        if path.is_dir():
-            results: list[Result] = [(kind, path, QuantgateError("is a folder", where=str(path),
-                                                                 fix="name the files, e.g. releases/*.yaml"))]
+        results: list[Result]
+        if path.is_dir() and (kind is Kind.evalset or (kind is None and is_evalset_folder(path))):
+            results = _check_one(path, Kind.evalset, done, given)
+        elif path.is_dir():
+            results = [(kind, path, QuantgateError("is a folder", where=str(path), fix="name the files, e.g. "
+                                                   "releases/*.yaml (a folder saved by datasets is an eval set when "
+                                                   "its <name>.meta.yaml sidecar is beside it)"))]
         elif not path.exists():
             results = [(kind, path, QuantgateError("a symlink loop" if _is_loop(path) else "file not found",
                                                    where=str(path), fix="check the path"))]

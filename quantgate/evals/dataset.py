@@ -1,15 +1,21 @@
-"""Eval sets: a JSONL file of samples plus a `<name>.meta.yaml` sidecar; schema in eval_sets/README.md.
+"""Eval sets: samples plus a `<name>.meta.yaml` sidecar; schema in eval_sets/README.md.
 
-`load_evalset` checks every line first (JSON syntax and the parser's limits: nesting, digits; fields, duplicate ids,
-empty prompts, unknown metrics or categories, prompts too long for the served context) and reports ALL problems
-with file and line; then it loads the file through Hugging Face `datasets` (which knows no line numbers) and checks
-that its rows are those samples.
+The samples come as teams keep them: a JSONL file (one sample per line, the schema's own field names), or, with a
+`source` section in the sidecar, a JSONL, Parquet or CSV file, a folder saved by `datasets` (`save_to_disk`), or a
+log of chat traffic in OpenAI's messages format (`format: chat`: each conversation's last assistant turn is the
+reference, the turns before it the prompt). `source.columns` maps the set's columns onto the sample fields and
+`source.defaults` fills fields a set has no column for (one category, the metrics). The set declares its own
+categories in the sidecar (`categories`); a set without that list accepts any category name.
+
+`load_evalset` checks every row first (for JSONL, every line: JSON syntax and the parser's limits; then fields,
+duplicate ids, empty prompts, unknown metrics or undeclared categories, prompts too long for the served context)
+and reports ALL problems with file and line (or row); Parquet, CSV and `datasets` folders are read through Hugging
+Face `datasets`, and a plain JSONL set is loaded through it afterwards and checked to give the same samples.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,14 +25,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from quantgate.base.errors import ConfigError, did_you_mean
-from quantgate.base.paths import EVAL_SETS
-from quantgate.base.yamlconfig import describe_error, load_model, not_utf8, read_bytes, read_yaml
+from quantgate.base.yamlconfig import describe_error, load_model, read_bytes
 from quantgate.evals.metrics import MetricSpec, TABLE, load_table
+from quantgate.evals.setsource import Row, Source, format_of, mapped_row, meta_path_for, rows_of_lines, rows_of_table
 
-CATEGORIES_FILE = EVAL_SETS / "categories.yaml"
 MAX_PROBLEMS_SHOWN = 40
-
-
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant"]
@@ -75,13 +78,17 @@ class MetricDecl(BaseModel):
 
 
 class SetMeta(BaseModel):
-    """`<name>.meta.yaml`: the set's version and the metrics it uses (which must agree with the metric table)."""
+    """`<name>.meta.yaml`: the set's version, the metrics it uses (which must agree with the metric table), the
+    categories it declares and, for data in another shape, its `source`."""
     model_config = ConfigDict(extra="forbid")
     name: str
     version: int = Field(ge=1)
     description: str = ""
     default_max_tokens: int = Field(default=32, ge=1)
     metrics: dict[str, MetricDecl] = Field(min_length=1)
+    categories: dict[str, str] | None = Field(None, description="category -> what it holds; samples must use "
+                                              "these (absent: any name)")
+    source: Source | None = None
 
     @field_validator("metrics")
     @classmethod
@@ -112,18 +119,25 @@ class EvalSet:
     path: Path
     meta: SetMeta
     samples: list[Sample]
-    lines: dict[str, int]  # id -> 1-based line in the JSONL
-    sha256: str  # of the JSONL bytes and the sidecar bytes
+    lines: dict[str, int]  # id -> 1-based line of a JSONL file, or row of a table
+    sha256: str  # of the set's bytes (every file of a folder) and the sidecar's
     dataset: Any = field(repr=False, default=None)  # the datasets.Dataset the samples came from
 
     def max_tokens(self, s: Sample) -> int:
         return s.max_tokens or self.meta.default_max_tokens
 
     def load_dataset(self):
-        """Load the file through Hugging Face `datasets` and check that its rows are the validated samples."""
+        """The set as a `datasets.Dataset`. A plain JSONL set is loaded through `datasets` here and checked to hold
+        the validated samples; a mapped JSONL set or a chat log becomes one from its samples (Parquet, CSV and
+        folders were read through `datasets` already)."""
+        if self.dataset is not None:
+            return self.dataset
         import datasets
 
         datasets.disable_progress_bars()
+        if self.meta.source is not None and not self.meta.source.plain:  # a mapped JSONL or a chat log: its samples
+            self.dataset = datasets.Dataset.from_list([s.model_dump(exclude_none=True) for s in self.samples])
+            return self.dataset
         try:
             ds = datasets.load_dataset("json", data_files=str(self.path), split="train")
         except Exception as exc:  # noqa: BLE001 - pyarrow type conflicts between lines, mostly
@@ -160,91 +174,56 @@ def stratified_subset(samples: list, limit: int | None) -> list:
     return [s for s in samples if id(s) in chosen]
 
 
-def meta_path_for(path: Path) -> Path:
-    """`eval_sets/default.jsonl` -> `eval_sets/default.meta.yaml`."""
-    return path.with_name(path.name.removesuffix(".jsonl") + ".meta.yaml")
-
-
-def load_categories(path: Path = CATEGORIES_FILE) -> set[str]:
-    data, _ = read_yaml(path)
-    if not isinstance(data, dict) or not data:
-        raise ConfigError("expected a mapping of category name -> description", where=f"{path}:1")
-    return set(data)
-
-
 def _field_problem(err: Mapping[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"])
     msg = describe_error(err, Sample)
     return f"field '{loc}': {msg}" if loc else msg
 
 
-def _jsonl_lines(path: Path) -> list[tuple[int, str | None, str | None]]:
-    """(line number, text, problem) per line of a JSONL file: UTF-8, a byte-order mark and CRLF accepted; a line
-    that is not UTF-8 has no text and a problem naming its column."""
-    data = read_bytes(path).removeprefix(b"\xef\xbb\xbf")
-    out: list[tuple[int, str | None, str | None]] = []
-    for no, raw in enumerate(data.split(b"\n"), start=1):
-        try:
-            out.append((no, raw.decode("utf-8"), None))
-        except UnicodeDecodeError as exc:
-            out.append((no, None, not_utf8(exc, raw, path, no).message))
-    return out
-
-
-def parse_json_line(raw: str) -> tuple[Any, str | None]:
-    """One JSONL line -> (value, None), or (None, the problem): bad syntax, and the parser's limits (nesting deeper
-    than Python's stack allows, a number of more than 4300 digits), which are the input's fault, not quantgate's."""
-    try:
-        return json.loads(raw), None
-    except json.JSONDecodeError as exc:
-        return None, f"invalid JSON: {exc.msg} (column {exc.colno})"
-    except RecursionError:
-        return None, ("invalid JSON: nested too deeply for the parser (arrays or objects inside each other); "
-                      "a sample nests at most 3 levels")
-    except ValueError as exc:  # int("1" * 5000): Python's limit on digits
-        return None, f"invalid JSON: a value Python cannot read: {str(exc).split('; use sys.', 1)[0]}"
-
-
-def check_lines(
-    path: Path,
+def _check_rows(
+    rows: list[Row],
     meta: SetMeta,
-    categories: set[str],
+    fmt: str,
     *,
     max_context: int | None = None,
     count_tokens: Callable[[str], int] = estimate_tokens_chars4,
 ) -> tuple[list[str], list[Sample], dict[str, int]]:
-    """Every problem in the JSONL as 'file:line: message'; the valid samples; id -> line of each."""
+    """Every problem of the rows as 'where: message'; the valid samples; id -> line (or row) of each."""
     problems: list[str] = []
     samples: list[Sample] = []
     lines: dict[str, int] = {}
+    source = meta.source or Source()
+    strict = source.plain and fmt == "jsonl"  # the schema's own JSON: "32" is no integer, no other field accepted
+    categories = meta.categories
     label = getattr(count_tokens, "label", getattr(count_tokens, "__name__", "tokenizer"))
-    for no, raw, bad in _jsonl_lines(path):
-        at = f"{path}:{no}"
-        if raw is None:
-            problems.append(f"{at}: {bad}")
-            continue
-        if not raw.strip():
-            continue
-        obj, bad = parse_json_line(raw)
+    for at, no, obj, bad in rows:
         if bad:
             problems.append(f"{at}: {bad}")
             continue
-        if not isinstance(obj, dict):
+        if not isinstance(obj, Mapping):
             problems.append(f"{at}: expected a JSON object, got {type(obj).__name__}")
             continue
+        if not strict:
+            obj, found = mapped_row(obj, source, fmt)
+            if found:
+                problems.extend(f"{at}: {p}" for p in found)
+                continue
+            obj.setdefault("id", f"row-{no}")
+            if isinstance(obj["id"], int) and not isinstance(obj["id"], bool):
+                obj["id"] = str(obj["id"])
         if isinstance(obj.get("id"), str) and obj["id"] in lines:
-            problems.append(f"{at}: duplicate id {obj['id']!r} (first at line {lines[obj['id']]})")
+            problems.append(f"{at}: duplicate id {obj['id']!r} (first at {'line' if strict else 'row'} {lines[obj['id']]})")
         try:
-            s = Sample.model_validate(obj, strict=True)  # JSON types as they are: "32" is no integer
+            s = Sample.model_validate(obj, strict=strict)
         except ValidationError as exc:
             problems.extend(f"{at}: {_field_problem(e)}" for e in exc.errors())
             continue
         if s.id not in lines:
             lines[s.id] = no
             samples.append(s)
-        if s.category not in categories:
-            problems.append(f"{at}: field 'category': unknown category {s.category!r}{did_you_mean(s.category, categories)};"
-                            f" known: {', '.join(sorted(categories))}")
+        if categories is not None and s.category not in categories:
+            problems.append(f"{at}: field 'category': category {s.category!r}{did_you_mean(s.category, categories)} "
+                            f"is not declared in the sidecar; it declares: {', '.join(sorted(categories))}")
         for i, m in enumerate(s.metrics):
             if m not in meta.metrics:
                 problems.append(f"{at}: field 'metrics.{i}': unknown metric {m!r}{did_you_mean(m, meta.metrics)}; "
@@ -261,9 +240,15 @@ def check_lines(
 
 
 def file_sha256(*paths: Path) -> str:
+    """Of the files' bytes in order; a folder counts as its files in sorted order (their relative names too)."""
     h = hashlib.sha256()
-    for p in paths:
-        h.update(read_bytes(Path(p)))
+    for p in map(Path, paths):
+        if p.is_dir():
+            for f in sorted(x for x in p.rglob("*") if x.is_file()):
+                h.update(str(f.relative_to(p)).encode() + b"\0")
+                h.update(read_bytes(f))
+        else:
+            h.update(read_bytes(p))
     return h.hexdigest()
 
 
@@ -272,28 +257,36 @@ def load_evalset(
     *,
     max_context: int | None = None,
     count_tokens: Callable[[str], int] = estimate_tokens_chars4,
-    categories_file: Path = CATEGORIES_FILE,
     with_dataset: bool = True,
 ) -> EvalSet:
-    """Validate and load an eval set; a ConfigError lists every problem with file and line.
+    """Validate and load an eval set; a ConfigError lists every problem with file and line (or row).
 
-    With `with_dataset=False` the `datasets` load is left to a later `EvalSet.load_dataset()` call (the eval
-    run does it in a background thread, so that importing `datasets` does not delay the first request).
+    With `with_dataset=False` a plain JSONL set's `datasets` load is left to a later `EvalSet.load_dataset()` call
+    (the eval run does it in a background thread, so that importing `datasets` does not delay the first request);
+    the other formats are read through `datasets` in any case.
     """
 
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError("eval set not found", where=str(path), fix="give the path of a .jsonl eval set")
+    if not path.exists():
+        raise ConfigError("eval set not found", where=str(path),
+                          fix="give the path of an eval set: a .jsonl, .parquet or .csv file, or a datasets folder")
     meta_path = meta_path_for(path)
     if not meta_path.is_file():
         raise ConfigError(
             "eval set has no sidecar", where=str(meta_path),
-            fix="write it beside the JSONL: name, version, metrics (see eval_sets/README.md)",
+            fix="write it beside the samples: name, version, metrics (see eval_sets/README.md)",
         )
     meta = load_model(meta_path, SetMeta)
-    problems, samples, lines = check_lines(
-        path, meta, load_categories(categories_file), max_context=max_context, count_tokens=count_tokens
-    )
+    fmt = format_of(path, meta.source)
+    if path.is_dir() and fmt != "datasets":
+        raise ConfigError(f"is a folder, but the sidecar says source.format {fmt}", where=str(path),
+                          fix="name the file, or set source.format: datasets for a folder saved by datasets")
+    dataset = None
+    if fmt == "jsonl" or (fmt == "chat" and path.name.endswith(".jsonl")):
+        rows = rows_of_lines(path)
+    else:
+        rows, dataset = rows_of_table(path, fmt, (meta.source or Source()).split)
+    problems, samples, lines = _check_rows(rows, meta, fmt, max_context=max_context, count_tokens=count_tokens)
     if not samples and not problems:
         problems.append(f"{path}:1: the eval set has no samples")
     if problems:
@@ -302,9 +295,10 @@ def load_evalset(
         head = shown[0].split(": ", 1)
         raise ConfigError(
             f"{len(problems)} problem(s) in the eval set: {head[1]}" + "".join(f"\n  {p}" for p in shown[1:]),
-            where=head[0], fix="correct the lines named above (schema: eval_sets/README.md)",
+            where=head[0], fix="correct the rows named above (schema: eval_sets/README.md)" if dataset is not None
+            else "correct the lines named above (schema: eval_sets/README.md)",
         )
-    es = EvalSet(path, meta, samples, lines, file_sha256(path, meta_path))
+    es = EvalSet(path, meta, samples, lines, file_sha256(path, meta_path), dataset)
     if with_dataset:
         es.load_dataset()
     return es

@@ -30,9 +30,14 @@ def _primary_items(policy: GatePolicy, ev: GateEvidence, family: str) -> list[Ta
     assert p is not None
     lim: DropLimit = p.families[family]
     bound, out = policy.bound_of(p), []
+    measured = {m for per_set in ev.metrics.values() for m in per_set}
     for metric in p.metrics:
         found = [(s, m[metric]) for s, m in sorted(ev.metrics.items()) if metric in m]
-        if not found:
+        if not found and measured & set(p.metrics):  # the primary metrics are those of the list a set measures
+            out.append(TaskItem(f"primary:{metric}", None, lim.kind, lim.value, bound, p.required, not_fed=(
+                f"not applicable: no eval set of this release is scored with {metric} (primary metrics are every "
+                f"listed metric a set measures; measured here: {', '.join(sorted(measured & set(p.metrics)))})")))
+        elif not found:
             out.append(TaskItem(f"primary:{metric}", None, lim.kind, lim.value, bound, p.required,
                                 why_missing=_gap(ev, "compare", f"no eval set measured {metric}")))
         out += [TaskItem(f"primary:{s}/{metric}", st, lim.kind, lim.value, bound, p.required) for s, st in found]
@@ -50,7 +55,12 @@ def _category_items(policy: GatePolicy, ev: GateEvidence, family: str | None) ->
     for cat, c in policy.categories.items():
         bound, limit = policy.bound_of(c), c.limit_for(family)
         found = [(s, cats[cat][c.metric]) for s, cats in sorted(ev.categories.items()) if c.metric in cats.get(cat, {})]
-        if not found:
+        if not found and ev.categories and not any(cat in cats for cats in ev.categories.values()):
+            have = sorted({k for cats in ev.categories.values() for k in cats})
+            out.append(TaskItem(f"category:{cat}/{c.metric}", None, c.kind, limit, bound, c.required, not_fed=(
+                f"not applicable: no eval set of this release has category {cat!r} (its sets have: "
+                f"{', '.join(have)}); the policy's category checks apply to the categories a set has")))
+        elif not found:
             out.append(TaskItem(f"category:{cat}/{c.metric}", None, c.kind, limit, bound, c.required,
                                 why_missing=_gap(ev, "compare", f"no eval set has category {cat} scored with {c.metric}")))
         out += [TaskItem(f"category:{s}/{cat}/{c.metric}", st, c.kind, limit, bound, c.required) for s, st in found]

@@ -69,9 +69,14 @@ def warnings(rows: list[Sizing]) -> list[str]:
     below = [r for r in rows if r.below]
     if not below:
         return []
-    parts = "; ".join(f"{r.check} limit {r.limit:.1%} < MDD {r.mdd:.1%} at n={r.n} (needs ~{r.needs})" for r in below)
+    parts = "; ".join(f"{r.check} limit {r.limit:.1%} < {_mdd(r.mdd)} at n={r.n} (needs ~{r.needs})" for r in below)
     return [f"{len(below)} task checks cannot prove their limits at this size and only detect harm, so fidelity "
             f"carries the proof: {parts}"]
+
+
+def _mdd(mdd: float) -> str:
+    """The minimum detectable drop in words: a relative drop above 100% is no drop a score can have."""
+    return f"MDD {mdd:.1%}" if mdd <= 1 else "MDD > 100% (not even a total loss would be detected)"
 
 
 def recall_sizing(policy: GatePolicy, n: int, *, other_checks: int, base: float = 0.5, discordance: float = 0.10,

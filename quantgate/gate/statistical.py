@@ -70,6 +70,7 @@ class TaskItem:
     pooled: bool = False
     why_missing: tuple[str, str | None] = ("", None)
     recall: bool = False  # a recall check: its own Holm family when the policy gives recall a share
+    not_fed: str | None = None  # why no eval set can feed it (a category none of the sets has): skipped, not missing
 
     def family(self, recall_share: float) -> str:
         """Its Holm family: pooled, recall (only with a recall share; else among the others) or other."""
@@ -156,6 +157,10 @@ def task_checks(items: list[TaskItem], policy: GatePolicy, proven: bool) -> list
         for rank, n in enumerate(sorted(ps, key=lambda k: ps[k])):
             levels[n] = holm_level(rank, len(ps), alpha) if alpha > 0 else 0.0
     for item in items:
+        if item.stat is None and item.not_fed:
+            out.append(Check(name=item.name, measured="not applicable", limit=item.limit, bound=item.bound,
+                             required=item.required, outcome="skipped", reason=item.not_fed))
+            continue
         if item.stat is None:
             out.append(missing(item.name, item.required, *item.why_missing, limit=item.limit, bound=item.bound))
             continue

@@ -24,6 +24,8 @@ from pathlib import Path
 from quantgate.base.runfiles import MANIFEST, PERF
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import results_dir
+from quantgate.evals.dataset import file_sha256
+from quantgate.evals.setsource import meta_path_for
 from quantgate.evals.lmeval import settings as lmeval_settings
 from quantgate.evals.lmeval_tasks import LmEvalSpec, set_name, task_digest
 from quantgate.perf.models import ProbeSettings
@@ -64,7 +66,9 @@ def variant_cache(variant: Variant, config, engine: str, run: Path) -> Path:
 
 
 def eval_dir(cache: Path, evalset: Path, limit: int | None) -> Path:
-    digest = hashlib.sha256(evalset.read_bytes()).hexdigest()[:12]
+    """An eval set's folder, keyed by its samples and sidecar (every file of a datasets folder; the sidecar's
+    column mapping decides what the samples are) and the eval limit."""
+    digest = file_sha256(evalset, meta_path_for(evalset))[:12]
     return cache / "evals" / f"{evalset.stem}-{digest}-{limit or 'all'}"
 
 
@@ -98,7 +102,7 @@ def perf_settings(spec: ReleaseSpec) -> ProbeSettings:
             raise QuantgateError("perf.lengths is eval_sets but the spec lists no eval set", where="perf.lengths",
                                  fix="list an eval set in `eval_sets`, or use `lengths: given`")
         es = spec.eval_sets[0]
-        name = f"{es.stem}-{hashlib.sha256(es.read_bytes()).hexdigest()[:12]}-{spec.eval.limit or 'all'}.json"
+        name = f"{es.stem}-{file_sha256(es, meta_path_for(es))[:12]}-{spec.eval.limit or 'all'}.json"
         s = s.model_copy(update={"requests": str(write_requests(es, results_dir() / "cache" / "perf-requests" / name,
                                                                 spec.eval.limit))})
     return s

@@ -20,6 +20,7 @@ promoted (quantgate.release.ladder); schemes never reached have no folder and ar
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,10 @@ from quantgate.base.fileio import is_locked, lock, lock_holder, write_json
 from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.evals.comparefile import Comparison
 from quantgate.gate.decisionfile import overall
+from quantgate.evals.metrics import load_table
+from quantgate.fidelity.run import CONTEXT_PREFIX
 from quantgate.gate.evidence import gate_run
+from quantgate.gate.feeding import Feed, SetShape, unfed
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizing import sizing
 from quantgate.gate.sizing import warnings as size_warnings
@@ -104,6 +108,31 @@ def sizing_warnings(spec: ReleaseSpec) -> list[str]:
         counts["pooled"] = counts["primary"]
     families = {f for s in [*spec.schemes, *(c.scheme for c in spec.candidates)] if (f := policy.primary.family_of(s))}
     return [f"{f}: {w}" for f in sorted(families) for w in size_warnings(sizing(policy, f, counts))]
+
+
+def feed_warnings(spec: ReleaseSpec) -> list[str]:
+    """The policy's checks that this spec's eval sets cannot feed, or feed too thinly to judge
+    (quantgate.gate.feeding): said at `--check`, `quantgate check` and the start of a release."""
+    policy = load_policy(policy_path(spec))
+    shapes, everything = [], []
+    for path in spec.eval_sets:
+        samples = stratified_subset(load_evalset(path, with_dataset=False).samples, spec.eval.limit)
+        scored: dict[str, Counter[str]] = {}
+        for s in samples:
+            scored.setdefault(s.category, Counter()).update(set(s.metrics))
+        shapes.append(SetShape(path.name, scored))
+        everything += samples
+    fidelity = None
+    if spec.fidelity is not None:
+        fidelity = Counter(s.category for s in stratified_subset(everything, spec.fidelity.limit))
+        if spec.recall is not None and spec.fidelity.context_prompts:  # its haystacks: a slice per recall length
+            fidelity.update({f"{CONTEXT_PREFIX}{n}": spec.fidelity.context_prompts for n in spec.recall.lengths})
+    binary = {name for name, m in load_table().items() if m.binary}
+    measured = {name for name in ("recall", "fidelity", "judge", "perf") if getattr(spec, name) is not None}
+    r = spec.recall
+    needles = {n: len(r.depths) * len(r.kinds) * r.samples for n in r.lengths} if r is not None else None
+    repeats = spec.perf.settings(spec.workload, spec.hardware, spec.concurrency).repeats if spec.perf else None
+    return unfed(policy, Feed(shapes, binary, fidelity, measured, needles, repeats))
 
 
 def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity: bool, tokenizer: Path | None = None,
