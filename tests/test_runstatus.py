@@ -74,8 +74,10 @@ def test_a_cause_inside_the_error_text_and_interrupts_and_completion(tmp_path):
                              "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     assert load_status(run).root_cause == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     with pytest.raises(KeyboardInterrupt), recording_status(run):
-        raise KeyboardInterrupt
-    assert load_status(run).status == "interrupted"
+        with timed(run, "quantize int8-w8a8"):  # the step it cut short is named, the bare interrupt without ": "
+            raise KeyboardInterrupt
+    st = load_status(run)
+    assert (st.status, st.step, st.error) == ("interrupted", "quantize int8-w8a8", "KeyboardInterrupt")
     with recording_status(run) as done:
         done["decision"] = "REJECT"
     assert (load_status(run).status, load_status(run).decision) == ("completed", "REJECT")
@@ -98,8 +100,12 @@ def test_the_report_dashboard_and_show_say_failed_with_the_cause(tmp_path):
     assert "no candidate found" not in html and "int8-w8a8" in html  # the spec's candidate, though never measured
     md = (failed / "report.md").read_text()
     assert "**FAILED**" in md and "SafetensorError" in md
-    row = next(ln for ln in index.read_text().splitlines() if 'data-decision="FAILED"' in ln)
-    assert row
+    dash = index.read_text()
+    assert 'data-decision="FAILED"' in dash
+    # the dashboard says how it ended, beside the badge; the run that measured nothing has no trend block
+    assert "failed in serve and measure baseline: SafetensorError: Error while deserializing header" in dash
+    assert "on ? (" not in dash and dash.count("Trends across releases") == 1
+    assert "<summary>Not written before the run ended (" in html and "Gaps in the evidence" not in html
     res = CliRunner().invoke(app, ["show", "r-failed", "--results", str(results)])
     assert res.exit_code == 0 and "FAILED" in res.output and "failed in step serve and measure baseline" in res.output
     assert "SafetensorError" in res.output

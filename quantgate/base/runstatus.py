@@ -32,7 +32,8 @@ class RunStatus(BaseModel):
     status: Literal["completed", "failed", "interrupted"]
     finished: str                      # ISO time the status was written
     decision: str | None = None        # completed: the release's decision
-    step: str | None = None            # failed: the step that failed (timings.json's name), when one did
+    step: str | None = None            # failed: the step that failed (timings.json's name), when one did;
+                                       # interrupted: the step it cut short
     error: str | None = None           # the error as raised
     root_cause: str | None = None      # the first error in the failing child's or server's log, else the error's cause
     log: str | None = None             # the log that holds it

@@ -159,9 +159,12 @@ def failure_fields(run: Path, exc: BaseException) -> dict[str, Any]:
     """What status.json says of a release that raised `exc`: interrupted, or failed with the step (the first that
     failed in timings.json), the error, its root cause (the first exception in the failing server's log, else in
     the error's own text, else the exception it came from) and that log."""
+    failed = sorted((r for r in timings(run) if r.get("status") in ("failed", "stopped")), key=lambda r: r.get("start", 0))
     if stopping() or any(t.__name__ in _INTERRUPTS for t in type(exc).__mro__):
-        return {"status": "interrupted", "error": f"{type(exc).__name__}: {exc}"}
-    failed = sorted((r for r in timings(run) if r.get("status") == "failed"), key=lambda r: r.get("start", 0))
+        said = str(exc).strip()  # a step cut short by the interrupt: the one the run was in
+        return {"status": "interrupted", "step": failed[0]["step"] if failed else None,
+                "error": f"{type(exc).__name__}: {said}" if said else type(exc).__name__}
+    failed = [r for r in failed if r.get("status") == "failed"]
     message = exc.message if isinstance(exc, QuantgateError) else str(exc)
     log = getattr(exc, "log_path", None)
     cause = root_cause_in_log(log) if log else None

@@ -19,6 +19,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
+from quantgate.base.runstatus import load_status
 from quantgate.report import charts
 from quantgate.report.page import TEMPLATES, _env, write_report
 from quantgate.report.runview import ENDED, run_folders
@@ -31,6 +32,17 @@ DECISION_ORDER = {"PROMOTE": 0, "REJECT": 1, "INCONCLUSIVE": 2, "FAILED": 3, "IN
 def _ended(run_decision: str | None) -> str | None:
     """A run that ended without a decision shows how it ended (FAILED, INTERRUPTED) on each of its candidates."""
     return run_decision if run_decision in ENDED else None
+
+
+def _how_it_ended(folder: Path) -> str | None:
+    """One line for a run that ended without a decision: the step, the root cause (else the error), the signal."""
+    st = load_status(folder)
+    if st is None or st.status == "completed":
+        return None
+    where = f" in {st.step}" if st.step else ""
+    why = st.root_cause or st.error or ""
+    said = f"{'failed' if st.status == 'failed' else 'interrupted'}{where}" + (f": {why}" if why else "")
+    return said + (f" ({st.signal})" if st.signal else "")
 
 
 def build(results: Path | str, db: Path | str | None = None, *, log=print) -> Path:
@@ -57,10 +69,13 @@ def _series(rows: list[dict]) -> dict[str, list[tuple]]:
 
 
 def trends(store: Store) -> list[dict]:
-    """One block per (model, hardware, scheme): metric deltas and size/throughput ratios over the runs, oldest first."""
+    """One block per (model, hardware, scheme): metric deltas and size/throughput ratios over the runs, oldest first
+    (runs that ended without a decision are left out: they measured nothing to trend)."""
     blocks = []
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for c in store.candidates():
+        if c["decision"] is None:  # a run that ended before its gate: nothing to trend
+            continue
         groups[(c["model"], c["hardware"] or "?", c["scheme"] or c["candidate"])].append(c)
     for (raw_model, hardware, scheme), cands in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         runs, model = {c["run_id"] for c in cands}, raw_model or "?"
@@ -84,10 +99,12 @@ def render(store: Store, results: Path, out_dir: Path) -> str:
         mine = [c for c in cands if c["run_id"] == r["run_id"]] if r["run_id"] in with_cands else [
             {"candidate": None, "scheme": None, "decision": r["decision"], "needs": None, "size_ratio": None,
              "throughput_ratio": None, "recall_delta": None, "judge_net": None}]
+        ended = _how_it_ended(Path(r["folder"])) if _ended(r["decision"]) else None
         for c in mine:
             rows.append({**r, **{k: c[k] for k in ("candidate", "scheme", "needs", "size_ratio", "throughput_ratio",
                                                    "recall_delta", "judge_net")},
-                         "cand_decision": str(c["decision"] or _ended(r["decision"]) or "UNKNOWN"), "href": href})
+                         "cand_decision": str(c["decision"] or _ended(r["decision"]) or "UNKNOWN"), "href": href,
+                         "ended": ended})
     rows.reverse()  # newest first
     options = {k: sorted({str(r[k]) for r in rows if r[k]}) for k in ("model", "scheme", "hardware")}
     options["decision"] = sorted({r["cand_decision"] for r in rows}, key=lambda v: (DECISION_ORDER.get(v, 9), v))
