@@ -1,5 +1,6 @@
 """The model card of a promoted entry: rendered from the run folder, its serve line the one quantgate serves with,
-written into the registry entry and covered by the entry's hashes (verify_entry notices a changed card)."""
+written into the registry entry and covered by the entry's hashes (verify_entry notices a changed card). Its front
+matter is what huggingface_hub reads: the tests parse it with ModelCard and compare it with ModelCardData/EvalResult."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 from _publish_fixtures import CAND, EXTRA_ARGS, gated_run
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from quantgate.base.errors import QuantgateError
 from quantgate.plan.models import Plan
 from quantgate.release import registry
-from quantgate.report.modelcard import (CARD, CardCheck, CardInputs, Serving, card_inputs, checks_of, command_line,
-                                        render_card)
+from quantgate.report.modelcard import (CARD, CardCheck, CardInputs, CardScore, Serving, base_model_of, card_inputs,
+                                        card_metadata, checks_of, command_line, render_card)
 from quantgate.serving.server import config_from_plan
 from quantgate.target.catalogue import checkpoint_hash
 
@@ -112,3 +116,152 @@ def test_the_registry_entry_holds_the_card_and_verify_covers_it(run, tmp_path):
     (entry / CARD).unlink()
     with pytest.raises(QuantgateError, match="README.md is missing"):
         registry.verify_entry(entry)
+
+
+# --- the front matter ---------------------------------------------------------------------------------------------
+
+HUB_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def _front(card: str) -> dict:
+    """The card's front matter as yaml.safe_load reads it (the card must start with it)."""
+    head, sep, _ = card.partition("\n---\n")
+    assert head.startswith("---\n") and sep, card[:200]
+    return yaml.safe_load(head[len("---\n"):])
+
+
+def _baseline(folder: Path, readme: str | None = None, config: dict | None = None) -> Path:
+    """The baseline checkpoint the run's baseline evidence names, given a README.md and config.json."""
+    base = Path(json.loads((folder / "baseline" / "evidence.json").read_text())["variant"]["path"])
+    base.mkdir(parents=True, exist_ok=True)
+    if readme is not None:
+        (base / "README.md").write_text(readme)
+    (base / "config.json").write_text(json.dumps(config if config is not None else {}))
+    return base
+
+
+def test_front_matter_names_the_baseline_it_was_quantized_from(run):
+    folder, _, _ = run
+    _baseline(folder, "---\nlicense: apache-2.0\nlanguage: [en]\nbase_model: HuggingFaceTB/SmolLM2-135M\n---\n# x\n",
+              {"_name_or_path": HUB_BASE})
+    meta = _front(render_card(card_inputs(folder, CAND, model="demo", version="v1")))
+    assert meta["base_model"] == HUB_BASE and meta["base_model_relation"] == "quantized"  # not the baseline's own base
+    assert meta["license"] == "apache-2.0" and "language" not in meta
+    assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
+    assert meta["tags"] == ["quantgate", "compressed-tensors", CAND]
+    assert meta["quantgate"] == {"decision": "PROMOTE", "policy": "default v1", "run": folder.name}
+
+
+@pytest.mark.parametrize("readme, config, want", [
+    ("---\nlicense: apache-2.0\n---\n", {}, {"license": "apache-2.0"}),
+    ("---\nlicense: apache-2.0\n---\n", {"license": "mit"}, {"license": "apache-2.0"}),  # its card wins
+    ("---\nlicense: other\nlicense_name: smol-license\nlicense_link: LICENSE\n---\n", {},
+     {"license": "other", "license_name": "smol-license", "license_link": "LICENSE"}),
+    ("# no front matter\nlicense: apache-2.0\n", {"license": "mit"}, {"license": "mit"}),
+    ("---\nlanguage: en\n---\n", {}, {}),
+    ("---\nlicense: [unclosed\n---\n", {}, {}),  # front matter that does not parse
+    ("---\nlicense: [mit, apache-2.0]\n---\n", {}, {}),  # not one license id
+    (None, {}, {}),
+])
+def test_the_license_is_the_baselines_own_or_none(run, readme, config, want):
+    folder, _, _ = run
+    _baseline(folder, readme, config)
+    meta = _front(render_card(card_inputs(folder, CAND, model="demo", version="v1")))
+    assert {k: meta[k] for k in ("license", "license_name", "license_link") if k in meta} == want
+
+
+def test_a_baseline_that_is_gone_or_unreadable_leaves_the_fields_out(run):
+    folder, _, _ = run
+    meta = _front(render_card(card_inputs(folder, CAND, model="demo", version="v1")))  # ckpt-base was never made
+    assert not {"base_model", "base_model_relation", "license"} & set(meta)
+    base = _baseline(folder)
+    (base / "config.json").write_text("[1, 2]")
+    (base / "README.md").write_bytes(b"---\nlicense: \xff\xfe\n---\n")
+    meta = _front(render_card(card_inputs(folder, CAND, model="demo", version="v1")))
+    assert not {"base_model", "base_model_relation", "license"} & set(meta) and meta["model-index"]
+
+
+def test_the_quantize_source_is_the_baseline_before_the_baseline_variant(run, tmp_path):
+    folder, _, _ = run
+    _baseline(folder, "---\nlicense: mit\n---\n", {"_name_or_path": "org/served-baseline"})
+    source = tmp_path / "quantized-from"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps({"_name_or_path": "org/quantized-from", "license": "llama3"}))
+    manifest = json.loads((folder / CAND / "quantization.json").read_text())
+    (folder / CAND / "quantization.json").write_text(json.dumps({**manifest, "source": {"path": str(source)}}))
+    meta = _front(render_card(card_inputs(folder, CAND, model="demo", version="v1")))
+    assert (meta["base_model"], meta["license"]) == ("org/quantized-from", "llama3")
+
+
+@pytest.mark.parametrize("where, name_or_path, spec_model, want", [
+    ("hub/models--Org--Name/snapshots/0123abc", "Other/Thing", "demo", "Org/Name"),  # the cache layout names the repo
+    ("ckpt", HUB_BASE, "demo", HUB_BASE),
+    ("ckpt", "/data/checkpoints/smol", "demo", None),
+    ("ckpt", "Smollm2 135M 8k Lc100K Mix1 Ep2", "demo", None),  # the demo's converted config: a display name
+    ("ckpt", None, "my-org/smol-ft", "my-org/smol-ft"),
+    ("ckpt", "./org/name", "./org/name", None),
+    ("ckpt", None, "/abs/org/name", None),
+    ("ckpt", None, "~/org/name", None),
+    ("ckpt", None, "a/b/c", None),
+    ("ckpt", None, "org--x/name", None),
+    (None, None, None, None),
+])
+def test_the_base_model_is_a_hub_id_or_nothing(tmp_path, where, name_or_path, spec_model, want):
+    folder = None
+    if where is not None:
+        folder = tmp_path / where
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({} if name_or_path is None else {"_name_or_path": name_or_path}))
+    assert base_model_of(folder, spec_model) == want
+
+
+def _scored(**kw) -> CardInputs:
+    return _minimal(scores={
+        "default/exact_match": CardScore(n=10, base_mean=0.5, cand_mean=0.25, delta=-0.25),
+        "long/rouge_l": CardScore(n=4, base_mean=0.4, cand_mean=0.375),
+        "default/bleu": CardScore(n=10, base_mean=0.2, cand_mean=0.125),
+        "default/contains": CardScore(n=0),  # no candidate mean: not a model-index row
+        "default/chrf": CardScore(n=3, cand_mean=float("nan")),
+    }, **kw)
+
+
+def test_the_model_index_round_trips_through_huggingface_hub():
+    c = _scored(base_model=HUB_BASE, license="apache-2.0", scheme="w4a16-gptq", policy="default v1", run="r1")
+    card = render_card(c)
+    want = [EvalResult(task_type="text-generation", dataset_type=s, dataset_name=s, metric_type=m, metric_value=v,
+                       verified=False)
+            for s, m, v in [("default", "exact_match", 0.25), ("default", "bleu", 0.125), ("long", "rouge_l", 0.375)]]
+    parsed = ModelCard(card)  # the Hub's own parser: the regex it matches front matter with, then ModelCardData
+    assert parsed.data.model_name == "m-c" and parsed.data.eval_results == want
+    assert parsed.data.base_model == HUB_BASE and parsed.data.license == "apache-2.0"
+    assert parsed.text == card.partition("\n---\n")[2]
+    front = _front(card)
+    assert model_index_to_eval_results(front["model-index"]) == ("m-c", want)
+    built = ModelCardData(**{k: v for k, v in front.items() if k != "model-index"}, eval_results=want, model_name="m-c")
+    assert built.to_dict() == front == card_metadata(c)  # what huggingface_hub would have written, key for key
+
+
+def test_the_model_index_holds_the_candidates_means_from_the_run(run):
+    folder, _, _ = run
+    results = ModelCard(render_card(card_inputs(folder, CAND, model="demo", version="v1"))).data.eval_results
+    compare = json.loads((folder / "compare" / f"{CAND}.json").read_text())
+    assert {(r.dataset_name, r.metric_type): r.metric_value for r in results} == {
+        ("default", metric): m["overall"]["cand_mean"] for metric, m in compare["default"]["metrics"].items()}
+    assert {r.task_type for r in results} == {"text-generation"} and {r.verified for r in results} == {False}
+
+
+@pytest.mark.parametrize("scores", [{}, {"default/contains": CardScore(n=0)},
+                                    {"no-set-name": CardScore(cand_mean=0.5)}])
+def test_a_card_without_scores_has_no_model_index(scores):
+    card = render_card(_minimal(scores=scores))
+    assert "model-index" not in _front(card) and ModelCard(card).data.eval_results is None
+
+
+def test_the_front_matter_is_yaml_whatever_the_names_hold():
+    c = _scored(model="a: b #c", candidate="yes", version="1.0", scheme="on", policy="no", run="0123",
+                decision="PROMOTE")
+    front = _front(render_card(c))
+    assert front["tags"] == ["quantgate", "compressed-tensors", "on"]
+    assert front["quantgate"] == {"decision": "PROMOTE", "policy": "no", "run": "0123"}
+    assert front["model-index"][0]["name"] == "a: b #c-yes"
+    assert not {"base_model", "base_model_relation", "license"} & set(front)  # nothing known, nothing invented

@@ -8,9 +8,19 @@ reader that fills CardInputs from the run folder's files:
                                         the same figures from the comparison the summary is made of)
     <run>/<candidate>/quantization.json the quantize manifest: scheme, recipe text and file, calibration, versions
     <run>/<candidate>/plan.json         the planned layout and vLLM arguments; evidence.json its served dtype;
-    <run>/run.json                      the spec (hardware, workload, serving.extra_args)
+    <run>/run.json                      the spec (hardware, workload, serving.extra_args, model)
+    the baseline's checkpoint           config.json and README.md (base model id, license) of the folder the
+                                        candidate was quantized from: the quantize manifest's source, else the
+                                        path in <run>/baseline/evidence.json
 A file that is missing (a run made before, or a promotion outside a release) leaves its section saying so; the
 card is never refused for it.
+
+The YAML front matter is the metadata the Hugging Face Hub reads: the base model and `base_model_relation: quantized`
+(only when the baseline's Hub id is known), the baseline's own license (only when its card or config states one),
+`library_name`, `pipeline_tag`, the tags, the gate's decision under `quantgate:`, and a `model-index` with the
+candidate's mean on each eval set and metric. It has the keys, order and shapes huggingface_hub's ModelCardData and
+EvalResult write (tests/test_modelcard.py builds both and compares), but is written with PyYAML: a promotion must
+not import huggingface_hub, which is imported only to publish to the Hub (quantgate.release.targets).
 
 The serving section gives the exact `vllm serve` line of the planned layout and dtype, as quantgate served the
 candidate (serving.server.plan_args, plus the spec's extra_args), without the arguments quantgate manages
@@ -20,12 +30,15 @@ candidate (serving.server.plan_args, plus the spec's extra_args), without the ar
 from __future__ import annotations
 
 import json
+import math
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
@@ -36,6 +49,11 @@ from quantgate.serving.server import plan_args
 
 CARD = "README.md"
 QUANT_MANIFEST = "quantgate-quant.json"  # quantgate.quantize.run.MANIFEST, inside the checkpoint folder
+BASELINE = "baseline"  # the baseline's folder in a run folder (quantgate.gate.evidence.BASELINE)
+TASK = "text-generation"  # the Hub's pipeline tag, and the task of every model-index row
+LIBRARY = "transformers"  # see card_metadata for why not "vllm"
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*", re.ASCII)
+_FRONT_MATTER = re.compile(r"\A\s*---\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.S)
 
 
 class _Model(BaseModel):
@@ -89,6 +107,10 @@ class CardInputs(_Model):
     workload: str | None = None
     run: str | None = None
     sha256: str | None = None
+    base_model: str | None = None     # the baseline's Hub id (org/name); None when the run does not know one
+    license: str | None = None        # the baseline's license as its card or config states it; never a default
+    license_name: str | None = None   # with `license: other`, the name and link the baseline's card gives
+    license_link: str | None = None
 
 
 # --- pure ---------------------------------------------------------------------------------------------------------
@@ -144,11 +166,54 @@ def _quantization(c: CardInputs) -> list[str]:
     return out
 
 
+def model_index(c: CardInputs) -> list[dict[str, Any]] | None:
+    """The Hub's `model-index`: one result per eval set, one metric row per `<set>/<metric>` key score, its value
+    the candidate's mean (a row holds one value; the baseline's stays in the Markdown table), `verified: false` (the
+    Hub's evaluation service did not compute it). Scores without a finite candidate mean, or whose name has no set
+    part, are left out; None when no row is left, so a card without scores has no model-index. The shape is what
+    huggingface_hub's eval_results_to_model_index makes of the same EvalResult rows."""
+    sets: dict[str, list[dict[str, Any]]] = {}
+    for key, s in c.scores.items():
+        set_name, _, metric = key.partition("/")
+        if set_name and metric and s.cand_mean is not None and math.isfinite(s.cand_mean):
+            sets.setdefault(set_name, []).append({"type": metric, "value": s.cand_mean, "verified": False})
+    if not sets:
+        return None
+    return [{"name": f"{c.model}-{c.candidate}",
+             "results": [{"task": {"type": TASK}, "dataset": {"name": name, "type": name}, "metrics": rows}
+                         for name, rows in sets.items()]}]
+
+
+def card_metadata(c: CardInputs) -> dict[str, Any]:
+    """The front matter as a mapping, keys in the order ModelCardData.to_dict() gives them; a field the run does not
+    know is left out, never guessed.
+
+    `library_name` is `transformers`, not `vllm`: the checkpoint is a transformers folder (config.json with its
+    compressed-tensors quantization_config, safetensors) that transformers loads with compressed-tensors installed,
+    and the Hub has no `vllm` library: it offers its "Use this model: vLLM" snippet for text-generation models tagged
+    `transformers`. How quantgate itself serves it is the body's `vllm serve` line. `base_model_relation` is only
+    written with a `base_model`, the model it relates to."""
+    decision = {"decision": c.decision, "policy": c.policy, "run": c.run}
+    meta: dict[str, Any] = {
+        "base_model": c.base_model, "library_name": LIBRARY, "license": c.license, "license_name": c.license_name,
+        "license_link": c.license_link, "pipeline_tag": TASK,
+        "tags": ["quantgate", "compressed-tensors", *([c.scheme] if c.scheme else [])],
+        "base_model_relation": "quantized" if c.base_model else None,
+        "quantgate": {k: v for k, v in decision.items() if v is not None},
+        "model-index": model_index(c)}
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def front_matter(c: CardInputs) -> str:
+    """card_metadata as YAML, dumped the way ModelCardData.to_yaml() dumps (block style, keys unsorted, unicode
+    kept), without the `---` lines."""
+    return yaml.safe_dump(card_metadata(c), sort_keys=False, allow_unicode=True).strip()
+
+
 def render_card(c: CardInputs) -> str:
-    """The card's Markdown (with YAML front matter the Hugging Face Hub reads as metadata)."""
-    tags = ["quantgate", "compressed-tensors", *([c.scheme] if c.scheme else [])]
+    """The card's Markdown, after its YAML front matter (the metadata the Hugging Face Hub reads: card_metadata)."""
     reasons = [f"- {r}" for r in c.reasons] or ["- every required check passed"]
-    lines = ["---", f"tags: [{', '.join(tags)}]", "---", "", f"# {c.model} {c.version}", "",
+    lines = ["", f"# {c.model} {c.version}", "",
              f"`{c.candidate}` quantized by quantgate and gated against the unquantized baseline"
              + (f" for `{c.hardware}`" if c.hardware else "") + (f", workload `{c.workload}`" if c.workload else "")
              + (f" (run `{c.run}`)." if c.run else "."), "",
@@ -163,7 +228,7 @@ def render_card(c: CardInputs) -> str:
     lines += [f"- {n}" for n in c.serving.notes] + ([""] if c.serving.notes else [])
     if c.sha256:
         lines += ["## Provenance", "", f"- content sha256 of `checkpoint/`: `{c.sha256}` (what the gate evaluated)", ""]
-    return "\n".join(lines)
+    return "---\n" + front_matter(c) + "\n---\n" + "\n".join(lines)
 
 
 def checks_of(decision: Mapping[str, Any]) -> list[CardCheck]:
@@ -214,6 +279,71 @@ def _json(path: Path) -> Any:
         return None
 
 
+def _mapping(path: Path) -> dict[str, Any]:
+    """A JSON object file, or {} when it is missing, unreadable or not an object."""
+    doc = _json(path)
+    return doc if isinstance(doc, dict) else {}
+
+
+def _card_data(path: Path) -> dict[str, Any]:
+    """The YAML front matter of a model card file, or {} when there is none or it does not parse to a mapping."""
+    try:
+        found = _FRONT_MATTER.match(path.read_text(encoding="utf-8"))
+        doc = yaml.safe_load(found.group(1)) if found else None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def hub_id(value: Any) -> str | None:
+    """`value` when it reads as a Hub model id, `org/name` (the form base_model takes), else None: a local path
+    (absolute, `./`, `~`), a display name, a bare catalogue id."""
+    if not isinstance(value, str) or not HUB_ID.fullmatch(value) or "--" in value or ".." in value:
+        return None
+    return value if all(len(part) <= 96 for part in value.split("/")) else None
+
+
+def baseline_folder(run: Path, quant: Mapping[str, Any]) -> Path | None:
+    """The unquantized checkpoint the candidate was made from: the quantize manifest's source, else the run's
+    baseline variant; None for an endpoint baseline, or a folder that is not on this machine (any more)."""
+    source = quant.get("source")
+    variant = _mapping(run / BASELINE / EVIDENCE).get("variant")
+    for path in ((source or {}).get("path") if isinstance(source, dict) else None,
+                 (variant or {}).get("path") if isinstance(variant, dict) else None):
+        if isinstance(path, str) and path and Path(path).is_dir():
+            return Path(path)
+    return None
+
+
+def base_model_of(folder: Path | None, spec_model: Any) -> str | None:
+    """The baseline's Hub id, from the first of: the Hugging Face cache layout of its folder
+    (`.../models--org--name/snapshots/<commit>`, which names the repository), `_name_or_path` in its config.json
+    (what transformers recorded loading it from), the release spec's `model` (a catalogue id or a checkpoint folder:
+    a folder given as `org/name` is taken to be named after its Hub repository). None when none reads as a Hub id
+    (the demo's catalogue id, absolute paths, display names): the card then names no base model."""
+    if folder is not None:
+        for part in reversed(folder.parts):
+            bits = part.split("--")
+            if len(bits) == 3 and bits[0] == "models" and (found := hub_id(f"{bits[1]}/{bits[2]}")):
+                return found
+        if found := hub_id(_mapping(folder / "config.json").get("_name_or_path")):
+            return found
+    return hub_id(spec_model)
+
+
+def license_of(folder: Path | None) -> dict[str, str]:
+    """The baseline's license as it states it: `license` from its README.md front matter (with `license_name` and
+    `license_link`, which a `license: other` card gives), else `license` in its config.json; {} when neither says.
+    Never a default: the quantized weights carry the baseline's license, and a card without one says nothing wrong."""
+    if folder is None:
+        return {}
+    card = _card_data(folder / CARD)
+    if isinstance(card.get("license"), str):
+        return {k: card[k] for k in ("license", "license_name", "license_link") if isinstance(card.get(k), str)}
+    config = _mapping(folder / "config.json")
+    return {"license": config["license"]} if isinstance(config.get("license"), str) else {}
+
+
 def _typed(load: Callable[[Path], Any], path: Path) -> Any:
     """A typed run-folder file through its loader, or None when it is missing or does not fit its model."""
     try:
@@ -247,6 +377,7 @@ def card_inputs(run: Path | str | None, candidate: str, *, model: str, version: 
                          list((spec.get("serving") or {}).get("extra_args") or []), name, evidence.get("serve_command"))
     versions = {k: v for k, v in (quant.get("versions") or {}).items() if isinstance(v, (str, int, float))}
     ratio = quant.get("compression_ratio")
+    base = baseline_folder(run, quant) if run else None
     return CardInputs(model=model, version=version, candidate=candidate, scheme=d.get("scheme") or quant.get("scheme"),
                       family=d.get("family"), decision=str(d.get("decision") or "unknown"),
                       reasons=[str(r) for r in d.get("reasons") or []], needs=d.get("needs"),
@@ -256,4 +387,4 @@ def card_inputs(run: Path | str | None, candidate: str, *, model: str, version: 
                       recipe_file=quant.get("recipe_file"), recipe_text=quant.get("recipe_applied"),
                       calibration=quant.get("calibration"), versions=versions, serving=serving,
                       hardware=spec.get("hardware"), workload=spec.get("workload"), run=run.name if run else None,
-                      sha256=sha256)
+                      sha256=sha256, base_model=base_model_of(base, spec.get("model")), **license_of(base))
