@@ -1,4 +1,5 @@
-"""`quantgate plan`: load the model, hardware profile and planner policy, run the planner, print or save the plan."""
+"""`quantgate plan`: load the model, hardware profile and planner policy, run the planner, print or save the plan, and
+for a plan whose replicas span nodes write a Kubernetes LeaderWorkerSet manifest (`--lws`, quantgate.plan.lws)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from quantgate.base.errors import ConfigError
+from quantgate.base.errors import ConfigError, SettingError
+from quantgate.base.fileio import write_text
 from quantgate.plan.build import build_plan
 from quantgate.plan.knobs import CudagraphMode
+from quantgate.plan.lws import VLLM_IMAGE, k8s_name, manifest_yaml, render_lws
 from quantgate.plan.models import Plan
 
 # Placeholders a printed command keeps for the user's launcher to fill (quant_recipes/planner.yaml's master_addr is
@@ -79,6 +82,36 @@ def _show(p: Plan, console: Console) -> None:
             console.print(escape(f"  note: {note}"))
 
 
+def _lws_manifest(p: Plan, *, image: str, name: str | None, namespace: str | None, model_uri: str | None,
+                  pvc: str | None, host_path: str | None) -> tuple[str, str]:
+    """(manifest text, one line saying what it holds) for `--lws`; raises before anything is written or printed.
+    The model in the pods: --model-uri, else the model folder's name inside the mounted volume (the plan's own path
+    is one on this machine, which the pods do not have)."""
+    uri = model_uri or (Path(p.model).name if pvc or host_path else None)
+    if not uri:
+        raise SettingError("no model for the pods: the plan's model is a path on this machine", setting="model_uri",
+                           fix="give --model-uri (a path inside the pods or a Hugging Face id vLLM downloads), or "
+                               "mount the weights with --model-pvc or --model-host-path")
+    set_name = name or k8s_name(Path(p.model).stem)
+    objects = render_lws(p, name=set_name, image=image, model_uri=uri, namespace=namespace, pvc=pvc,
+                         host_path=host_path)
+    spec = objects[0]["spec"]
+    what = (f"LeaderWorkerSet {set_name} ({spec['replicas']} group(s) x {spec['leaderWorkerTemplate']['size']} pods) "
+            f"and Service {objects[1]['metadata']['name']}")
+    return manifest_yaml(objects), what
+
+
+def _write_lws(path: Path, manifest: tuple[str, str], cpu_default_image: bool) -> None:
+    """Write `--lws`'s manifest and say so on stderr (stdout may be --json), with a note when a CPU plan got the
+    default (CUDA) image."""
+    write_text(path, manifest[0])
+    note = Console(stderr=True)
+    note.print(escape(f"wrote {path}: {manifest[1]}; apply it with `kubectl apply -f {path}`"), soft_wrap=True)
+    if cpu_default_image:
+        note.print(escape(f"note: {VLLM_IMAGE} is vLLM's CUDA build; a CPU plan needs --image with a CPU build"),
+                   soft_wrap=True)
+
+
 def plan(
     model: Path = typer.Option(..., "--model", help="checkpoint folder, config.json, or hypothetical model YAML"),
     hardware: str = typer.Option(..., "--hardware", help="hardware profile id (quant_recipes/hardware.yaml)"),
@@ -104,6 +137,18 @@ def plan(
     nodes_share_host: bool = typer.Option(False, "--nodes-share-host", help="CPU: the nodes are process groups on one host"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     out: Path | None = typer.Option(None, "--out", help="also write the plan JSON to this file"),
+    lws: Path | None = typer.Option(None, "--lws", help="also write a Kubernetes LeaderWorkerSet + Service manifest "
+                                    "(YAML) to this file; the plan's replicas must span nodes (docs/kubernetes.md)"),
+    image: str = typer.Option(VLLM_IMAGE, "--image", help="--lws: the pods' vLLM image (the default is the CUDA "
+                              "build; CPU plans need a CPU build)"),
+    lws_name: str | None = typer.Option(None, "--lws-name", help="--lws: the set's name (default: from the model's)"),
+    namespace: str | None = typer.Option(None, "--namespace", help="--lws: Kubernetes namespace (default: kubectl's)"),
+    model_uri: str | None = typer.Option(None, "--model-uri", help="--lws: the model as `vllm serve` gets it in the "
+                                         "pods: a path (inside the mounted volume when relative) or a Hugging Face id"),
+    model_pvc: str | None = typer.Option(None, "--model-pvc", help="--lws: PersistentVolumeClaim with the weights, "
+                                         "mounted read-only at /models in every pod"),
+    model_host_path: str | None = typer.Option(None, "--model-host-path", help="--lws: folder with the weights on "
+                                               "every node, mounted read-only at /models"),
 ) -> None:
     """Choose TP/PP/DP/EP and the vLLM arguments for a model on a hardware target, with the reasons."""
     if cudagraph_mode is not None and cudagraph_mode not in get_args(CudagraphMode):
@@ -115,7 +160,11 @@ def plan(
                    enforce_eager=enforce_eager, cudagraph_mode=cudagraph_mode,
                    cpu_cores_per_worker=cpu_cores_per_worker, master_addr=master_addr, master_port=master_port,
                    nodes_share_host=nodes_share_host)
+    manifest = _lws_manifest(p, image=image, name=lws_name, namespace=namespace, model_uri=model_uri, pvc=model_pvc,
+                             host_path=model_host_path) if lws else None
     text = json.dumps(p.model_dump(mode="json"), indent=2)
+    if lws and manifest is not None:
+        _write_lws(lws, manifest, cpu_default_image=p.kind == "cpu" and image == VLLM_IMAGE)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n", encoding="utf-8")
