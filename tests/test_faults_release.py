@@ -385,7 +385,7 @@ STOPPED_PARENT = textwrap.dedent("""
     import subprocess, sys, time
     from quantgate.release import stopping
     stopping.GRACE_S = 1.0
-    with stopping.on_stop_signals():
+    with stopping.on_stop_signals(stopping.STOP_SIGNALS):  # what a release sets: SIGTERM, SIGHUP, SIGINT
         kids = [subprocess.Popen(["sleep", "300"]),                                  # a plain child
                 subprocess.Popen(["sleep", "301"], start_new_session=True),          # its own session and group
                 subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 302 & wait"]),  # ignores SIGTERM, has a child
@@ -397,7 +397,10 @@ STOPPED_PARENT = textwrap.dedent("""
 """)
 
 
-def test_a_stop_signal_takes_the_whole_process_tree_down(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_takes_the_whole_process_tree_down(tmp_path, sig):
+    """SIGTERM (a service manager, `kill`) and SIGINT (Ctrl-C) alike: the whole tree down, exit 128 + the signal
+    (143, 130), within 15 s."""
     parent = subprocess.Popen([sys.executable, "-c", STOPPED_PARENT], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
     kids = [int(x) for x in parent.stdout.readline().split()]
@@ -405,8 +408,9 @@ def test_a_stop_signal_takes_the_whole_process_tree_down(tmp_path):
     while len(tree := descendants(parent.pid)) < 6 and time.monotonic() < deadline:  # 4 children, 2 grandchildren
         time.sleep(0.05)
     assert set(kids) <= set(tree) and len(tree) >= 6, tree
-    parent.send_signal(signal.SIGTERM)
-    assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+    t0 = time.monotonic()
+    parent.send_signal(sig)
+    assert parent.wait(timeout=30) == 128 + sig and time.monotonic() - t0 < 15
     time.sleep(0.2)
     alive = [p for p in tree if Path(f"/proc/{p}").exists()
              and Path(f"/proc/{p}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"]
