@@ -103,7 +103,7 @@ def test_the_report_dashboard_and_show_say_failed_with_the_cause(tmp_path):
     dash = index.read_text()
     assert 'data-decision="FAILED"' in dash
     # the dashboard says how it ended, beside the badge; the run that measured nothing has no trend block
-    assert "failed in serve and measure baseline: SafetensorError: Error while deserializing header" in dash
+    assert "failed in step serve and measure baseline: SafetensorError: Error while deserializing header" in dash
     assert "on ? (" not in dash and dash.count("Trends across releases") == 1
     assert "<summary>Not written before the run ended (" in html and "Gaps in the evidence" not in html
     res = CliRunner().invoke(app, ["show", "r-failed", "--results", str(results)])

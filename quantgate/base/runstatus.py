@@ -39,6 +39,12 @@ class RunStatus(BaseModel):
     log: str | None = None             # the log that holds it
     signal: str | None = None          # interrupted: the signal that stopped it
 
+    def ended(self) -> str:
+        """How the run ended, in one line: "failed in step X by SIGTERM: <root cause, else the error>"."""
+        why = self.root_cause or self.error
+        return (self.status + (f" in step {self.step}" if self.step else "")
+                + (f" by {self.signal}" if self.signal else "") + (f": {why}" if why else ""))
+
 
 def root_cause_in_text(text: str) -> str | None:
     """The first exception line in a log or an error message ("Type: message"), skipping lines that only point to

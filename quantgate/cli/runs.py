@@ -64,8 +64,7 @@ def show(
             print(f"    - {reason}")
     st = view.status
     if st is not None and st.status != "completed":
-        print(f"  {st.status}" + (f" in step {st.step}" if st.step else "") + (f" by {st.signal}" if st.signal else "")
-              + (f": {st.root_cause}" if st.root_cause else "") + (f" (log: {st.log})" if st.log else ""))
+        print(f"  {st.ended()}" + (f" (log: {st.log})" if st.log else ""))
     for gap in view.gaps:
         print(f"  missing {gap.what}: {gap.reason}" + (f" ({gap.file})" if gap.file else ""))
     for label, path in (("report", folder / "report.html"), ("summary", folder / "summary.json"),

@@ -30,6 +30,8 @@ from quantgate.evals.metrics import MetricSpec, TABLE, load_table
 from quantgate.evals.setsource import Row, Source, format_of, mapped_row, meta_path_for, rows_of_lines, rows_of_table
 
 MAX_PROBLEMS_SHOWN = 40
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant"]

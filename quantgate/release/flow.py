@@ -216,9 +216,10 @@ def _release(s: ReleaseSpec, run: Path):
     """The release in its run folder: model, quantize, measure, compare, judge, gate (and widen), promote, publish,
     report, notify."""
     logger = get_run_logger()
-    for warning in rel.feed_warnings(s):
+    subsets = rel.eval_subsets(s)  # read once for both kinds of warning
+    for warning in rel.feed_warnings(s, subsets):
         logger.warning(f"unfed check: {warning}")
-    for warning in rel.sizing_warnings(s):
+    for warning in rel.sizing_warnings(s, subsets):
         logger.warning(f"sample size: {warning}")
     for note in s.machine_notes:  # `hardware: auto` and skip_unsupported: what was decided for this machine, and why
         logger.warning(note)

@@ -28,7 +28,7 @@ from typing import Any
 from quantgate.base.runfiles import EVIDENCE, PARITY, RUN, SUMMARY
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, lock_holder, write_json
-from quantgate.evals.dataset import load_evalset, stratified_subset
+from quantgate.evals.dataset import Sample, load_evalset, stratified_subset
 from quantgate.evals.comparefile import Comparison
 from quantgate.gate.decisionfile import overall
 from quantgate.evals.metrics import load_table
@@ -90,15 +90,20 @@ def _serving_vllm(spec: ReleaseSpec) -> str | None:
         return None
 
 
-def sizing_warnings(spec: ReleaseSpec) -> list[str]:
+def eval_subsets(spec: ReleaseSpec) -> dict[Path, list[Sample]]:
+    """Each eval set's samples as the release asks them (`eval.limit`, stratified), read once for the warnings."""
+    return {p: stratified_subset(load_evalset(p, with_dataset=False).samples, spec.eval.limit) for p in spec.eval_sets}
+
+
+def sizing_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None = None) -> list[str]:
     """The task checks whose limits this spec's sample sizes cannot prove (they then only detect harm), per family
-    of the spec's schemes: said at the start of a release, so that nobody reads a pass as a proven limit."""
+    of the spec's schemes: said at the start of a release, so that nobody reads a pass as a proven limit.
+    `subsets`: eval_subsets(spec), when the caller has them."""
     policy = load_policy(policy_path(spec))
     if policy.primary is None:
         return []
     counts: dict[str, int] = {}
-    for path in spec.eval_sets:
-        samples = stratified_subset(load_evalset(path, with_dataset=False).samples, spec.eval.limit)
+    for samples in (eval_subsets(spec) if subsets is None else subsets).values():
         counts["primary"] = counts.get("primary", 0) + len(samples)
         for cat in policy.categories:
             n = sum(1 for s in samples if s.category == cat)
@@ -110,13 +115,14 @@ def sizing_warnings(spec: ReleaseSpec) -> list[str]:
     return [f"{f}: {w}" for f in sorted(families) for w in size_warnings(sizing(policy, f, counts))]
 
 
-def feed_warnings(spec: ReleaseSpec) -> list[str]:
+def feed_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None = None) -> list[str]:
     """The policy's checks that this spec's eval sets cannot feed, or feed too thinly to judge
-    (quantgate.gate.feeding): said at `--check`, `quantgate check` and the start of a release."""
+    (quantgate.gate.feeding): said at `--check`, `quantgate check` and the start of a release.
+    `subsets`: eval_subsets(spec), when the caller has them."""
     policy = load_policy(policy_path(spec))
-    shapes, everything = [], []
-    for path in spec.eval_sets:
-        samples = stratified_subset(load_evalset(path, with_dataset=False).samples, spec.eval.limit)
+    shapes: list[SetShape] = []
+    everything: list[Sample] = []
+    for path, samples in (eval_subsets(spec) if subsets is None else subsets).items():
         scored: dict[str, Counter[str]] = {}
         for s in samples:
             scored.setdefault(s.category, Counter()).update(set(s.metrics))

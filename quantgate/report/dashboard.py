@@ -34,17 +34,6 @@ def _ended(run_decision: str | None) -> str | None:
     return run_decision if run_decision in ENDED else None
 
 
-def _how_it_ended(folder: Path) -> str | None:
-    """One line for a run that ended without a decision: the step, the root cause (else the error), the signal."""
-    st = load_status(folder)
-    if st is None or st.status == "completed":
-        return None
-    where = f" in {st.step}" if st.step else ""
-    why = st.root_cause or st.error or ""
-    said = f"{'failed' if st.status == 'failed' else 'interrupted'}{where}" + (f": {why}" if why else "")
-    return said + (f" ({st.signal})" if st.signal else "")
-
-
 def build(results: Path | str, db: Path | str | None = None, *, log=print) -> Path:
     """Ingest every run, (re)write the reports of new or changed runs, write the index; returns its path."""
     results = Path(results)
@@ -99,7 +88,8 @@ def render(store: Store, results: Path, out_dir: Path) -> str:
         mine = [c for c in cands if c["run_id"] == r["run_id"]] if r["run_id"] in with_cands else [
             {"candidate": None, "scheme": None, "decision": r["decision"], "needs": None, "size_ratio": None,
              "throughput_ratio": None, "recall_delta": None, "judge_net": None}]
-        ended = _how_it_ended(Path(r["folder"])) if _ended(r["decision"]) else None
+        st = load_status(Path(r["folder"])) if _ended(r["decision"]) else None
+        ended = st.ended() if st is not None and st.status != "completed" else None
         for c in mine:
             rows.append({**r, **{k: c[k] for k in ("candidate", "scheme", "needs", "size_ratio", "throughput_ratio",
                                                    "recall_delta", "judge_net")},
