@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 PYTEST_ARGS ?= --durations=20
 
-.PHONY: demo test lint setup lmeval mlflow model browser clean-envs release-time gpu-wheels gpu-check
+.PHONY: demo test lint setup lmeval mlflow s3 model browser clean-envs release-time gpu-wheels gpu-check
 
 # A release that runs to a REJECT (3) or INCONCLUSIVE (4) decision is a result for the demo, not a failure.
 # `python -m` rather than the console script: it runs the checkout's code even where the environment was built for
@@ -17,7 +17,7 @@ demo: setup model
 release-time: setup model
 	$(PY) bench/release_time.py
 
-test: setup lmeval mlflow model browser lint
+test: setup lmeval mlflow s3 model browser lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Static checks, before the tests: ruff with the rule set in pyproject.toml ([tool.ruff]), on the package and the flow;
@@ -45,6 +45,10 @@ lmeval:
 mlflow:
 	scripts/setup.sh mlflow
 
+# An S3 API server in its own environment (.venv-s3, moto's server mode): the work-pools test stores results in it.
+s3:
+	scripts/setup.sh s3
+
 model: setup
 	.venv/bin/quantgate models demo >/dev/null
 
@@ -57,4 +61,4 @@ gpu-check:
 	scripts/gpu_check.sh
 
 clean-envs:
-	rm -rf "$${QUANTGATE_HOME:-$$HOME/.cache/quantgate}/envs" .venv .venv-serve .venv-lmeval .venv-lint .venv-mlflow
+	rm -rf "$${QUANTGATE_HOME:-$$HOME/.cache/quantgate}/envs" .venv .venv-serve .venv-lmeval .venv-lint .venv-mlflow .venv-s3

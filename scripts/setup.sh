@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or re-use) quantgate's two Python environments from their lock files (and, on request, the others).
 #
-#   scripts/setup.sh [pipeline|serve|all|lmeval|mlflow|lint]   default: all (= pipeline + serve)
+#   scripts/setup.sh [pipeline|serve|all|lmeval|mlflow|s3|lint]   default: all (= pipeline + serve)
 #   source scripts/setup.sh                          defines the functions only (the flavour tests call them)
 #
 # pipeline  llmcompressor, transformers, prefect, evaluate, pytest ... + this project (editable): CPU torch from
@@ -13,6 +13,8 @@
 #           process; built on demand (the eval kind asks for it, `make test` builds it), never by `all`
 # mlflow    an MLflow tracking server (`mlflow server`): the MLflow export test runs a real one from it; quantgate
 #           itself never imports mlflow (the export speaks its REST API). `make test` builds it, never `all`
+# s3        an S3 API server on loopback (moto's server mode): the work-pools and object-storage tests store results
+#           in it; quantgate itself talks to any S3 API through s3fs. `make test` builds it, never `all`
 # lint      ruff and mypy, the static checks `make test` runs first (requirements/lint.lock); ruff is also linked as
 #           .venv/bin/ruff
 #
@@ -159,15 +161,20 @@ post_lmeval() {
   "$1/bin/python" -c 'import lm_eval.models.openai_completions' || die "lm_eval does not import in $1"
 }
 
-setup_mlflow() {
+# setup_server_env NAME MODULE: a server's own environment from requirements/NAME.lock, linked as .venv-NAME, trusted
+# once MODULE imports in it (the MLflow tracking server, moto's S3 server: tests run them as child processes)
+setup_server_env() {
   local env
-  env=$(build_env mlflow "$repo/requirements/mlflow.lock" post_mlflow)
-  ln -sfn "$env" "$repo/.venv-mlflow"
+  env=$(build_env "$1" "$repo/requirements/$1.lock" check_import "$2")
+  ln -sfn "$env" "$repo/.venv-$1"
 }
 
-post_mlflow() {
-  "$1/bin/python" -c 'import mlflow.server' || die "mlflow's server does not import in $1"
+check_import() {
+  "$2/bin/python" -c "import $1" || die "$1 does not import in $2"
 }
+
+setup_mlflow() { setup_server_env mlflow mlflow.server; }
+setup_s3() { setup_server_env s3 moto.server; }
 
 # sourced (tests): define the functions, run nothing
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
@@ -178,6 +185,7 @@ case "$what" in
   all) setup_pipeline; setup_serve ;;
   lmeval) setup_lmeval ;;
   mlflow) setup_mlflow ;;
+  s3) setup_s3 ;;
   lint) setup_lint ;;
-  *) die "usage: scripts/setup.sh [pipeline|serve|all|lmeval|mlflow|lint]" ;;
+  *) die "usage: scripts/setup.sh [pipeline|serve|all|lmeval|mlflow|s3|lint]" ;;
 esac

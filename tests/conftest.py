@@ -9,10 +9,6 @@ A test that serves one is marked `@pytest.mark.requires_kernel("cpu_gemm_wna16")
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -85,45 +81,16 @@ def odd_demo_server(demo_model, tmp_path_factory):
         yield srv
 
 
-def wait_healthy(api: str, proc: subprocess.Popen, log: Path, seconds: float = 300) -> None:
-    """Wait for the Prefect server `proc` (its output in `log`) to answer GET `api`/health."""
-    import httpx
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"Prefect server not healthy after {seconds} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
     """One real Prefect server (`prefect server start`, loopback, UI off) for the session's release runs: its API URL.
     A release run with PREFECT_API_URL set reports to it instead of starting Prefect's temporary server of its
     own, which costs half a minute per release on this project's 2-core machines. The tests of that temporary
     server's lifetime (tests/test_faults_release.py) do not use it."""
-    from quantgate.serving.server import free_port, kill_tree
+    from _pools import prefect_server
 
-    home = tmp_path_factory.mktemp("prefect-server")
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": api}
-    log = home / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(Path(sys.executable).with_name("prefect")), "server", "start", "--host", "127.0.0.1",
-                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-    try:
-        wait_healthy(api, proc, log)
+    with prefect_server(tmp_path_factory.mktemp("prefect-server")) as api:
         yield api
-    finally:
-        kill_tree(proc.pid)
 
 
 def kernel_missing(op: str) -> str | None:

@@ -9,7 +9,7 @@ import typer
 import quantgate
 from quantgate.base.errors import QuantgateError, SettingError, as_flag
 from quantgate.cli import eval as eval_cmds
-from quantgate.cli import check, export, gate, judge, models, perf, plan, quant, recall, release, report, runs
+from quantgate.cli import check, export, gate, judge, models, perf, plan, pools, quant, recall, release, report, runs
 from quantgate.cli import registry as registry_cmds
 
 app = typer.Typer(
@@ -51,6 +51,7 @@ app.command("plan")(plan.plan)
 app.add_typer(models.models_app, name="models")
 app.add_typer(registry_cmds.registry_app, name="registry")
 app.add_typer(export.export_app, name="export")
+app.add_typer(pools.pools_app, name="pools")
 app.command("check")(check.check)
 app.command("runs")(runs.runs)
 app.command("show")(runs.show)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 
+from quantgate.base.errors import SettingError
+from quantgate.base.objstore import ResultStore
 from quantgate.base.paths import results_dir
 from quantgate.cli.check import Kind, check
 from quantgate.gate.models import EXIT_CODES
@@ -32,6 +36,25 @@ def load_flow():
     return importlib.import_module("quantgate.release.flow").release
 
 
+def executor_overrides(spec: Path, kind: str | None, store: str | None) -> dict[str, str] | None:
+    """--executor and --store as the flow's `executor` parameter, checked with the spec's own `executor:` first (a
+    pools release without a store, with a store whose filesystem is not installed, or without a Prefect server the
+    workers share, is refused before any work)."""
+    overrides = {k: v for k, v in (("kind", kind), ("store", store)) if v is not None}
+    try:
+        merged = load_spec(spec).executor.with_fields(overrides)
+    except ValidationError as exc:
+        raise SettingError(exc.errors()[0]["msg"].removeprefix("Value error, "), setting="executor",
+                           fix="pass --executor local, or --store s3://bucket/prefix (a path every host mounts)") from None
+    if merged.kind == "pools":
+        assert merged.store is not None  # ExecutorSpec refuses pools without one
+        ResultStore(merged.store, results_dir())  # an fsspec URL whose filesystem is missing is refused here
+        if not os.environ.get("PREFECT_API_URL"):
+            raise SettingError("a release on work pools needs the Prefect server its workers poll", setting="executor",
+                               fix="export PREFECT_API_URL=http://<server>:4200/api (README: Across hosts)")
+    return overrides or None
+
+
 def _check_only(spec: Path) -> None:
     """`--check`: the spec, every eval set it names and its policy, validated without serving or quantizing
     anything; then the sample-size warnings. Exit 0 when all are good, 2 otherwise."""
@@ -50,6 +73,12 @@ def release(
                                           "(letters, digits, _ . -; default: <name>-<UTC time>-<random>)"),
     check_only: bool = typer.Option(False, "--check", help="validate the spec, its eval sets and its policy, then "
                                                             "stop: nothing is served or quantized"),
+    executor: str | None = typer.Option(None, "--executor", help="local (this host) or pools (each variant on the "
+                                        "Prefect work pool named for it; needs PREFECT_API_URL and a store); "
+                                        "default: the spec's `executor.kind`"),
+    store: str | None = typer.Option(None, "--store", help="with pools: where every host shares its results, an "
+                                     "fsspec URL (s3://bucket/prefix) or a path every host mounts; default: the "
+                                     "spec's `executor.store`"),
 ) -> None:
     """Run a release to a decision: quantize, serve and evaluate every variant, compare, gate, promote.
 
@@ -63,9 +92,10 @@ def release(
     # model and checkpoint folders), in seconds; nothing is written yet
     check([spec], kind=Kind.spec)
     check_new_run_id(run_id)  # and a run id that is no folder name or whose folder exists
+    overrides = executor_overrides(spec, executor, store)
     # SIGTERM/SIGHUP/SIGINT stop every server and child of the release, Prefect's API server (guarded: it dies with
     # this process, even a SIGKILLed one) last, then exit 143/129/130
-    state = run_flow(load_flow(), spec=str(spec), run_id=run_id, return_state=True)
+    state = run_flow(load_flow(), spec=str(spec), run_id=run_id, executor=overrides, return_state=True)
     try:
         summary = summary_of(state.result(raise_on_failure=False))  # Completed: the summary; Failed: NotPromoted
     except Exception:  # noqa: BLE001 - the flow itself crashed; Prefect logged the cause above

@@ -52,13 +52,13 @@ from quantgate.plan.knobs import knob_problems
 from quantgate.release.autoschemes import auto_count, choose, local_config
 from quantgate.release.external import EXTERNAL, CandidateSpec, EndpointRef, folder_problem, hardware_problem
 from quantgate.release.publishing import NotifySpec, PublishTarget
-from quantgate.release.spec_sections import (AdaptiveSpec, EvalSpec, FidelitySpec, JudgeSpec, PerfSpec,
+from quantgate.release.spec_sections import (AdaptiveSpec, EvalSpec, ExecutorSpec, FidelitySpec, JudgeSpec, PerfSpec,
                                              QuantizationSpec, RecallSpec, ServingSpec, _resolve)
 from quantgate.serving.cpu_kernels import resolve_hardware, split_schemes
 from quantgate.target.catalogue import load_catalogue
 from quantgate.target.hardware import AUTO, get_profile
 
-__all__ = ["AdaptiveSpec", "EvalSpec", "FidelitySpec", "JudgeSpec", "PerfSpec", "QuantizationSpec", "RecallSpec",
+__all__ = ["AdaptiveSpec", "EvalSpec", "ExecutorSpec", "FidelitySpec", "JudgeSpec", "PerfSpec", "QuantizationSpec", "RecallSpec",
            "ReleaseSpec", "ServingSpec", "load_spec"]
 
 
@@ -106,6 +106,8 @@ class ReleaseSpec(BaseModel):
     adaptive: AdaptiveSpec | None = Field(None, description="more samples for INCONCLUSIVE candidates; null: none")
     publish: list[PublishTarget] = Field(default_factory=list, description="where every PROMOTE entry is copied after promotion")
     notify: list[NotifySpec] = Field(default_factory=list, description="webhooks told of the decision after the gate")
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec, description="where variants are served: this host "
+                                   "(local) or Prefect work pools with results on shared storage (pools)")
 
     @field_validator("eval_sets")
     @classmethod

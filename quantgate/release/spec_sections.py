@@ -6,6 +6,7 @@ Relative paths are relative to the spec file's folder (`_resolve`, with the spec
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal, overload
 
@@ -101,6 +102,39 @@ class AdaptiveSpec(BaseModel):
     max_eval_samples: int | None = Field(None, ge=1, description="eval.limit may grow to this; None: keep it")
     max_fidelity_samples: int | None = Field(None, ge=1, description="fidelity.limit may grow to this; None: keep it")
     rounds: int = Field(1, ge=1, le=5, description="times to widen and decide again")
+
+
+class ExecutorSpec(BaseModel):
+    """Where a release serves and measures its variants (quantgate.release.pools). `local`: on this host's slots.
+    `pools`: one Prefect child flow run per variant on the work pool named for it, results shared through `store`."""
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["local", "pools"] = Field("local", description="local: this host; pools: Prefect work pools")
+    store: str | None = Field(None, description="pools: where every host shares its results, an fsspec URL "
+                              "(s3://bucket/prefix, gs://..., or a path every host mounts)")
+    pools: dict[str, str] = Field(default_factory=dict, description="variant name (baseline, a scheme id, a "
+                                  "`candidates` name) or `default` -> work pool; unnamed variants go to `default`, "
+                                  "else to the pool named like the spec's hardware profile")
+    retries: int = Field(1, ge=0, le=5, description="a child run whose host was lost (Crashed) is submitted again "
+                         "this many times; its answers already on the store are not asked again")
+    timeout_s: float = Field(6 * 3600.0, gt=0, description="how long to wait for a variant's child run")
+    sync_s: float = Field(15.0, gt=0, description="how often a child shares its unfinished answers with the store")
+    lost_after_s: float = Field(120.0, gt=0, description="a running child that wrote no sign of life to the store "
+                                "for this long (it writes one every sync_s) is taken as lost with its host")
+
+    @model_validator(mode="after")
+    def _pools_need_a_store(self) -> ExecutorSpec:
+        if self.kind == "pools" and not self.store:
+            raise ValueError("executor kind pools needs `store`: the URL where every host shares its results "
+                             "(s3://bucket/prefix, or a path every host mounts)")
+        return self
+
+    def with_fields(self, fields: dict[str, str]) -> ExecutorSpec:
+        """This section with `fields` replaced (the CLI's --executor and --store), validated again."""
+        return ExecutorSpec.model_validate({**self.model_dump(), **fields})
+
+    def pool_for(self, variant: str, hardware: str) -> str:
+        return self.pools.get(variant) or self.pools.get("default") or hardware
 
 
 class EvalSpec(BaseModel):
@@ -203,7 +237,8 @@ def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
     base = (info.context or {}).get("path")
     path = value if value.is_absolute() or base is None else (Path(base).parent / value)
     if not path.exists():
-        raise ValueError(f"file not found: {path} (relative paths are relative to the spec file's folder)")
+        what = "a symlink loop or a broken link" if os.path.lexists(path) else "file not found"
+        raise ValueError(f"{what}: {path} (relative paths are relative to the spec file's folder)")
     return path.resolve()
 
 
