@@ -16,13 +16,22 @@ Shapes:
 Recall needles that share a haystack are not independent: each haystack draws its own difficulty (the baseline's
 chance of recalling its needles varies around RECALL_RATE with intra-haystack correlation RECALL_ICC), so the
 simulated evidence has the clustering a real grid has, and the gate's per-needle test is judged on it.
-Fidelity per sample, as the gate measures it on sampled continuations: a per-sample mean KL drawn around the
-scenario's KL (gamma, coefficient of variation --fidelity-cv; or the per-sample shape of a real run's fidelity file,
---fidelity-file, its estimator noise included, rescaled to the scenario's KL and drawn with replacement), and the
-sampled estimator's own noise: each token's estimate has the position's KL as its mean and about NOISE_V x KL as
-its variance (a plain log-ratio: 2 x KL; the exact part over the shared top-k lowers it), so a sample's sum is
-n x kl plus normal noise of sd sqrt(NOISE_V x kl x n). Top-1 agreement falls with KL as 1 - 0.42 sqrt(KL) (the demo's
-INT8 candidate: KL 0.031, 92.7%; llama.cpp's 8-bit pair: 0.0014, 97.7%).
+Fidelity per sample, as the gate measures it on sampled continuations, in one of two models:
+- a real run's (the default: bench/data/demo_int8_fidelity_shape.json, the per-sample figures of a `make demo` run's
+  INT8 candidate, kept with --save-shape; or any run's <run>/fidelity/<candidate>.json with --fidelity-file): its
+  samples drawn with replacement, each kind for its own slices (haystack continuations for context lengths, eval
+  prompts' draws for categories), their token counts as they were and their KL and top-1 residuals moved to the
+  scenario's values (`real_shape`: the spread between samples, the estimator's noise and top-1's clustering as
+  measured);
+- simulated (--simulated): a per-sample mean KL drawn around the scenario's KL (gamma, coefficient of variation
+  --fidelity-cv) plus the sampled estimator's own noise: each token's estimate has the position's KL as its mean
+  and about NOISE_V x KL as its variance (a plain log-ratio: 2 x KL; the exact part over the shared top-k lowers
+  it), so a sample's sum is n x kl plus normal noise of sd sqrt(NOISE_V x kl x n); top-1 agreements binomial. A
+  stress model: next to the demo's INT8 run its per-sample variance is 1.4-3x too high, and an eval prompt's two
+  draws hold 50 tokens where the run's held 50-90.
+Top-1 agreement falls with KL as 1 - 0.42 sqrt(KL) (the demo's INT8 candidate: KL 0.031, 92.7%; llama.cpp's 8-bit
+pair: 0.0014, 97.7%), and a scenario at f times the limits keeps its top-1 disagreement at most f times the
+family's limit on it (`_miss_of`).
 Scenarios (per scheme family, each with its own limits in the policy):
 - lossless-F: accuracy unchanged, F of the samples flip (half right->wrong, half wrong->right), fidelity at the floor;
 - good-0.4x / good-0.5x: fidelity at 0.4x / 0.5x the family's limits in every category, 5% balanced flips;
@@ -128,7 +137,9 @@ NOISE_V = 1.0                # the estimator's per-token variance, in units of t
                              # the exact head over the shared top-k takes part of it away)
 FLOOR_KL = 0.0005            # per-token KL of the baseline against itself on another execution path
 FAMILY_SCHEME = {"fp8": "fp8-dynamic", "int8": "int8-w8a8", "w4a16": "w4a16-gptq"}
-REAL_SHAPE: list[tuple[int, float]] = []  # (n_tokens, kl_sum) of a real run's samples (--fidelity-file)
+# A real run's samples (--fidelity-file), per kind ("context" for a haystack continuation, "eval" for an eval prompt's
+# draws): (n_tokens, its category's KL, its KL residual, its category's top-1 miss rate, its misses' residual)
+REAL_SHAPE: dict[str, list[tuple[int, float, float, float, float]]] = {}
 
 
 @dataclass(frozen=True)
@@ -232,28 +243,85 @@ def _candidate_recall(rng: np.random.Generator, base: float, sc: Scenario) -> fl
     return 1.0 if rng.random() < sc.flips / (2 * (1 - RECALL_RATE)) else 0.0
 
 
-def _sample_estimate(rng: np.random.Generator, kl_mean: float, tokens: int) -> tuple[int, float]:
-    """(scored tokens, the sample's KL estimate, a sum) for a scenario KL of kl_mean, about `tokens` tokens."""
-    if REAL_SHAPE:  # a real run's per-sample estimates, its spread and its estimator noise included, rescaled
-        n, kl_sum = REAL_SHAPE[int(rng.integers(len(REAL_SHAPE)))]
-        mean_real = sum(k for _, k in REAL_SHAPE) / sum(t for t, _ in REAL_SHAPE)
-        return n, kl_sum * kl_mean / mean_real
+SHAPE_FILE = Path(__file__).resolve().parent / "data" / "demo_int8_fidelity_shape.json"
+SHAPE_FIELDS = ("category", "n_tokens", "kl_sum", "top1_agree")
+
+
+def save_shape(run_file: Path, out: Path) -> None:
+    """The per-sample figures of a run's fidelity file (category, tokens, KL sum, top-1 agreements: no ids, no
+    text), with where they came from, as a small file the bench can ship (one sample per line)."""
+    doc = json.loads(run_file.read_text(encoding="utf-8"))
+    head = {"made": f"bench/gate_oc.py --save-shape {run_file} {out}", "cpu": cpuinfo()[0],
+            "estimator": doc.get("estimator"),
+            "summary": {k: doc["summary"][k] for k in ("n_samples", "n_tokens", "kl", "top1")}}
+    rows = [json.dumps({k: x[k] for k in SHAPE_FIELDS}) for x in doc["samples"]]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(head)[:-1] + ', "samples": [\n' + ",\n".join(rows) + "\n]}\n", encoding="utf-8")
+    print(f"{out}: {len(rows)} samples from {run_file}")
+
+
+def real_shape(path: Path) -> dict[str, list[tuple[int, float, float, float, float]]]:
+    """A run's fidelity file as residuals that can be moved to any KL: for each sample with n tokens in a category
+    of mean per-token KL m and top-1 disagreement rate d, (n, m, kl_sum - n m, d, misses - n d). A scenario's KL k
+    then gets kl_sum = n k + residual x s(k / m), with s(r) = max(sqrt(r), r), and the same for misses. The
+    estimator's noise scales like sqrt(r) (its variance is proportional to the KL), the spread between samples like
+    r; the larger of the two keeps more spread than the truth would have on either side of the run's KL: below it,
+    where power is measured, and above it, where error rates are. Kinds are kept apart: a haystack continuation is
+    drawn only for a context slice, an eval prompt's draws only for a category."""
+    rows = [x for x in json.loads(path.read_text(encoding="utf-8"))["samples"] if x["n_tokens"] > 0]
+    by_cat: dict[str, list[dict]] = defaultdict(list)
+    for x in rows:
+        by_cat[x["category"]].append(x)
+    out: dict[str, list[tuple[int, float, float, float, float]]] = defaultdict(list)
+    for cat, xs in by_cat.items():
+        tok = sum(x["n_tokens"] for x in xs)
+        m = max(sum(x["kl_sum"] for x in xs) / tok, 1e-9)
+        d = max(sum(x["n_tokens"] - x["top1_agree"] for x in xs) / tok, 1e-9)
+        kind = "context" if cat.startswith("context:") else "eval"
+        out[kind].extend((x["n_tokens"], m, x["kl_sum"] - x["n_tokens"] * m, d,
+                          x["n_tokens"] - x["top1_agree"] - x["n_tokens"] * d) for x in xs)
+    return dict(out)
+
+
+def _moved(residual: float, run_value: float, value: float) -> float:
+    r = value / run_value
+    return residual * max(math.sqrt(r), r)
+
+
+def _miss_rate(kl: float, cap: float = 1.0) -> float:
+    """Top-1 disagreement at a per-token KL: 0.42 sqrt(KL) (the demo's INT8 candidate: KL 0.031, 92.7% agreement;
+    llama.cpp's 8-bit pair: 0.0014, 97.7%), at most `cap`."""
+    return min(cap, 0.42 * math.sqrt(max(kl, 0.0)))
+
+
+def _sample_estimate(rng: np.random.Generator, kl_mean: float, tokens: int, kind: str,
+                     miss_cap: float = 1.0) -> tuple[int, float, int]:
+    """(scored tokens, the sample's KL estimate (a sum), top-1 agreements) at a scenario KL of kl_mean, about
+    `tokens` tokens; from a real run's residuals of the same kind when --fidelity-file gave them."""
+    miss = _miss_rate(kl_mean, miss_cap)
+    pool = REAL_SHAPE.get(kind)
+    if pool:
+        n, m, r_kl, d, r_miss = pool[int(rng.integers(len(pool)))]
+        misses = int(round(min(max(n * miss + _moved(r_miss, d, miss), 0.0), n)))
+        return n, n * kl_mean + _moved(r_kl, m, kl_mean), n - misses
     n = int(rng.poisson(tokens - 10)) + 10
     shape = 1 / FIDELITY_CV ** 2
     kl = float(rng.gamma(shape, kl_mean / shape))
-    return n, n * kl + (float(rng.normal(0.0, math.sqrt(NOISE_V * kl * n))) if kl > 0 else 0.0)
+    est = n * kl + (float(rng.normal(0.0, math.sqrt(NOISE_V * kl * n))) if kl > 0 else 0.0)
+    return n, est, int(rng.binomial(n, 1 - miss))
 
 
 def simulate_fidelity(rng: np.random.Generator, kl_of: dict[str, float], n: int, categories: list[str],
-                      tokens: int = TOKENS_PER_SAMPLE) -> list[SampleFidelity]:
+                      tokens: int = TOKENS_PER_SAMPLE, miss_of: dict[str, float] | None = None) -> list[SampleFidelity]:
     """n samples stratified round-robin over `categories`, as the release draws them; a category's KL is kl_of[c]
-    (kl_of["*"] for the others)."""
+    (kl_of["*"] for the others), its top-1 disagreement 0.42 sqrt(KL) up to miss_of[c] (miss_of["*"])."""
     out = []
     for i in range(n):
         cat = categories[i % len(categories)]
         kl_mean = kl_of.get(cat, kl_of["*"])
-        n_tok, est = _sample_estimate(rng, kl_mean, tokens)
-        agree = int(rng.binomial(n_tok, max(0.0, 1 - 0.42 * math.sqrt(kl_mean))))
+        cap = (miss_of or {}).get(cat, (miss_of or {}).get("*", 1.0))
+        n_tok, est, agree = _sample_estimate(rng, kl_mean, tokens, "context" if cat.startswith("context:") else "eval",
+                                             cap)
         out.append(SampleFidelity(id=f"{cat}-{i}", category=cat, n_tokens=n_tok, kl_sum=est, top1_agree=agree,
                                   dnll_sum=est, kl_max=kl_mean, kl_topk_sum=kl_mean * n_tok))
     return out
@@ -267,10 +335,22 @@ FAST = PayOffFigures.model_validate({"workload": "latency", "decide": [
 
 
 def _kl_of(sc: Scenario, limit: float) -> dict[str, float]:
+    """Per category (and "*" for the others): the scenario's factor times `limit`; at the floor, FLOOR_KL."""
     kl = {"*": FLOOR_KL if sc.kl_factor is None else sc.kl_factor * limit}
     if sc.category is not None:
         kl[sc.category] = sc.cat_kl_factor * limit
     return kl
+
+
+def _miss_of(sc: Scenario, max_miss: float) -> dict[str, float]:
+    """A candidate at f times its limits has its top-1 disagreement at most f times the family's (1 - min_top1): the
+    law 0.42 sqrt(KL) up to that. So good-0.5x is at or under half of both limits (the law alone put int8's top-1
+    at 0.6x and w4a16's at 0.66x), and at-limit keeps top-1 inside its limit (KL alone at it: the harder case for the
+    error rate, since PROMOTE needs both)."""
+    miss = {"*": 1.0 if sc.kl_factor is None else sc.kl_factor * max_miss}  # at the floor: the law alone
+    if sc.category is not None:
+        miss[sc.category] = sc.cat_kl_factor * max_miss
+    return miss
 
 
 def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: str, policy: GatePolicy,
@@ -286,10 +366,12 @@ def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: s
     plan = ADAPTIVE_PLAN if sc.adaptive else [FIDELITY_SAMPLES]
     most = plan[-1]
     kl_of = _kl_of(sc, limit)
-    fid = simulate_fidelity(rng, kl_of, most, cats)
+    lim = f.families[family] if f else None
+    miss_of = _miss_of(sc, 1 - lim.min_top1) if lim and lim.min_top1 is not None else None
+    fid = simulate_fidelity(rng, kl_of, most, cats, miss_of=miss_of)
     floor = simulate_fidelity(rng, {"*": FLOOR_KL}, FLOOR_SAMPLES, cats + CONTEXT)  # its own stratified subset
     n_context = CONTEXT_PROMPTS * len(CONTEXT)  # the same at every look
-    context = simulate_fidelity(rng, kl_of, n_context, CONTEXT, CONTEXT_TOKENS)
+    context = simulate_fidelity(rng, kl_of, n_context, CONTEXT, CONTEXT_TOKENS, miss_of)
     recall, recall_by_length = simulate_recall(rng, sc)
     fixed = dict(recall={"recall": recall}, recall_by_length=recall_by_length, parity=ParityEvidence(verdict="pass"),
                  size_ratio=Ratio(value=0.5), pay_off=FAST,
@@ -372,14 +454,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", nargs="+", default=list(FAMILY_SCHEME), choices=list(FAMILY_SCHEME))
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--rates", type=Path, help="JSON {metric: baseline rate or mean} to simulate instead of RATES")
-    ap.add_argument("--fidelity-file", type=Path, help="a run's fidelity/<candidate>.json: draw the per-sample "
-                    "shape (tokens, KL) from its samples, rescaled to each scenario's KL")
+    ap.add_argument("--fidelity-file", type=Path, default=SHAPE_FILE, help="a run's fidelity/<candidate>.json (or "
+                    "a shape saved with --save-shape): draw the per-sample shape (tokens, KL, top-1) from its samples, "
+                    "moved to each scenario's values (default: the shipped shape of a real demo run)")
+    ap.add_argument("--simulated", action="store_true", help="the simulated per-sample model (gamma spread, "
+                    "--fidelity-cv, plus the estimator's noise) instead of a real run's shape")
+    ap.add_argument("--save-shape", nargs=2, type=Path, metavar=("RUN_FIDELITY_FILE", "OUT"),
+                    help="keep the per-sample figures of a run's fidelity file (no text) as a shape file, and exit")
     ap.add_argument("--fidelity-cv", type=float, default=FIDELITY_CV, help="per-sample KL spread (gamma CV)")
     ap.add_argument("--scenario", nargs="+", help="only these scenarios (names as printed)")
     ap.add_argument("--context-prompts", type=int, help="haystack prompts per context length instead of the spec's "
                     "fidelity.context_prompts (what a larger demo would buy)")
     ap.add_argument("--context-new-tokens", type=int, help="tokens sampled after each haystack instead of the spec's "
-                    "fidelity.context_new_tokens")
+                    "fidelity.context_new_tokens (--simulated only: a real run's samples keep their own counts)")
     args = ap.parse_args(argv)
     if args.rates:
         RATES.update(json.loads(args.rates.read_text()))
@@ -388,16 +475,19 @@ def main(argv: list[str] | None = None) -> int:
         globals()["CONTEXT_PROMPTS"] = args.context_prompts
     if args.context_new_tokens:
         globals()["CONTEXT_TOKENS"] = int(0.9 * args.context_new_tokens)
-    if args.fidelity_file:
-        REAL_SHAPE.extend((int(x["n_tokens"]), float(x["kl_sum"])) for x in
-                          json.loads(args.fidelity_file.read_text())["samples"] if x["n_tokens"] > 0)
+    if args.save_shape:
+        save_shape(*args.save_shape)
+        return 0
+    if not args.simulated:
+        REAL_SHAPE.update(real_shape(args.fidelity_file))
     scenarios = [sc for sc in SCENARIOS if not args.scenario or sc.name in args.scenario]
     policy = load_policy(args.policy)
     print(f"# gate operating characteristics: policy {args.policy} ({policy.name}), {args.trials} trials per cell, "
           f"seed {args.seed}; recall grid {HAYSTACKS} haystacks x {NEEDLES_PER_HAYSTACK} needles "
           f"(intra-haystack correlation {RECALL_ICC}); fidelity {FIDELITY_SAMPLES} samples (adaptive scenarios: looks {ADAPTIVE_PLAN}), "
-          f"{'shape of ' + str(args.fidelity_file) if args.fidelity_file else f'per-sample CV {FIDELITY_CV}'}; "
-          f"{CONTEXT_PROMPTS} haystacks per context length, about {CONTEXT_TOKENS} scored tokens each; "
+          f"{f'simulated per-sample CV {FIDELITY_CV}' if args.simulated else 'the shape of ' + str(args.fidelity_file)}; "
+          f"{CONTEXT_PROMPTS} haystacks per context length"
+          f"{f', about {CONTEXT_TOKENS} scored tokens each' if args.simulated else ''}; "
           f"CPU {cpuinfo()[0]} (a simulation: the figures do not depend on it)")
     met_all = True
     for shape in args.shape:

@@ -184,6 +184,9 @@ CASES = [
      "beyond the limit"),
     ("fidelity-crossing", [], [FP8, ("fidelity", fid(kl=0.009, lo=0.007, hi=0.011))], "fidelity:kl", I, "INCONCLUSIVE",
      "needs about"),
+    # a skewed interval: its upper margin (0.007), not its half-width, says how far n must grow: 100 x (7/6)^2
+    ("fidelity-skewed-crossing-needs-more", [], [FP8, ("fidelity", fid(kl=0.004, lo=0.0039, hi=0.011))], "fidelity:kl",
+     I, "INCONCLUSIVE", "needs about 137 samples"),
     ("fidelity-top1-low", [], [("fidelity", fid(top1=(0.8, 0.78, 0.82)))], "fidelity:top1", F, "REJECT", "top-1"),
     ("floor-too-high", [], [FP8, ("floor", fid(kl=0.008, lo=0.007, hi=0.009))], "fidelity:floor", I, "INCONCLUSIVE",
      "cannot judge"),

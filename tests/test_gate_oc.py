@@ -22,6 +22,7 @@ def oc():
     mod = importlib.util.module_from_spec(spec)
     sys.modules["gate_oc"] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
+    mod.REAL_SHAPE.update(mod.real_shape(mod.SHAPE_FILE))  # the bench's default: a real demo run's per-sample shape
     return mod
 
 
@@ -59,6 +60,17 @@ def test_damage_in_one_slice_and_a_candidate_at_its_limit_over_two_looks_are_not
     assert counts[("int8", "at-limit+adaptive (pooled only)")]["PROMOTE"] <= 3
 
 
+def test_a_good_candidate_is_promoted_at_the_demo_size(oc):
+    """Fidelity at half the limits in every slice (the real run's per-sample shape), 5% balanced flips: promoted at
+    least 90% of the time, unless significantly fewer here (the bench's 600 trials: 0.885 int8, 0.952 w4a16)."""
+    trials = 25
+    counts, _ = oc.run(load_policy(RELEASES / "policies" / "default.yaml"), "demo", ["int8", "w4a16"],
+                       [s for s in oc.SCENARIOS if s.name == "good-0.5x"], trials, seed=5)
+    for family in ("int8", "w4a16"):
+        rate = counts[(family, "good-0.5x")]["PROMOTE"] / trials
+        assert not _significantly_missed(rate, ">= 0.90", trials), (family, rate)
+
+
 def test_a_gate_without_fidelity_cannot_promote_at_this_size(oc, tmp_path):
     """Without token-level fidelity the task checks cannot prove a 1-3% limit at 300 samples: INCONCLUSIVE, never a
     silent PROMOTE and never a REJECT of a lossless candidate."""
@@ -86,3 +98,24 @@ def _significantly_missed(rate: float, target: str, trials: int, level: float = 
 def test_a_clear_miss_is_still_caught():
     assert _significantly_missed(15 / 25, ">= 0.90", 25) and _significantly_missed(8 / 25, "<= 0.10", 25)
     assert not _significantly_missed(22 / 25, ">= 0.90", 25) and not _significantly_missed(4 / 25, "<= 0.10", 25)
+
+
+def test_a_real_runs_shape_is_moved_to_the_scenarios_kl_kind_by_kind(oc):
+    """The shipped shape (a demo run's INT8 fidelity, KL about 0.028): drawn at another KL, the pooled estimate has
+    that KL as its mean and the top-1 miss rate the scenario's; haystack continuations (256 tokens) serve context
+    slices only, eval prompts' draws categories only; the residuals are kept, so the spread is the run's, scaled."""
+    import numpy as np
+
+    pools = oc.real_shape(oc.SHAPE_FILE)
+    assert set(pools) == {"context", "eval"}
+    assert max(n for n, *_ in pools["context"]) == 256 and max(n for n, *_ in pools["eval"]) < 200  # a few end early
+    rng = np.random.default_rng(0)
+    for kind, kl in (("context", 0.01), ("eval", 0.01), ("eval", 0.04)):
+        draws = [oc._sample_estimate(rng, kl, 0, kind) for _ in range(4000)]
+        tokens = sum(d[0] for d in draws)
+        assert abs(sum(d[1] for d in draws) / tokens - kl) < 0.06 * kl, kind
+        assert abs(1 - sum(d[2] for d in draws) / tokens - oc._miss_rate(kl)) < 0.1 * oc._miss_rate(kl), kind
+        per = np.array([d[1] / d[0] for d in draws])
+        assert per.std() > 0.3 * kl  # a real spread, not the mean alone
+    # below the run's KL the residuals shrink like sqrt(r), above it like r: more spread than either alone
+    assert oc._moved(1.0, 0.04, 0.01) == 0.5 and oc._moved(1.0, 0.01, 0.04) == 4.0

@@ -191,9 +191,9 @@ def _bounded(name: str, value: FidelityEvidence, which: Literal["kl", "top1"], l
         txt = (f"top-1 agreement {iv.mean:.2%} ({one_sided:.0%} lower bound {iv.low:.2%}) over {n}; limit {limit:.2%}")
     outcome = "pass" if ok else "fail" if bad else "inconclusive"
     if outcome == "inconclusive":
-        gap = abs(limit - iv.mean)
-        half = (iv.high - iv.low) / 2
-        need = math.ceil(value.n_samples * (half / gap) ** 2) if gap > 0 else None
+        gap = abs(limit - iv.mean)  # the bound's margin on the limit's side shrinks like 1 / sqrt(n) (or faster)
+        margin = iv.high - iv.mean if which == "kl" else iv.mean - iv.low
+        need = max(math.ceil(value.n_samples * (margin / gap) ** 2), value.n_samples + 1) if gap > 0 else None
         txt += f": the interval crosses the limit; needs about {need} samples" if need else ": at the limit"
     elif outcome == "fail":
         txt += ": beyond the limit (the whole interval)"
