@@ -107,9 +107,10 @@ def main(argv: list[str] | None = None) -> int:
                    size_bytes=size_bytes(cand_dir))
     run = rel.start_run(spec, spec_path, f"long-damage-{int(time.time())}")
     t0 = time.monotonic()
-    base = rel.serve_and_evaluate(spec, rel.baseline_variant(model), run, parity=False)
+    base = rel.serve_and_evaluate(rel.MeasureRequest(spec, rel.baseline_variant(model), run, parity=False))
     t_base = time.monotonic() - t0
-    measured = rel.serve_and_evaluate(spec, cand, run, parity=False, tokenizer=model, reference=base.evals)
+    measured = rel.serve_and_evaluate(rel.MeasureRequest(spec, cand, run, parity=False, tokenizer=model,
+                                                         reference=base.evals))
     t_cand = time.monotonic() - t0 - t_base
     rel.compare_variants(base, measured, run)
     (decision,) = rel.gate(spec, run, ["int8-w8a8"])

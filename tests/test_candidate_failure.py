@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from _gate_fixtures import make_run
 
+from quantgate.evals.comparefile import Comparison, load_comparison
+from quantgate.gate.summaryfile import write_summary
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import RELEASES
 from quantgate.gate.evidence import CANDIDATE_ERROR, gate_run
@@ -34,12 +36,12 @@ def failure(run: Path, name: str, phase: str = "start") -> rel.Evidence:
     log = run / name / "server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("\n".join(LOG) + "\n")
-    server = VLLMServer(ServerConfig(model=run / "ckpt", name=name), log_path=log)  # never started
+    server = VLLMServer(ServerConfig(model=run / "ckpt", name=name, args=["--dtype", "bfloat16"]),
+                        log_path=log)  # never started
     cause = QuantgateError(f"vLLM server for {run / 'ckpt'} exited with code 1 while starting; last log lines:\n"
                            + "\n".join(LOG), where=str(log))
     variant = rel.Variant(name=name, path=run / "ckpt", scheme=name, content_hash="0" * 64, size_bytes=1)
-    return failed_evidence(variant, run / name, run / "cache", "bfloat16", ServingFailure(phase, cause, server),
-                           log=lambda s: None)
+    return failed_evidence(variant, run / name, run / "cache", ServingFailure(phase, cause, server), log=lambda s: None)
 
 
 def test_a_failed_candidate_is_rejected_with_its_reason_and_the_other_is_still_gated(tmp_path):
@@ -48,6 +50,7 @@ def test_a_failed_candidate_is_rejected_with_its_reason_and_the_other_is_still_g
     err = json.loads((run / "int8-w8a8" / CANDIDATE_ERROR).read_text())
     assert err["phase"] == "start" and err["log_tail"][-1] == LOG[-1] and err["server_log"].endswith("server.log")
     assert ev.failure == err["error"] and ev.failure.startswith("the vLLM server of int8-w8a8 could not start: ")
+    assert ev.dtype == "bfloat16"  # the activation dtype its server was started with, read from its command
     decisions, path = gate_run(run, POLICY, ["w4a16-gptq", "int8-w8a8"])
     by = {d.candidate: d for d in decisions}
     assert by["w4a16-gptq"].decision == "PROMOTE" and by["int8-w8a8"].decision == "REJECT"
@@ -85,7 +88,7 @@ def test_summary_and_report_show_the_failed_candidate(tmp_path):
     run = make_run(tmp_path)
     (run / "run.json").write_text(json.dumps({"spec": spec.model_dump(mode="json")}))
     failed = failure(run, "int8-w8a8")
-    assert rel.compare_variants(failed, failed, run) == {} and not (run / "compare" / "int8-w8a8.json").exists()
+    assert rel.compare_variants(failed, failed, run).root == {} and not (run / "compare" / "int8-w8a8.json").exists()
     decisions = rel.gate(spec, run, ["w4a16-gptq", "int8-w8a8"])
     evidence = json.loads((run / "w4a16-gptq" / "evidence.json").read_text())
     good = rel.Evidence(variant=rel.Variant(name="w4a16-gptq", path=tmp_path, scheme="w4a16-gptq",
@@ -94,8 +97,9 @@ def test_summary_and_report_show_the_failed_candidate(tmp_path):
                         evals=evidence["evals"], served=False)
     base = good.model_copy(update={"variant": good.variant.model_copy(update={"name": "baseline", "size_bytes": 1000}),
                                    "folder": run / "baseline"})
-    comparisons = {"w4a16-gptq": json.loads((run / "compare" / "w4a16-gptq.json").read_text()), "int8-w8a8": {}}
-    summary = rel.finish_run(spec, run, base, [good, failed], comparisons, decisions, {})
+    measured = [(good, load_comparison(run / "compare" / "w4a16-gptq.json")), (failed, Comparison({}))]
+    summary = rel.finish_run(spec, run, base, measured, decisions, {})
+    write_summary(run, summary)
     row = summary["candidates"]["int8-w8a8"]
     assert row["decision"] == "REJECT" and row["failure"] == failed.failure and row["error"].endswith(CANDIDATE_ERROR)
     assert summary["candidates"]["w4a16-gptq"]["decision"] == "PROMOTE" and summary["decision"] == "PROMOTE"
@@ -110,7 +114,7 @@ def test_the_baseline_failing_is_the_release_failing(tmp_path):
         exc = ServingFailure("start", QuantgateError("exited"), VLLMServer(ServerConfig(model=tmp_path),
                                                                              log_path=tmp_path / "l.log"))
         failed_evidence(rel.Variant(name="baseline", path=tmp_path, content_hash="0", size_bytes=1), tmp_path,
-                        tmp_path, None, exc, baseline=True)
+                        tmp_path, exc, baseline=True)
     assert not (tmp_path / CANDIDATE_ERROR).exists()
 
 

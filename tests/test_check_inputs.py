@@ -245,6 +245,10 @@ def test_model_and_checkpoint_folders_are_looked_at(tmp_path):
         "model_noconfig": (models.format(tmp_path / "noconfig"), 6, "model", "no config.json in"),
         "model_noweights": (models.format(tmp_path / "noweights"), 6, "model", "no weights files in"),
         "model_beside_the_spec": (models.format("good"), 6, "model", f"not from the spec's: write {good}"),
+        # a relative name that is a loop beside the spec (check runs elsewhere): named, not an unexpected RuntimeError
+        "model_loop_beside_the_spec": (models.format("loop"), 6, "model", f"not from the spec's: write {tmp_path}"),
+        "evalset_loop": (models.format(good) + "eval_sets: [loop]\n", 7, "eval_sets",
+                         "a symlink loop or a broken link"),
         "ckpt_loop": (cands.format("demo", "loop"), 7, "candidates.0.checkpoint", "is a symlink loop"),
         "ckpt_noweights": (cands.format("demo", "int8_noweights"), 7, "candidates.0.checkpoint", "no weights files"),
         "ckpt_scheme": (cands.format("demo", "int8_on_bf16"), 7, "candidates.0.checkpoint",

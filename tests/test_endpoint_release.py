@@ -139,8 +139,9 @@ def test_one_endpoint_named_twice_in_a_run_is_measured_once(demo_server, demo_mo
     variants = [baseline_for(spec, demo_model), external_variant(spec, "prod", demo_model, run)]
     schedule.preload_libraries()  # as the flow does before its job threads import them
     with ThreadPoolExecutor(2) as pool:
-        jobs = [pool.submit(rel.serve_and_evaluate, spec, v, run, parity=v.name == "baseline", tokenizer=demo_model,
-                            log=logs.append) for v in variants]
+        jobs = [pool.submit(rel.serve_and_evaluate, rel.MeasureRequest(spec, v, run, parity=v.name == "baseline",
+                                                                       tokenizer=demo_model), log=logs.append)
+                for v in variants]
         base, prod = (j.result() for j in jobs)
     assert base.cache == prod.cache and base.cache.parent == run / "endpoints"  # one folder for the one endpoint
     assert sorted([base.served, prod.served]) == [False, True], logs  # measured by one, read by the other

@@ -268,7 +268,8 @@ def test_an_endpoint_baseline_is_measured_through_the_release_steps(tmp_path, mo
                 "fidelity: null\n")
         spec = load_spec(spec_file(tmp_path, text))
         run = tmp_path / "run"
-        ev = steps.serve_and_evaluate(spec, baseline_for(spec, tmp_path / "ckpt"), run, parity=True, log=lambda _: None)
+        ev = steps.serve_and_evaluate(steps.MeasureRequest(spec, baseline_for(spec, tmp_path / "ckpt"), run, parity=True),
+                                      log=lambda _: None)
         assert {r["model"] for r in fake.requests} == {"prod"} and len(fake.requests) == 4
     assert ev.parity is None and ev.served and ev.serve_command == [] and set(ev.not_applicable) == {"parity", "size"}
     assert ev.cache.parent == run / "endpoints" and not (tmp_path / "results" / "cache" / "variants").exists()

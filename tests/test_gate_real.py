@@ -95,17 +95,19 @@ def measured(tmp_path_factory, demo_model):
     cand_spec = spec("max_num_seqs: 4")  # a managed serving knob (quantgate.plan.knobs), no longer an extra arg
     run = rel.start_run(base_spec, root / "spec.yaml", "gate-real")
     damaged_dir = _damage(demo_model, root / "damaged")
-    base = rel.serve_and_evaluate(base_spec, rel.baseline_variant(demo_model), run, parity=True)
+    base = rel.serve_and_evaluate(rel.MeasureRequest(base_spec, rel.baseline_variant(demo_model), run, parity=True))
     bad_run = rel.start_run(base_spec, root / "spec.yaml", "gate-real-damaged")
     (bad_run / "baseline").mkdir(parents=True, exist_ok=True)
     shutil.copy(run / "baseline" / "evidence.json", bad_run / "baseline" / "evidence.json")
     # both candidates at once, as a release serves them side by side: their server start-ups overlap
     schedule.preload_libraries()  # as the flow does before its job threads import them
     with ThreadPoolExecutor(2) as pool:
-        aa_job = pool.submit(rel.serve_and_evaluate, cand_spec, _variant(demo_model, "w4a16-gptq", "w4a16-gptq"), run,
-                             parity=False, tokenizer=demo_model, reference=base.evals)
-        bad_job = pool.submit(rel.serve_and_evaluate, base_spec, _variant(damaged_dir, "w4a16-gptq", "w4a16-gptq"),
-                              bad_run, parity=False, tokenizer=demo_model, reference=base.evals)
+        aa_job = pool.submit(rel.serve_and_evaluate, rel.MeasureRequest(
+            cand_spec, _variant(demo_model, "w4a16-gptq", "w4a16-gptq"), run, parity=False, tokenizer=demo_model,
+            reference=base.evals))
+        bad_job = pool.submit(rel.serve_and_evaluate, rel.MeasureRequest(
+            base_spec, _variant(damaged_dir, "w4a16-gptq", "w4a16-gptq"), bad_run, parity=False, tokenizer=demo_model,
+            reference=base.evals))
         aa, bad = aa_job.result(), bad_job.result()
     yield {"base": base, "aa": aa, "bad": bad, "run": run, "bad_run": bad_run, "spec": base_spec}
     if old is None:
@@ -155,6 +157,6 @@ def test_damaged_candidate_is_rejected_for_fidelity(measured, demo_model):
     assert measured["aa"].decided is None
     # an unchanged re-run decides again from the cached fidelity, before serving: what it skipped stays skipped
     bad = measured["bad"]
-    again = rel.serve_and_evaluate(measured["spec"], bad.variant, measured["bad_run"], parity=False,
-                                   tokenizer=demo_model, reference=measured["base"].evals)
+    again = rel.serve_and_evaluate(rel.MeasureRequest(measured["spec"], bad.variant, measured["bad_run"], parity=False,
+                                                      tokenizer=demo_model, reference=measured["base"].evals))
     assert not again.served and again.decided == bad.decided and again.skipped == bad.skipped

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from quantgate.cli.main import user_error
 from quantgate.base.errors import QuantgateError
 from quantgate.parity.engine import checkpoint_dtype, reference_greedy, reference_placement, run_parity
 from quantgate.quantize import devices
@@ -99,7 +100,8 @@ def test_visible_gpus(value, expected):
 def test_unknown_dtype_names_where_it_came_from():
     with pytest.raises(QuantgateError) as e:
         place(True, 1, "float8", None)
-    assert e.value.where == "--dtype" and "float8" in e.value.message and "bfloat16" in e.value.fix
+    assert e.value.where == "dtype" and "float8" in e.value.message and "bfloat16" in e.value.fix  # the setting
+    assert user_error(e.value).where == "--dtype"  # the command line shows it as its flag
     with pytest.raises(QuantgateError) as e:
         place(True, 1, "auto", None, "int4")
     assert "torch_dtype" in e.value.where

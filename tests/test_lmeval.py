@@ -275,10 +275,11 @@ def test_release_step_measures_the_task_into_the_variant_cache(demo_model, tmp_p
                     "lm_eval: {tasks: [qg_numbers], limit: 10, concurrency: 8}\n")
     spec, variant, lines = load_spec(path), baseline_variant(demo_model), []
     planned = steps.planned_evals(spec, variant, tmp_path / "run", None)
-    ev = steps.serve_and_evaluate(spec, variant, tmp_path / "run", parity=False, log=lines.append)
+    ev = steps.serve_and_evaluate(steps.MeasureRequest(spec, variant, tmp_path / "run", parity=False), log=lines.append)
     assert ev.served and ev.evals == planned and set(planned) == {"lm_eval:qg_numbers"}
     assert eval_complete(planned["lm_eval:qg_numbers"]) and any("lm-eval task qg_numbers" in x for x in lines)
     evidence = json.loads((tmp_path / "run" / "baseline" / "evidence.json").read_text())
     assert evidence["evals"] == {"lm_eval:qg_numbers": str(planned["lm_eval:qg_numbers"])}
-    again = steps.serve_and_evaluate(spec, variant, tmp_path / "run2", parity=False, log=lines.append)
+    again = steps.serve_and_evaluate(steps.MeasureRequest(spec, variant, tmp_path / "run2", parity=False),
+                                     log=lines.append)
     assert not again.served and again.evals == planned

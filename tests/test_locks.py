@@ -200,7 +200,8 @@ PROMOTE_AND_PAUSE = textwrap.dedent("""
             while not Path(go).exists():
                 time.sleep(0.02)
     registry._after_step = hook
-    e = registry.promote(json.loads(Path(decision).read_text()), model="demo", version="v1", checkpoint=ckpt, root=root)
+    e = registry.promote(registry.Promotion(json.loads(Path(decision).read_text()),
+                         model="demo", version="v1", checkpoint=ckpt), root=root)
     print(json.dumps({"reused": e["reused"], "path": e["path"]}))
 """)
 
@@ -238,12 +239,12 @@ def test_promotions_in_two_processes_exclude_each_other_and_stale_temps_are_judg
         (building,) = [d for d in model_dir.iterdir() if d.name.startswith(".v1.tmp-")]
         assert is_locked(registry.version_lock(model_dir, "v1"))
         # another version meanwhile: it clears the orphan, and keeps the live promotion's folder
-        e2 = registry.promote(DECISION, model="demo", version="v2", checkpoint=ckpt, root=root)
+        e2 = registry.promote(registry.Promotion(DECISION, model="demo", version="v2", checkpoint=ckpt), root=root)
         assert e2["reused"] is False and building.is_dir() and not orphan.exists()
         # the same version waits for the lock; past its timeout the error names the holder
         monkeypatch.setattr(registry, "LOCK_TIMEOUT_S", 0.5)
         with pytest.raises(QuantgateError) as err:
-            registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, root=root)
+            registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt), root=root)
         assert f"pid {child.pid} on host {socket.gethostname()} (promote demo v1)" in err.value.render()
         go.write_text("go")
         out, _ = child.communicate(timeout=60)
@@ -253,7 +254,7 @@ def test_promotions_in_two_processes_exclude_each_other_and_stale_temps_are_judg
         if child.poll() is None:
             child.kill()
             child.wait()
-    again = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, root=root)
+    again = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt), root=root)
     assert again["reused"] is True  # the other process's entry, not a second one
     assert sorted(d.name for d in model_dir.iterdir()) == ["v1", "v2"]  # no temporary folder left
     print(f"\nregistry: v1 built by pid {child.pid} while v2 was promoted here; orphan {orphan.name} removed")

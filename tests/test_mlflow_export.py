@@ -32,7 +32,7 @@ from quantgate.gate.policy import DEFAULT_POLICY
 from quantgate.release import mlflow_export, registry
 from quantgate.release.mlflow_client import Api
 from quantgate.release.mlflow_content import MAX_PARAM_VALUE, Content, mlflow_key
-from quantgate.release.mlflow_export import MlflowError, export_run, log_content, start_run
+from quantgate.release.mlflow_export import MlflowError, MlflowTarget, export_run, log_content, start_run
 from quantgate.report.page import write_report
 from quantgate.serving.server import free_port, kill_tree
 
@@ -104,7 +104,7 @@ def release(tmp_path_factory) -> Path:
     by_name = {d.candidate: d for d in decisions}
     assert by_name[CAND].decision == "PROMOTE" and by_name[REJECTED].decision == "REJECT", \
         {d.candidate: d.reasons for d in decisions}
-    entry = registry.promote(by_name[CAND], model="demo", version="v1", checkpoint=ckpt, run=run,
+    entry = registry.promote(registry.Promotion(by_name[CAND], model="demo", version="v1", checkpoint=ckpt, run=run),
                              root=root / "registry")
     rows = {}
     for d in decisions:
@@ -126,7 +126,7 @@ def release(tmp_path_factory) -> Path:
 def exported(server, release):
     """The first export of the run folder, and the lines it logged."""
     lines: list[str] = []
-    return export_run(release, server, experiment="qg-test", model_name=MODEL, log=lines.append), lines
+    return export_run(release, MlflowTarget(server, experiment="qg-test", model_name=MODEL), log=lines.append), lines
 
 
 # --- reading MLflow back -------------------------------------------------------------------------------------------
@@ -259,7 +259,7 @@ def test_promote_is_a_registered_version_tagged_with_the_decision_and_reject_is_
 def test_exporting_again_writes_nothing_and_a_cut_export_is_marked_failed(server, release, exported):
     result, _ = exported
     before = {r["info"]["run_id"] for r in _experiment_runs(server, result.experiment_id)}
-    again = export_run(release, server, experiment="qg-test", model_name=MODEL, log=lambda _: None)
+    again = export_run(release, MlflowTarget(server, experiment="qg-test", model_name=MODEL), log=lambda _: None)
     assert again.reused and again.parent_run_id == result.parent_run_id and again.runs == result.runs
     assert [(v.name, v.version) for v in again.registered] == [(MODEL, "1")]
     assert {r["info"]["run_id"] for r in _experiment_runs(server, result.experiment_id)} == before
@@ -275,12 +275,12 @@ def test_exporting_again_writes_nothing_and_a_cut_export_is_marked_failed(server
             raise Cut(line)
 
     with pytest.raises(Cut):  # stopped after the baseline's run: the parent is left RUNNING
-        export_run(release, server, experiment="qg-cut", log=cut)
+        export_run(release, MlflowTarget(server, experiment="qg-cut"), log=cut)
     exp = _api(server, "GET", "experiments/get-by-name", params={"experiment_name": "qg-cut"})["experiment"]
     exp_id = exp["experiment_id"]
     cut_runs = {r["info"]["run_id"]: r["info"]["status"] for r in _experiment_runs(server, exp_id)}
     assert sorted(cut_runs.values()) == ["FINISHED", "RUNNING"]
-    whole = export_run(release, server, experiment="qg-cut", log=lambda _: None)
+    whole = export_run(release, MlflowTarget(server, experiment="qg-cut"), log=lambda _: None)
     assert not whole.reused and whole.registered[0].name == "demo"  # the release's name by default
     statuses = {r["info"]["run_id"]: r["info"]["status"] for r in _experiment_runs(server, exp_id)}
     assert all(statuses[rid] == "FAILED" for rid, s in cut_runs.items() if s == "RUNNING")
@@ -317,7 +317,7 @@ def test_long_values_and_many_figures_fit_mlflows_limits(server, release, export
 def test_an_unreachable_server_raises_naming_the_url_and_bad_input_is_refused(tmp_path, release, monkeypatch):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.raises(MlflowError) as err:
-        export_run(release, url, log=lambda _: None, retry=FAST)
+        export_run(release, MlflowTarget(url, retry=FAST), log=lambda _: None)
     assert url in err.value.render() and "experiments/get-by-name" in err.value.call
     assert "ConnectError" in err.value.detail and "after 2 attempts" in err.value.detail
     monkeypatch.setattr(mlflow_export, "RETRY", FAST)
@@ -326,12 +326,12 @@ def test_an_unreachable_server_raises_naming_the_url_and_bad_input_is_refused(tm
     res = run_cli(app, ["export", "mlflow", str(tmp_path / "nope"), "--tracking-uri", url])
     assert res.exit_code == 2 and "no run folder" in res.output  # bad input: 2 (main() turns the errors below into 2)
     with pytest.raises(SettingError, match="not an MLflow server URL"):
-        export_run(release, "file:///tmp/mlruns", log=lambda _: None)
+        export_run(release, MlflowTarget("file:///tmp/mlruns"), log=lambda _: None)
     with pytest.raises(SettingError, match="no '/' or ':'"):
-        export_run(release, url, model_name="team/model", log=lambda _: None)
+        export_run(release, MlflowTarget(url, model_name="team/model"), log=lambda _: None)
     unfinished = tmp_path / "unfinished"
     shutil.copytree(release, unfinished)
     (unfinished / "summary.json").unlink()
     with pytest.raises(QuantgateError, match="did not finish") as err:
-        export_run(unfinished, url, log=lambda _: None)
+        export_run(unfinished, MlflowTarget(url), log=lambda _: None)
     assert not isinstance(err.value, MlflowError)

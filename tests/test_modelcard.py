@@ -101,7 +101,8 @@ def test_without_a_run_folder_the_card_says_what_is_missing():
 
 def test_the_registry_entry_holds_the_card_and_verify_covers_it(run, tmp_path):
     folder, ckpt, (d,) = run
-    e = registry.promote(d, model="demo", version="v1", checkpoint=ckpt, run=folder, root=tmp_path / "registry")
+    e = registry.promote(registry.Promotion(d, model="demo", version="v1", checkpoint=ckpt, run=folder),
+                         root=tmp_path / "registry")
     entry = Path(e["path"])
     card = (entry / CARD).read_text()
     assert card == render_card(card_inputs(folder, CAND, model="demo", version="v1", decision=d.model_dump(mode="json"),

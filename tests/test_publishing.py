@@ -23,6 +23,7 @@ from _publish_fixtures import CAND, Receiver, gated_run
 from prefect.events.schemas.automations import AutomationCore
 from typer.testing import CliRunner
 
+from quantgate.gate.summaryfile import write_summary
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.paths import REPO
 from quantgate.cli.main import app
@@ -94,7 +95,8 @@ def test_a_missing_webhook_secret_stops_the_release_before_any_work(monkeypatch)
 def entry(tmp_path):
     """A real promoted entry of a gated run (card, decision, hard-linked checkpoint)."""
     run, ckpt, (d,) = gated_run(tmp_path / "work")
-    e = registry.promote(d, model="demo", version="v1", checkpoint=ckpt, run=run, root=tmp_path / "registry")
+    e = registry.promote(registry.Promotion(d, model="demo", version="v1", checkpoint=ckpt, run=run),
+                         root=tmp_path / "registry")
     return Path(e["path"])
 
 
@@ -295,18 +297,20 @@ def test_promoted_entry_with_card_published_to_a_folder_and_the_receiver_told(tm
     rx = receiver([200])
     spec = load_spec(spec_file(tmp_path, f"publish:\n  - folder: shelf\n  - {{hf_repo: org/demo, token_env: QG_TEST_HF}}\n"
                                          f"notify:\n  - url: {rx.url}\n"))
-    e = registry.promote(d, model="demo", version="v1", checkpoint=ckpt, run=run)
-    records = publishing.publish_run(spec.publish, run, {CAND: e})
+    e = registry.promote(registry.Promotion(d, model="demo", version="v1", checkpoint=ckpt, run=run))
+    records = publishing.publish_run(spec.publish, run, {CAND: Path(e["path"])})
     assert [r["status"] for r in records] == ["published", "failed"]  # the Hub target has no token
     copy = tmp_path / "shelf" / "demo" / "v1"
     assert (copy / "README.md").read_text() == (Path(e["path"]) / "README.md").read_text()
     assert "## Serving with vLLM" in (copy / "README.md").read_text() and registry.verify_entry(copy)
     assert json.loads((run / "publish.json").read_text())["records"] == records
-    summary = publishing.add_to_summary(run, _summary(run), "publish", records)
+    summary = publishing.with_records(_summary(run), "publish", records)
     assert publishing.exit_code(summary, 0) == publishing.OUTBOUND_FAILED == 5  # a PROMOTE that did not ship
-    assert json.loads((run / "summary.json").read_text())["publish"] == records
-    summary = publishing.add_to_summary(run, summary, "notify", webhook.notify_run(spec.notify, run, summary))
+    summary = publishing.with_records(summary, "notify", webhook.notify_run(spec.notify, run, summary))
     assert summary["notify"][0]["status"] == "delivered"
+    write_summary(run, summary)  # once, with both records (as the flow does)
+    written = json.loads((run / "summary.json").read_text())
+    assert written["publish"] == records and written["notify"] == summary["notify"]
     body = json.loads(rx.got[0][1])
     assert body["decision"] == "PROMOTE" and [p["status"] for p in body["publish"]] == ["published", "failed"]
 
@@ -314,9 +318,9 @@ def test_promoted_entry_with_card_published_to_a_folder_and_the_receiver_told(tm
 def test_a_failed_publish_is_reported_and_keeps_the_promotion(tmp_path, entry):
     blocker = tmp_path / "shelf-file"
     blocker.write_text("a file where the target folder should be")
-    records = publishing.publish_run([PublishTarget(folder=blocker)], tmp_path, {CAND: {"path": str(entry)}})
+    records = publishing.publish_run([PublishTarget(folder=blocker)], tmp_path, {CAND: Path(entry)})
     assert records[0]["status"] == "failed" and records[0]["error"]
-    summary = publishing.add_to_summary(tmp_path, {"decision": "PROMOTE", "notes": ["kept"]}, "publish", records)
+    summary = publishing.with_records({"decision": "PROMOTE", "notes": ["kept"]}, "publish", records)
     assert publishing.exit_code(summary, 0) == publishing.OUTBOUND_FAILED
     assert publishing.exit_code(summary, 3) == 3  # a REJECT keeps its code; the failure is still in the record
     assert summary["notes"][0] == "kept" and summary["notes"][1].startswith(f"publish of {CAND} to {blocker} failed")

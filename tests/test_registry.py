@@ -41,7 +41,8 @@ def setup(tmp_path):
 
 def test_promote_writes_a_complete_entry(setup):
     ckpt, report, root = setup
-    e = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, run="runs/r1", root=root)
+    e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, run="runs/r1"),
+                         root=root)
     entry = root / "demo" / "v1"
     assert e["path"] == str(entry) and e["reused"] is False
     assert sorted(p.name for p in entry.iterdir()) == ["README.md", "checkpoint", "decision.json", "manifest.json", "report.md"]
@@ -58,19 +59,22 @@ def test_promote_writes_a_complete_entry(setup):
 
 def test_promoting_twice_gives_one_entry(setup):
     ckpt, report, root = setup
-    first = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, root=root)
-    again = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, root=root)
+    first = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report),
+                             root=root)
+    again = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report),
+                             root=root)
     assert again["reused"] is True and again["created"] == first["created"]
     assert len(registry.list_entries(root)) == 1
 
 
 def test_a_taken_version_refuses_another_checkpoint(setup, tmp_path):
     ckpt, _, root = setup
-    registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, root=root)
+    registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt), root=root)
     other = checkpoint(tmp_path / "other", b"different weights")
     with pytest.raises(QuantgateError, match="already registered for another checkpoint"):
-        registry.promote(DECISION, model="demo", version="v1", checkpoint=other, root=root)
-    assert registry.promote(DECISION, model="demo", version="v2", checkpoint=other, root=root)["reused"] is False
+        registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=other), root=root)
+    assert registry.promote(registry.Promotion(DECISION, model="demo", version="v2", checkpoint=other),
+                            root=root)["reused"] is False
 
 
 @pytest.mark.parametrize("decision, kwargs, words", [
@@ -81,15 +85,16 @@ def test_a_taken_version_refuses_another_checkpoint(setup, tmp_path):
 ])
 def test_refusals_write_nothing(setup, decision, kwargs, words):
     ckpt, _, root = setup
-    args = {"model": "demo", "version": "v1", "checkpoint": ckpt, "root": root, **kwargs}
+    args = {"model": "demo", "version": "v1", "checkpoint": ckpt, **kwargs}
     with pytest.raises(QuantgateError, match=words):
-        registry.promote(decision, **args)
+        registry.promote(registry.Promotion(decision, **args), root=root)
     assert not root.exists() or registry.list_entries(root) == []
 
 
 def test_copy_checkpoint(setup):
     ckpt, _, root = setup
-    e = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, root=root, copy_checkpoint=True)
+    e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt),
+                         root=root, copy_checkpoint=True)
     copied = root / "demo" / "v1" / "checkpoint" / "model.safetensors"
     assert copied.read_bytes() == (ckpt / "model.safetensors").read_bytes() and e["checkpoint"]["path"] == "checkpoint"
 
@@ -103,8 +108,8 @@ KILL_SCRIPT = textwrap.dedent("""
         if name == step:
             os.kill(os.getpid(), signal.SIGKILL)  # a real, abrupt death: no finally, no cleanup
     registry._after_step = hook
-    registry.promote(json.loads(open(decision).read()), model="demo", version="v1", checkpoint=ckpt, report=report,
-                     root=root, copy_checkpoint=True)
+    registry.promote(registry.Promotion(json.loads(open(decision).read()),
+                     model="demo", version="v1", checkpoint=ckpt, report=report), root=root, copy_checkpoint=True)
     print("finished")
 """)
 
@@ -121,7 +126,8 @@ def test_killed_between_steps_leaves_no_partial_entry(setup, tmp_path, step):
     assert len(leftovers) == 1 and leftovers[0].startswith(".v1.tmp-")  # it did die part-way through
     assert not (root / "demo" / "v1").exists() and registry.list_entries(root) == []
     # the next promotion completes and clears the dead process's leftovers
-    e = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, root=root)
+    e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report),
+                         root=root)
     assert e["reused"] is False and [d.name for d in (root / "demo").iterdir()] == ["v1"]
 
 
@@ -144,13 +150,15 @@ def test_an_error_part_way_cleans_up(setup, monkeypatch):
             raise OSError("disk full")
     monkeypatch.setattr(registry, "_after_step", boom)
     with pytest.raises(OSError, match="disk full"):
-        registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, root=root)
+        registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report),
+                         root=root)
     assert list((root / "demo").iterdir()) == []
 
 
 def test_a_concurrent_promotion_that_wins_the_rename_is_kept(setup, tmp_path, monkeypatch):
     ckpt, report, root = setup
-    winner = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, root=tmp_path / "other")
+    winner = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt),
+                              root=tmp_path / "other")
 
     def other_process_finishes_first(step):
         if step == "manifest":
@@ -158,7 +166,8 @@ def test_a_concurrent_promotion_that_wins_the_rename_is_kept(setup, tmp_path, mo
 
             shutil.copytree(winner["path"], root / "demo" / "v1")
     monkeypatch.setattr(registry, "_after_step", other_process_finishes_first)
-    e = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, root=root)
+    e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report),
+                         root=root)
     assert e["reused"] is True and e["created"] == winner["created"]
     assert [d.name for d in (root / "demo").iterdir()] == ["v1"]
 
@@ -166,8 +175,8 @@ def test_a_concurrent_promotion_that_wins_the_rename_is_kept(setup, tmp_path, mo
 def test_publish_is_off_by_default_and_does_not_import_the_hub(setup):
     ckpt, _, root = setup
     code = ("import sys, json; from quantgate.release import registry; "
-            f"e = registry.promote(json.loads({json.dumps(json.dumps(DECISION))}), model='demo', version='v1', "
-            f"checkpoint={str(ckpt)!r}, root={str(root)!r}); "
+            f"e = registry.promote(registry.Promotion(json.loads({json.dumps(json.dumps(DECISION))}), model='demo', "
+            f"version='v1', checkpoint={str(ckpt)!r}), root={str(root)!r}); "
             "print('published' in e, 'huggingface_hub' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.stdout.split() == ["False", "False"], p.stderr
@@ -177,8 +186,8 @@ def test_publish_is_off_by_default_and_does_not_import_the_hub(setup):
 def test_publish_to_a_uri(setup, tmp_path):
     ckpt, report, root = setup
     target = tmp_path / "bucket"
-    e = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, root=root,
-                         copy_checkpoint=True, publish=f"file://{target}")
+    e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report),
+                         root=root, copy_checkpoint=True, publish=f"file://{target}")
     dest = target / "demo" / "v1"
     assert (dest / "manifest.json").read_text() == (root / "demo" / "v1" / "manifest.json").read_text()
     assert (dest / "checkpoint" / "model.safetensors").is_file()
@@ -270,8 +279,8 @@ def test_promotion_refuses_a_checkpoint_that_no_longer_matches_the_evaluated_has
     evaluated = checkpoint_hash(ckpt)
     (ckpt / "model.safetensors").write_bytes(b"other weights, after the evaluation")
     with pytest.raises(QuantgateError, match="not evaluated") as err:
-        registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, root=root,
-                         expected_sha256=evaluated)
+        registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, expected_sha256=evaluated),
+                         root=root)
     assert evaluated[:12] in err.value.render()
     assert not root.exists() or registry.list_entries(root) == [] and list((root / "demo").iterdir()) == []
 
@@ -286,13 +295,14 @@ def evidence(run, variant_name: str, content_hash: str):
 def test_the_evaluated_hash_comes_from_the_runs_evidence(setup, tmp_path, own_cache):
     ckpt, report, root = setup
     run = evidence(tmp_path / "runs" / "r1", "w4a16-gptq", checkpoint_hash(ckpt))
-    e = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, run=run, root=root)
+    e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, run=run), root=root)
     assert e["checkpoint"]["evaluated_sha256"] == e["checkpoint"]["sha256"] == checkpoint_hash(ckpt)
     evidence(run, "w4a16-gptq", "0" * 64)  # the weights evaluated were others
     with pytest.raises(QuantgateError, match="not evaluated"):
-        registry.promote(DECISION, model="demo", version="v2", checkpoint=ckpt, run=run, root=root)
+        registry.promote(registry.Promotion(DECISION, model="demo", version="v2", checkpoint=ckpt, run=run), root=root)
     with pytest.raises(QuantgateError, match="no evaluated content hash"):  # a run folder without evidence
-        registry.promote(DECISION, model="demo", version="v3", checkpoint=ckpt, run=tmp_path / "runs", root=root)
+        registry.promote(registry.Promotion(DECISION, model="demo", version="v3", checkpoint=ckpt, run=tmp_path / "runs"),
+                         root=root)
     assert [x["version"] for x in registry.list_entries(root)] == ["v1"]
     assert [d.name for d in (root / "demo").iterdir()] == ["v1"]
 
@@ -304,8 +314,8 @@ def test_the_entry_is_verified_from_its_bytes_not_the_cache(setup, own_cache, co
     rewrite_in_place(ckpt / "model.safetensors", b"WEIGHTS")  # the cache cannot see this one
     assert checkpoint_hash(ckpt) == evaluated
     with pytest.raises(QuantgateError, match="the copied checkpoint has content hash"):
-        registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, root=root,
-                         expected_sha256=evaluated, copy_checkpoint=copy)
+        registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, expected_sha256=evaluated),
+                         root=root, copy_checkpoint=copy)
     assert list((root / "demo").iterdir()) == []  # the temporary entry is gone: nothing half-written
 
 
@@ -321,8 +331,8 @@ def test_a_later_release_cannot_change_what_an_earlier_promote_entry_serves(tmp_
     assert first.path.parent == tmp_path / "results" / "checkpoints"
     assert first.path.name == f"{checkpoint_hash(model)[:12]}-{scheme}-{first.quantization['key'][:12]}"
     evidence(run, scheme, first.content_hash)
-    e = registry.promote({**DECISION, "candidate": scheme}, model="demo", version="v1", checkpoint=first.path,
-                         run=run, root=root)
+    e = registry.promote(registry.Promotion({**DECISION, "candidate": scheme}, model="demo", version="v1", checkpoint=first.path, run=run),
+                         root=root)
     entry = Path(e["path"]) / "checkpoint"
     served = {f.name: f.read_bytes() for f in entry.iterdir()}
 
@@ -343,7 +353,8 @@ def test_a_later_release_cannot_change_what_an_earlier_promote_entry_serves(tmp_
 
 def test_verify_entry_notices_a_modified_entry(setup, own_cache):
     ckpt, _, root = setup
-    e = registry.promote(DECISION, model="demo", version="v1", checkpoint=ckpt, root=root, copy_checkpoint=True)
+    e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt),
+                         root=root, copy_checkpoint=True)
     assert registry.verify_entry(e["path"])["version"] == "v1"
     (root / "demo" / "v1" / "checkpoint" / "model.safetensors").write_bytes(b"tampered")
     with pytest.raises(QuantgateError, match="modified since promotion"):

@@ -152,7 +152,7 @@ def test_release_flow_produces_evidence_for_every_variant(workspace, receiver):
     quantized = json.loads((run / FIRST / "quantization.json").read_text())
     assert quantized["reused"] is (FIRST in CHECKPOINTS)  # test_quantize's checkpoint has the flow's key
     steps = [r["step"] for r in json.loads((run / "timings.json").read_text())]
-    assert steps[0] == "model" and f"quantize {FIRST}" in steps and steps[-1] == "notify"  # after the report
+    assert steps[0] == "model" and f"quantize {FIRST}" in steps and steps[-1] == "report"  # summary.json once, then the report
     serve = serve_steps(run)  # one server start per variant; side by side on disjoint slots when the rule splits
     assert sorted(serve) == sorted(["baseline", FIRST]) and all(r["served"] is True for r in serve.values())
     b, c = serve["baseline"], serve[FIRST]
@@ -206,7 +206,8 @@ def test_release_flow_produces_evidence_for_every_variant(workspace, receiver):
 
 def published_and_told(root: Path, run: Path, summary: dict, stdout: str, rx: Receiver) -> None:
     """The promoted entry has its model card, a verified copy is in the folder target, the receiver got the signed
-    decision, decision.junit.xml has the checks, and the steps ran in order: publish, report, notify."""
+    decision, decision.junit.xml has the checks, and the steps ran in order: publish, notify (both recorded in
+    summary.json, written once after them), report."""
     assert f"publish {FIRST} to " in stdout and f"notify {rx.url}: delivered" in stdout
     entry = Path(summary["candidates"][FIRST]["registry"])
     card = (entry / "README.md").read_text()
@@ -226,7 +227,7 @@ def published_and_told(root: Path, run: Path, summary: dict, stdout: str, rx: Re
     junit = ET.fromstring((run / "decision.junit.xml").read_text())
     assert [s.get("name") for s in junit.findall("testsuite")] == [FIRST] and junit.get("failures") == "0"
     steps = [r["step"] for r in json.loads((run / "timings.json").read_text())]
-    assert steps.index("publish") < steps.index("report") < steps.index("notify")
+    assert steps.index("publish") < steps.index("notify") < steps.index("report")
 
 
 def serve_steps(run: Path) -> dict[str, dict]:
@@ -395,9 +396,9 @@ def test_prefect_deployment_run_of_the_release(workspace):
         # by design): the only one in the log is that record, the decision with the summary's path
         ends = re.findall(r"Traceback \(most recent call last\):.*?\n(\S[^\n]*)", logged, flags=re.S)
         assert ends and all(e.startswith(f"quantgate.release.outcome.NotPromoted: {summary['decision']}: ") for e in ends), ends
-        events = _events(api, "quantgate.release.decided", "quantgate.release.e2e.")
-        mine = [e for e in events if e["resource"]["quantgate.run"] == "deployed"]
-        assert [e["payload"]["decision"] for e in mine] == [summary["decision"]], events
+        # the server stores events in batches after they arrive: wait for this run's one (not just any earlier run's)
+        mine = _events_of_run(api, "quantgate.release.decided", "quantgate.release.e2e.", "deployed")
+        assert [e["payload"]["decision"] for e in mine] == [summary["decision"]], mine
         assert mine[0]["resource"]["prefect.resource.id"] == f"quantgate.release.e2e.{FIRST}"
         assert mine[0]["payload"]["failing"] and mine[0]["payload"]["figures"]
         deadline = time.monotonic() + 120  # the Automation fired on it (its own event, from the server's triggers)
@@ -418,6 +419,16 @@ def test_prefect_deployment_run_of_the_release(workspace):
     finally:
         for p in reversed(procs):
             kill_tree(p.pid)
+
+
+def _events_of_run(api: str, name: str, resource_prefix: str, run_id: str, wait_s: float = 60) -> list[dict]:
+    """The events of `_events` that one quantgate run emitted, polled until at least one is stored or `wait_s` passes."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        mine = [e for e in _events(api, name, resource_prefix) if e["resource"].get("quantgate.run") == run_id]
+        if mine or time.monotonic() > deadline:
+            return mine
+        time.sleep(2)
 
 
 def _events(api: str, name: str, resource_prefix: str) -> list[dict]:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 
 from quantgate.plan.slots import Slot
-from quantgate.release.replicas import Step, StepRunner, run_steps
+from quantgate.release.replicas import Lending, Step, StepRunner, run_steps
 from quantgate.release.schedule import SlotPool
 
 
@@ -49,7 +49,7 @@ def test_a_lone_variant_takes_the_free_slot_and_both_servers_run_steps():
     ran, lock, started = {}, threading.Lock(), []
     with pool.take("w4a16") as own:
         n = run_steps(_recording(["eval", "recall", "perf", "fidelity"], 0.3, ran, lock), Srv("first"), name="w4a16",
-                      lender=pool, start=_starter(started), log=lambda _: None, poll_s=0.02)
+                      lending=Lending(pool, _starter(started), poll_s=0.02), log=lambda _: None)
         assert own.index == 0
     assert n == 2 and started == [1]
     assert set(ran) == {"eval", "recall", "perf", "fidelity"}
@@ -87,8 +87,8 @@ def test_one_step_starts_no_server():
     pool = SlotPool(_slots(2), log=lambda _: None)
     ran, lock, started = {}, threading.Lock(), []
     with pool.take("candidate"):
-        n = run_steps(_recording(["recall"], 0.2, ran, lock), Srv("first"), name="c", lender=pool,
-                      start=_starter(started), log=lambda _: None, poll_s=0.02)
+        n = run_steps(_recording(["recall"], 0.2, ran, lock), Srv("first"), name="c",
+                      lending=Lending(pool, _starter(started), poll_s=0.02), log=lambda _: None)
     assert n == 1 and started == [] and ran == {"recall": "first"}  # below grow_at: not worth a server start
 
 
@@ -96,8 +96,8 @@ def test_extra_servers_start_beside_the_first_but_take_no_step_before_it_is_chec
     pool = SlotPool(_slots(2), log=lambda _: None)
     ran, lock, started = {}, threading.Lock(), []
     with pool.take("baseline"):
-        with StepRunner(_recording(["eval", "recall", "perf"], 0.1, ran, lock), name="baseline", lender=pool,
-                        start=_starter(started), log=lambda _: None, poll_s=0.02) as runner:
+        with StepRunner(_recording(["eval", "recall", "perf"], 0.1, ran, lock), name="baseline",
+                        lending=Lending(pool, _starter(started), poll_s=0.02), log=lambda _: None) as runner:
             deadline = time.monotonic() + 5
             while not started and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -113,8 +113,8 @@ def test_a_failed_engine_check_lets_the_extra_server_go_without_a_step():
     ran, lock, started = {}, threading.Lock(), []
     with pool.take("baseline"):
         with pytest.raises(RuntimeError, match="parity"):
-            with StepRunner(_recording(["eval", "recall"], 0.05, ran, lock), name="baseline", lender=pool,
-                            start=_starter(started), log=lambda _: None, poll_s=0.02):
+            with StepRunner(_recording(["eval", "recall"], 0.05, ran, lock), name="baseline",
+                            lending=Lending(pool, _starter(started), poll_s=0.02), log=lambda _: None):
                 time.sleep(0.1)
                 raise RuntimeError("engine parity failed")
     assert started == [1] and ran == {}
@@ -133,8 +133,8 @@ def test_a_failing_step_is_raised_after_every_server_stopped_and_the_slot_is_bac
     steps = [Step("eval", boom), *(Step(f"s{i}", lambda srv: time.sleep(0.2)) for i in range(3))]
     with pool.take("candidate"):
         with pytest.raises(RuntimeError, match="eval failed"):
-            run_steps(steps, Srv("first"), name="c", lender=pool, start=_starter(started), log=lambda _: None,
-                      poll_s=0.02)
+            run_steps(steps, Srv("first"), name="c", lending=Lending(pool, _starter(started), poll_s=0.02),
+                      log=lambda _: None)
     lent = pool.borrow()
     assert lent is not None
     pool.give_back(lent)
@@ -159,7 +159,7 @@ def test_a_step_on_an_extra_server_that_died_goes_back_to_the_others():
 
     steps = [Step(n, lambda srv, n=n: step(srv, n)) for n in ("a", "b", "c", "d")]
     with pool.take("candidate"):
-        n = run_steps(steps, Srv("first"), name="c", lender=pool, start=start, log=lambda _: None, poll_s=0.02)
+        n = run_steps(steps, Srv("first"), name="c", lending=Lending(pool, start, poll_s=0.02), log=lambda _: None)
     assert set(ran) == {"a", "b", "c", "d"} and set(ran.values()) == {"first"} and n >= 2
 
 

@@ -16,8 +16,10 @@ import math
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from _gate_fixtures import make_run, recall_dirs
 
+from quantgate.gate.summaryfile import write_summary
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.paths import EVAL_SETS
@@ -103,7 +105,8 @@ def _same(a, b) -> bool:
 def test_comparison_reads_back_through_its_model(written):
     path = written["run"] / COMPARE_DIR / f"{CAND}.json"
     cmp_ = load_comparison(path)
-    raw = written["comparison"]["default"]
+    raw = json.loads(path.read_text(encoding="utf-8"))["default"]
+    assert written["comparison"].model_dump_json() == cmp_.model_dump_json()  # what the compare step returned
     got = cmp_.root["default"]
     em = got.metrics["exact_match"]
     assert em.binary and em.higher_is_better and em.overall.n == raw["metrics"]["exact_match"]["overall"]["n"] == 12
@@ -177,8 +180,9 @@ def test_summary_reads_back_through_its_model(tmp_path):
         return rel.Evidence(variant=variant, folder=run / name, cache=tmp_path, serve_command=[], dtype=None,
                             evals=evidence["evals"], served=False)
 
-    comparisons = {CAND: json.loads((run / COMPARE_DIR / f"{CAND}.json").read_text(encoding="utf-8"))}
-    written = rel.finish_run(spec, run, ev("baseline", 1000), [ev(CAND, 400)], comparisons, decisions, {})
+    comparison = load_comparison(run / COMPARE_DIR / f"{CAND}.json")
+    written = rel.finish_run(spec, run, ev("baseline", 1000), [(ev(CAND, 400), comparison)], decisions, {})
+    write_summary(run, written)
     s = load_summary(run / SUMMARY)
     assert s.release == "t" and s.run == run.name and s.decision == written["decision"] == "PROMOTE"
     assert s.promoted == [CAND] and s.baseline.size_bytes == 1000 and s.baseline.parity is None
@@ -237,3 +241,10 @@ def test_not_an_object_missing_and_corrupt_files_are_named(tmp_path):
     with pytest.raises(QuantgateError, match="missing file"):
         load_summary(tmp_path / "none.json")
     assert Comparison.model_validate({}).root == {}
+
+
+def test_a_summary_its_readers_would_refuse_is_never_written(tmp_path):
+    (tmp_path / "summary.json").write_text('{"decision": "REJECT"}')
+    with pytest.raises(ValidationError):
+        write_summary(tmp_path, {"decision": "PROMOTE", "candidates": {"int8": {"reasons": "not a list"}}})
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"decision": "REJECT"}  # the old one kept

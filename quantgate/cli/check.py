@@ -225,7 +225,7 @@ def _check_folders(path: Path, spec: ReleaseSpec) -> None:
         if found and at[0] != "candidates" and not folder.is_absolute() and not os.path.lexists(folder) \
                 and os.path.lexists(beside):
             found[-1] += (f"; a relative folder is taken from the current directory ({Path.cwd()}), not from the "
-                          f"spec's: write {beside.resolve()}")
+                          f"spec's: write {os.path.realpath(beside)}")  # realpath: a loop is no error here
         problems += [(at, why, fix) for why in found]
     if not problems:
         return
@@ -262,9 +262,10 @@ def _check_one(path: Path, kind: Kind, done: set[Path], given: Given | None = No
     given = given or Given()
     if kind is Kind.evalset and path.name.endswith(".meta.yaml"):
         path = samples_beside(path)
-    if path.resolve() in done:
+    real = Path(os.path.realpath(path))  # not Path.resolve(): it raises on a symlink loop
+    if real in done:
         return []
-    done.add(path.resolve())
+    done.add(real)
     loader = {Kind.spec: _load_spec, Kind.policy: load_policy,
               Kind.evalset: lambda p: _check_evalset(p, given.context), Kind.review: lambda p: check_csv(p, given.key)}
     result, value = _attempt(kind, path, loader[kind], path)
@@ -273,8 +274,8 @@ def _check_one(path: Path, kind: Kind, done: set[Path], given: Given | None = No
     results = [result]
     if kind is Kind.spec and isinstance(value, ReleaseSpec):
         for es in value.eval_sets:
-            if es.resolve() not in done:
-                done.add(es.resolve())
+            if (real_es := Path(os.path.realpath(es))) not in done:
+                done.add(real_es)
                 results.append(_attempt(Kind.evalset, es, _check_evalset, es, max_context=value.context)[0])
         results += _check_one(value.policy or DEFAULT_POLICY, Kind.policy, done, given)
         if all(err is None for _, _, err in results):

@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from quantgate.base.paths import results_dir
-from quantgate.release.mlflow_export import MlflowError, export_run
+from quantgate.release.mlflow_export import MlflowError, MlflowTarget, export_run
 
 TOKEN_ENV = "MLFLOW_TRACKING_TOKEN"
 
@@ -41,8 +41,8 @@ def mlflow_cmd(
         print(f"error: no run folder {folder}: `quantgate runs` lists them", file=sys.stderr)
         raise typer.Exit(2)
     try:
-        result = export_run(folder, tracking_uri, experiment=experiment, model_name=model_name,
-                            token=os.environ.get(TOKEN_ENV) or None)
+        result = export_run(folder, MlflowTarget(tracking_uri, experiment=experiment, model_name=model_name,
+                                                 token=os.environ.get(TOKEN_ENV) or None))
     except MlflowError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         raise typer.Exit(1) from None

@@ -1,6 +1,7 @@
-"""The typed form of a release's `<run>/summary.json` (quantgate.release.steps.finish_run writes it; the
-publishing and notify steps add `publish` and `notify`). It lives here, below report/ and release/, so that the
-gate, the report and the release read it through one model: `load_summary`.
+"""The typed form of a release's `<run>/summary.json` (quantgate.release.steps.finish_run makes it, the publishing
+and notify steps add `publish` and `notify`, then the flow writes it once with `write_summary`). It lives here,
+below report/ and release/, so that the gate, the report and the release read and write it through one model:
+`load_summary`, `write_summary`.
 
 Keys a later writer adds are kept; every field defaults, since a candidate whose server failed has a short row.
 """
@@ -12,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantgate.base.fileio import write_json
+from quantgate.base.runfiles import SUMMARY
 from quantgate.base.typedfile import read_model
 
 _OPEN = ConfigDict(extra="allow")
@@ -79,3 +82,11 @@ def load_summary(path: Path | str) -> Summary:
     """A release's summary.json, validated; QuantgateError naming the file and field when it does not fit."""
     return read_model(path, Summary, "release summary",
                       "re-run the release with the same --run-id: its last steps rewrite summary.json")
+
+
+def write_summary(run: Path, summary: dict[str, Any]) -> Path:
+    """<run>/summary.json, its one writer: the summary is checked against `Summary` first, so one that its readers
+    would refuse is never written; written as given (keys a later reader may want are kept)."""
+    Summary.model_validate(summary)
+    write_json(run / SUMMARY, summary)
+    return run / SUMMARY

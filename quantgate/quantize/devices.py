@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from quantgate.base.errors import QuantgateError
+from quantgate.base.errors import SettingError
 
 # dtype spellings vLLM's --dtype and config.json use, to torch's attribute names
 DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32",
@@ -45,13 +45,15 @@ class Placement:
         return asdict(self)
 
 
-def torch_dtype_name(name: str | None, where: str = "--dtype") -> str | None:
-    """The torch name of a dtype spelling; None for `auto`/nothing. Unknown spellings are an error naming `where`."""
+def torch_dtype_name(name: str | None, setting: str = "dtype", where: str | None = None) -> str | None:
+    """The torch name of a dtype spelling; None for `auto`/nothing. Unknown spellings are a SettingError for
+    `setting` (the CLI shows it as its flag), or naming `where` when the value came from a file."""
     if name in AUTO:
         return None
     key = str(name).lower().removeprefix("torch.")
     if key not in DTYPES:
-        raise QuantgateError(f"unknown dtype '{name}'", where=where, fix=f"use one of: auto, {', '.join(sorted(set(DTYPES.values())))}")
+        raise SettingError(f"unknown dtype '{name}'", setting=setting, where=where,
+                           fix=f"use one of: auto, {', '.join(sorted(set(DTYPES.values())))}")
     return DTYPES[key]
 
 
@@ -108,6 +110,6 @@ def place(cuda_available: bool, device_count: int, served_dtype: str | None, cud
         return Placement("cpu", served or "float32", None, why)
     if served:
         return Placement(device, served, physical, f"{why}, served dtype {served}")
-    ckpt = torch_dtype_name(checkpoint_dtype, where="config.json: torch_dtype") or "float32"
+    ckpt = torch_dtype_name(checkpoint_dtype, "torch_dtype", where="config.json: torch_dtype") or "float32"
     dtype = GPU_AUTO_FOR_FP32 if ckpt == "float32" else ckpt
     return Placement(device, dtype, physical, f"{why}, served dtype auto: checkpoint {ckpt} -> {dtype}")

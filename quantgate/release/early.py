@@ -36,9 +36,11 @@ class EarlyDecision:
     """One candidate's early decision: judged once, after its fidelity dump, read by the steps that may skip."""
 
     def __init__(self, spec: ReleaseSpec, run: Path, variant: Variant, reference: Mapping[str, Path], *,
-                 wait: Callable[[], None] | None, log: Log, looks: tuple[list[int], int] | None) -> None:
+                 wait: Callable[[], None] | None, log: Log) -> None:
         self.spec, self.run, self.variant, self.reference = spec, run, variant, reference
-        self.wait, self.log, self.looks = wait, log, looks
+        self.wait, self.log = wait, log
+        plan = fidelity_looks(spec)  # the planned looks: this one spends its share of alpha
+        self.looks = (plan, fidelity_size(spec)) if plan else None
         self.reason: str | None = None   # why the REJECT is decided (the failed checks), None while it is not
         self.skipped: dict[str, str] = {}  # step -> why it did not run
         self._lock = threading.Lock()
@@ -85,10 +87,9 @@ def early_decision(spec: ReleaseSpec, run: Path, variant: Variant, reference: Ma
     widened rounds), or no fidelity to decide on."""
     if reference is None or not spec.decide_early or spec.fidelity is None:
         return None
-    plan = fidelity_looks(spec)
-    if not plan:
+    if not fidelity_looks(spec):
         return None
-    return EarlyDecision(spec, run, variant, reference, wait=wait, log=log, looks=(plan, fidelity_size(spec)))
+    return EarlyDecision(spec, run, variant, reference, wait=wait, log=log)
 
 
 __all__ = ["SKIPPABLE", "EarlyDecision", "early_decision"]

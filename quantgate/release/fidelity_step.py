@@ -50,9 +50,10 @@ ESTIMATOR = "sampled-logratio"  # what <run>/fidelity/*.json's kl means (quantga
 
 def _key(spec: ReleaseSpec, reference: Mapping[str, Path]) -> str:
     """By the baseline's eval folders (themselves keyed by the baseline's checkpoint, serving arguments, engine and
-    eval set) and the fidelity settings."""
+    eval set) and the fidelity settings. The folders count by their names under the baseline's cache key, not by
+    where the results root is: the same on every host of a release on work pools, and after a results folder moves."""
     assert spec.fidelity is not None
-    blob = json.dumps({"evals": sorted(str(p) for p in reference.values()), "samples_schema": sampling.SCHEMA,
+    blob = json.dumps({"evals": sorted(p.relative_to(p.parents[2]).as_posix() for p in reference.values()), "samples_schema": sampling.SCHEMA,
                        "fidelity": spec.fidelity.model_dump(mode="json")}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -166,11 +167,12 @@ def sample(spec: ReleaseSpec, reference: Mapping[str, Path], tokenizer: Path, sr
     return out
 
 
-def measure(spec: ReleaseSpec, name: str, srv, dirs: Mapping[str, Path], samples: Path, log: Log, *,
+def measure(spec: ReleaseSpec, srv, dirs: Mapping[str, Path], samples: Path, log: Log, *,
             baseline: bool = False) -> None:
     """Fill the variant's dump folders from the baseline's complete samples folder: the baseline's "main" from its
-    sampling answers (no request), every other path by scoring on the running server (the baseline's "alt": the
-    floor's subset)."""
+    sampling answers (no request), every other path by scoring on the running server `srv` (the baseline's "alt":
+    the floor's subset), under the name it serves."""
+    name = srv.config.name
     f = spec.fidelity
     assert f is not None
     seqs = sampling.load_sequences(samples)

@@ -36,8 +36,10 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from quantgate.base import progress
 from quantgate.base.errors import QuantgateError
 from quantgate.fidelity import run as fidelity_run, sampling
+from quantgate.evals.comparefile import Comparison
 from quantgate.gate.models import Decision
-from quantgate.release import fidelity_step, judge_cache, outcome, publishing, schedule, webhook
+from quantgate.gate.summaryfile import write_summary
+from quantgate.release import fidelity_step, judge_cache, outcome, pools, publishing, schedule, webhook
 from quantgate.release.adaptive import fidelity_looks, widen
 from quantgate.release.autoschemes import at_flow_start
 from quantgate.release import steps as rel
@@ -71,14 +73,14 @@ def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path, pool: s
 # log_prints off: dill (under `datasets`) disassembles functions with print() into a captured stdout, which
 # Prefect's print capture would turn into pages of bytecode in the run log; our own messages go through `log`
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE, log_prints=False)
-def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parity: bool, pool: schedule.SlotPool,
-                       tokenizer: Path | None = None, reference: Mapping[str, Path] | None = None,
+def serve_and_evaluate(req: rel.MeasureRequest, pool: schedule.SlotPool,
                        baseline_failed: Callable[[], bool] = lambda: False) -> rel.Evidence:
     """On a free slot: plan, serve, check the engine, run the eval sets, recall grid, perf probe and fidelity, stop
     the server (cached: no server). Candidates score the continuations the baseline samples (in its cache beside
-    its eval folders, `reference`) for fidelity, waiting for them when the baseline's job beside them has not
+    its eval folders, `req.reference`) for fidelity, waiting for them when the baseline's job beside them has not
     finished them yet (`baseline_failed`: it will not)."""
     log = get_run_logger().info
+    spec, variant, reference = req.spec, req.variant, req.reference
     ready = None
     if reference is not None and spec.fidelity is not None:
         def ready(dumps: bool = False) -> None:  # the baseline's fidelity samples (or its dumps of them), in its cache
@@ -88,11 +90,10 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: rel.Variant, run: Path, parit
             else:
                 schedule.wait_for_reference({"samples": fidelity_step.samples_dir(spec, reference)}, baseline_failed,
                                             log, final=sampling.is_complete)
-    rank = schedule.BASELINE if parity else schedule.CANDIDATE
+    rank = schedule.BASELINE if req.parity else schedule.CANDIDATE
     with pool.take_for(variant.name, rank, variant.endpoint is not None) as slot, schedule.pinned(slot), \
-            progress.reporting(variant.name, log=log), timed(run, f"serve and measure {variant.name}") as row:
-        ev = rel.serve_and_evaluate(spec, variant, run, parity=parity, tokenizer=tokenizer, reference=reference,
-                                    log=log, slot=slot, reference_ready=ready, lender=pool)
+            progress.reporting(variant.name, log=log), timed(req.run, f"serve and measure {variant.name}") as row:
+        ev = rel.serve_and_evaluate(req, log=log, slot=slot, reference_ready=ready, lender=pool)
         row.update(served=ev.served, slot=slot.label if slot else None)
         return ev
 
@@ -103,13 +104,13 @@ def _failed(job: PrefectFuture | None) -> Callable[[], bool]:
 
 
 @task(cache_policy=NO_CACHE)
-def compare(baseline: rel.Evidence, candidate: rel.Evidence, run: Path) -> dict:
+def compare(baseline: rel.Evidence, candidate: rel.Evidence, run: Path) -> Comparison:
     with timed(run, f"compare {candidate.variant.name}"):
         return rel.compare_variants(baseline, candidate, run)
 
 
 @task(retries=1, retry_delay_seconds=10, cache_policy=NO_CACHE)
-def judge(spec: ReleaseSpec, run: Path, baseline: rel.Evidence, candidates: list[rel.Evidence]) -> dict:
+def judge(spec: ReleaseSpec, run: Path, baseline: rel.Evidence, candidates: list[rel.Evidence]) -> dict[str, Path]:
     """The LLM judge on each candidate vs the baseline (cached by its inputs); a retry resumes. A failure is
     recorded for the gate."""
     log = get_run_logger().info
@@ -118,19 +119,19 @@ def judge(spec: ReleaseSpec, run: Path, baseline: rel.Evidence, candidates: list
 
 
 @task(cache_policy=NO_CACHE)
-def gate(spec: ReleaseSpec, run: Path, candidates: list[str], looks: list[int] | None = None) -> list:
+def gate(spec: ReleaseSpec, run: Path, candidates: list[str], looks: list[int] | None = None) -> list[Decision]:
     with timed(run, "gate"):
         return rel.gate(spec, run, candidates, looks)
 
 
 @task(retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def promote(spec: ReleaseSpec, run: Path, decision, variant: rel.Variant) -> dict:
+def promote(spec: ReleaseSpec, run: Path, decision: Decision, variant: rel.Variant) -> Path | None:
     with timed(run, f"promote {variant.name}"):
         return rel.promote(spec, run, decision, variant)
 
 
 @task(cache_policy=NO_CACHE)
-def publish(spec: ReleaseSpec, run: Path, promotions: dict) -> list[dict]:
+def publish(spec: ReleaseSpec, run: Path, promotions: dict[str, Path]) -> list[dict]:
     """Every promoted entry to the spec's `publish:` targets (<run>/publish.json); a failure is recorded, not raised,
     and never un-does the promotion."""
     with timed(run, "publish"):
@@ -156,7 +157,10 @@ def measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path,
     """Serve and measure the baseline and the candidates (Variants, scheme ids to quantize first, or names of the
     spec's `candidates`) side by side on the pool's slots, the baseline submitted first so that it takes the first
     free slot. With one slot the candidates wait for a served baseline (they score its answers). An endpoint takes
-    no slot: it is measured where it runs, beside whatever the slots hold."""
+    no slot: it is measured where it runs, beside whatever the slots hold. `executor: pools`: each variant in a
+    child flow run on its work pool instead (quantgate.release.pools)."""
+    if s.executor.kind == "pools":
+        return pools.measure(s, run, candidates, get_run_logger().info, baseline)
     base = rel.baseline_for(s, model_dir)
     reference = rel.planned_evals(s, base, run, pool.sample)  # first: it also asks vLLM its version, once
     candidates = [c if not isinstance(c, str) or c in s.schemes else rel.external_variant(s, c, model_dir, run)
@@ -164,7 +168,7 @@ def measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path,
     coming = _slot_jobs(pool, base if baseline else None, candidates)
     pool.announce(*coming)  # no slot is lent to a variant's extra server while these still have to take theirs
     try:
-        return _measure(s, run, pool, model_dir, base, reference, candidates, baseline)
+        return _measure(pool, model_dir, rel.MeasureRequest(s, base, run, parity=True), reference, candidates, baseline)
     finally:
         pool.withdraw(*coming)
 
@@ -180,14 +184,14 @@ def _slot_jobs(pool: schedule.SlotPool, base: rel.Variant | None, candidates: li
     return jobs
 
 
-def _measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path, base: rel.Variant,
-             reference: Mapping[str, Path], candidates: list, baseline: bool
-             ) -> tuple[rel.Evidence | None, list[rel.Evidence]]:
-    base_job = serve_and_evaluate.submit(s, base, run, parity=True, pool=pool) if baseline else None
+def _measure(pool: schedule.SlotPool, model_dir: Path, base: rel.MeasureRequest, reference: Mapping[str, Path],
+             candidates: list, baseline: bool) -> tuple[rel.Evidence | None, list[rel.Evidence]]:
+    s, run = base.spec, base.run
+    base_job = serve_and_evaluate.submit(base, pool=pool) if baseline else None
     candidates = [quantize.submit(s, model_dir, c, run, pool) if isinstance(c, str) else c for c in candidates]
-    after = [base_job] if base_job is not None and pool.width == 1 and base.endpoint is None else None
+    after = [base_job] if base_job is not None and pool.width == 1 and base.variant.endpoint is None else None
     jobs = [serve_and_evaluate.submit(  # type: ignore[call-overload]  # Task.submit's overloads omit wait_for
-        s, c, run, parity=False, pool=pool, tokenizer=model_dir, reference=reference,
+        rel.MeasureRequest(s, c, run, parity=False, tokenizer=model_dir, reference=reference), pool=pool,
         baseline_failed=_failed(base_job), wait_for=after) for c in candidates]
     base_ev = base_job.result() if base_job is not None else None
     if base_ev is not None and base_ev.evals != reference:
@@ -201,15 +205,20 @@ def _measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path
 # subtype it does not accept (TaskRunner is invariant in its future type): the runner is the documented one.
 @flow(name="release", log_prints=True,
       task_runner=ThreadPoolTaskRunner(max_workers=WORKERS))  # type: ignore[arg-type]
-def release(spec: str = "releases/demo.yaml", run_id: str | None = None):
+def release(spec: str = "releases/demo.yaml", run_id: str | None = None, executor: dict | None = None):
     """Run a release spec to a decision; the summary is results/runs/<run-id>/summary.json, and status.json says
-    whether it completed, failed (the step and its root cause) or was interrupted."""
+    whether it completed, failed (the step and its root cause) or was interrupted. `executor`: fields that replace
+    the spec's `executor:` ones (the CLI's --executor and --store)."""
     s = load_spec(spec)
+    if executor:
+        s = s.model_copy(update={"executor": s.executor.with_fields(executor)})
     run = rel.start_run(s, spec, run_id)
     with recording_status(run) as done:
         state = _release(s, run)
         done["decision"] = (outcome.summary_of(state.data) or {}).get("decision")
-        return state
+    if s.executor.kind == "pools":  # the whole run folder, status included, beside what the children shared
+        pools.share_run(s, run)
+    return state
 
 
 def _release(s: ReleaseSpec, run: Path):
@@ -225,13 +234,14 @@ def _release(s: ReleaseSpec, run: Path):
         logger.warning(note)
     model_dir = prepare_model(s, run)
     s = at_flow_start(s, model_dir, run, log=logger.info)  # `schemes: auto`: ranked with the model's size
-    pool = schedule.release_pool(s, model_dir, log=logger.info)
+    on_pools = s.executor.kind == "pools"  # each child flow run takes its slot on its worker's host instead
+    pool = schedule.release_pool(s, model_dir, log=(lambda _: None) if on_pools else logger.info)
     schedule.preload_libraries()  # before any job thread imports them
     looks = fidelity_looks(s)  # planned before the first look: each look spends its share of the fidelity alpha
     base_ev: rel.Evidence | None = None
     variants: dict[str, rel.Variant] = {}
     cand_ev: list[rel.Evidence] = []
-    comparisons: dict[str, dict] = {}
+    comparisons: dict[str, Comparison] = {}
     decisions: list[Decision] = []
     while rung := rel.next_schemes(s, decisions):
         measured_base, evidence = measure(s, run, pool, model_dir, rung, baseline=base_ev is None)
@@ -263,23 +273,43 @@ def _release(s: ReleaseSpec, run: Path):
             cand_ev = [c for c in cand_ev if c.variant.name not in undecided] + redo
             decisions = gate(s, run, list(variants), looks)
     outcome.emit_decisions(s.name, run, decisions)  # `quantgate.release.decided`, for Prefect Automations
-    promotions = {d.candidate: promote(s, run, d, variants[d.candidate]) for d in decisions if d.promoted}
+    promotions = _promote(s, run, decisions, variants)
     published = publish(s, run, promotions) if s.publish and promotions else None  # PROMOTE entries only
     assert base_ev is not None  # a spec has at least one candidate (ReleaseSpec), so a rung ran
-    summary = rel.finish_run(s, run, base_ev, cand_ev, comparisons, decisions, promotions)
+    summary = rel.finish_run(s, run, base_ev, [(c, comparisons[c.variant.name]) for c in cand_ev], decisions, promotions)
     outcome.create_artifacts(s.name, run, decisions)  # the report's link and the checks' table
     return conclude(s, run, summary, published)
 
 
+def _promote(s: ReleaseSpec, run: Path, decisions: list[Decision], variants: dict[str, rel.Variant]
+             ) -> dict[str, Path]:
+    """Every PROMOTE candidate into the registry (candidate -> its entry's folder; an endpoint has none); on work
+    pools its checkpoint is pulled from the store first and the registry entry shared there after."""
+    promotions = {}
+    for d in decisions:
+        if d.promoted:
+            if s.executor.kind == "pools":
+                pools.pull_checkpoint(s, variants[d.candidate])
+            entry = promote(s, run, d, variants[d.candidate])
+            if entry is None:
+                continue
+            promotions[d.candidate] = entry
+            if s.executor.kind == "pools":
+                pools.share_entry(s, entry)
+    return promotions
+
+
 def conclude(s: ReleaseSpec, run: Path, summary: dict, published: list[dict] | None):
-    """After the summary: the publish records into it, the report artifact, the webhooks, the flow run's state."""
+    """After the gate: the publish and notify records into the summary, summary.json written (once), the report
+    and its artifact, the flow run's state."""
     logger = get_run_logger()
     if published is not None:
-        summary = publishing.add_to_summary(run, summary, "publish", published)
+        summary = publishing.with_records(summary, "publish", published)
+    if s.notify:  # every decision, after the gate
+        summary = publishing.with_records(summary, "notify", notify(s, run, summary))
+    write_summary(run, summary)
     create_markdown_artifact(key=outcome.artifact_key(s.name), markdown=report(run),
                              description=f"quantgate release {s.name}: {summary['decision']} ({run / 'report.html'})")
-    if s.notify:  # every decision, after the gate and the report
-        summary = publishing.add_to_summary(run, summary, "notify", notify(s, run, summary))
     message = f"{summary['decision']}: {run / 'summary.json'}"
     for failure in publishing.failures(summary):
         logger.error(failure)

@@ -49,6 +49,18 @@ from quantgate.release.variants import Evidence, Log, Variant
 
 
 @dataclass(frozen=True)
+class MeasureRequest:
+    """One variant to serve and measure in one run, as the flow asks for it before a slot is known
+    (quantgate.release.steps.serve_and_evaluate turns it into a VariantJob once the slot and the cache are)."""
+    spec: ReleaseSpec
+    variant: Variant
+    run: Path
+    parity: bool                             # check the engine against the reference implementation (the baseline)
+    tokenizer: Path | None = None            # default the variant's; pass the baseline's (same perf/fidelity inputs)
+    reference: Mapping[str, Path] | None = None  # the baseline's eval folders; None: this variant's own (a baseline)
+
+
+@dataclass(frozen=True)
 class VariantJob:
     """What measuring one variant needs, built once when its slot is known and passed whole."""
     spec: ReleaseSpec
@@ -224,7 +236,7 @@ class Fidelity:
         def score(srv: Any) -> None:
             samples.run(srv)  # the baseline: sampled here unless done; a candidate: waits for the baseline's
             with progress.reporting(f"{job.variant.name}: fidelity ({path})", job.log):
-                fidelity_step.measure(job.spec, srv.config.name, srv, {path: out},
+                fidelity_step.measure(job.spec, srv, {path: out},
                                       fidelity_step.samples_dir(job.spec, job.reference), job.log,
                                       baseline=job.baseline)
             if early is not None and path == "main":

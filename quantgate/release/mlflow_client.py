@@ -83,13 +83,12 @@ class Api:
         self.http.close()
 
     def request(self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None,
-                content: bytes | None = None, content_type: str | None = None,
-                allow: Iterable[str] = ()) -> dict[str, Any] | None:
+                upload: tuple[bytes, str] | None = None, allow: Iterable[str] = ()) -> dict[str, Any] | None:
         """The JSON answer of one call (`path` below the server's URL, or a whole URL); None when the server
-        refused it with an error code in `allow`."""
+        refused it with an error code in `allow`. `upload`: raw bytes and their content type (an artifact)."""
         url = path if path.startswith(("http://", "https://")) else self.base + path
         call = f"{method} {urllib.parse.urlparse(url).path}"
-        headers = {"Content-Type": content_type} if content_type else None
+        content, headers = (upload[0], {"Content-Type": upload[1]}) if upload else (None, None)
         attempts = 0
         while True:
             attempts += 1

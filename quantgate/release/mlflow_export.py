@@ -28,6 +28,7 @@ import json
 import mimetypes
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,7 @@ def _experiment_id(api: Api, name: str) -> str:
     exp = api.must("experiments/get-by-name", found, "experiment")
     if exp.get("lifecycle_stage") == "deleted":
         raise QuantgateError(f"the MLflow experiment {name!r} is deleted", where=shown(api.base),
-                             fix="restore it (`mlflow experiments restore`), or export to another --experiment")
+                             fix="restore it (`mlflow experiments restore`), or export to another experiment")
     return str(exp["experiment_id"])
 
 
@@ -110,7 +111,7 @@ def log_content(api: Api, run_id: str, c: Content) -> None:
 def _upload(api: Api, artifact_uri: str, c: Content) -> None:
     for path, data in c.artifacts.items():
         kind = mimetypes.guess_type(path)[0] or "application/octet-stream"
-        api.request("PUT", artifact_url(api.base, artifact_uri, path), content=data, content_type=kind)
+        api.request("PUT", artifact_url(api.base, artifact_uri, path), upload=(data, kind))
 
 
 def start_run(api: Api, exp_id: str, name: str, tags: dict[str, str]) -> tuple[str, str]:
@@ -234,21 +235,31 @@ def _write(api: Api, exp_id: str, rel: Release, model: str, key: str,
     return parent_id, runs, registered
 
 
-def export_run(run: Path | str, tracking_uri: str, *, experiment: str | None = None, model_name: str | None = None,
-               token: str | None = None, log: Callable[[str], None] = print,
-               retry: Retry | None = None) -> ExportResult:
-    """Export a finished run folder to the MLflow server at `tracking_uri` (module docstring). `token`: a bearer
-    token (MLFLOW_TRACKING_TOKEN). QuantgateError (SettingError) for a run folder that is not a finished run or a
-    bad URL or model name; MlflowError when the server cannot be reached or refuses a call."""
-    base = base_url(tracking_uri)
+@dataclass(frozen=True)
+class MlflowTarget:
+    """Where a run is exported and under what names: the tracking server (`tracking_uri`, a bearer `token`, the
+    `retry` of its calls), the experiment (default quantgate-<release>) and the registered model name for PROMOTE
+    candidates (default: the release's name)."""
+    tracking_uri: str
+    experiment: str | None = None
+    model_name: str | None = None
+    token: str | None = None
+    retry: Retry = RETRY
+
+
+def export_run(run: Path | str, target: MlflowTarget, log: Callable[[str], None] = print) -> ExportResult:
+    """Export a finished run folder to the MLflow server `target` names (module docstring). QuantgateError
+    (SettingError) for a run folder that is not a finished run or a bad URL or model name; MlflowError when the
+    server cannot be reached or refuses a call."""
+    base = base_url(target.tracking_uri)
     rel = read_release(run)
-    model = (model_name or rel.name).strip()
+    model = (target.model_name or rel.name).strip()
     if not model or "/" in model or ":" in model or model in (".", ".."):
         raise SettingError(f"not a name MLflow's model registry accepts: {model!r} (no '/' or ':')",
                            setting="model_name", fix="give another registered model name")
-    name = experiment or f"quantgate-{rel.name}"
+    name = target.experiment or f"quantgate-{rel.name}"
     key = _export_key(rel, model)
-    api = Api(base, token, retry or RETRY)
+    api = Api(base, target.token, target.retry)
     try:
         exp_id = _experiment_id(api, name)
         earlier = _earlier(api, exp_id, key, log)

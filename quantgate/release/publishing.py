@@ -32,7 +32,7 @@ from typing import Any
 import fsspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from quantgate.base.runfiles import PUBLISH, SUMMARY
+from quantgate.base.runfiles import PUBLISH
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.release import registry, targets
@@ -150,11 +150,11 @@ def publish_one(entry: Path | str, target: PublishTarget, *, candidate: str, api
     return rec | {k: v for k, v in out.items() if k != "target"} | {"seconds": round(time.monotonic() - t0, 2)}
 
 
-def publish_run(targets_: list[PublishTarget], run: Path, promotions: Mapping[str, Mapping[str, Any]], *,
+def publish_run(targets_: list[PublishTarget], run: Path, promotions: Mapping[str, Path], *,
                 api: Any = None) -> list[dict[str, Any]]:
-    """Every promoted entry (`promotions`: candidate -> registry.promote's result) to every target, in order;
+    """Every promoted entry (`promotions`: candidate -> its registry entry's folder) to every target, in order;
     the records go to <run>/publish.json. `api`: a Hub client to use instead of huggingface_hub's HfApi (tests)."""
-    records = [publish_one(entry["path"], t, candidate=cand, api=api)
+    records = [publish_one(str(entry), t, candidate=cand, api=api)
                for cand, entry in promotions.items() for t in targets_]
     write_json(Path(run) / PUBLISH_FILE, {"run": Path(run).name, "records": records})
     return records
@@ -168,11 +168,11 @@ def failures(summary: Mapping[str, Any]) -> list[str]:
                   for r in summary.get("notify") or [] if r.get("status") == "failed"]
 
 
-def add_to_summary(run: Path, summary: dict[str, Any], key: str, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The summary with `records` under `key` (publish or notify) and a note per failure; <run>/summary.json rewritten."""
+def with_records(summary: dict[str, Any], key: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary with `records` under `key` (publish or notify) and a note per failure (the flow writes
+    summary.json once, after both)."""
     out = {**summary, key: records}
     out["notes"] = [n for n in summary.get("notes", []) if n not in failures(summary)] + failures(out)
-    write_json(Path(run) / SUMMARY, out)
     return out
 
 

@@ -47,6 +47,8 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,7 @@ from quantgate.base.runfiles import DECISION, EVIDENCE, MANIFEST
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, write_json
 from quantgate.base.paths import results_dir
+from quantgate.gate.models import Decision
 from quantgate.release import targets
 from quantgate.report.modelcard import CARD, card_inputs, render_card
 from quantgate.target.catalogue import checkpoint_hash, sha256_file
@@ -112,8 +115,8 @@ def list_entries(root: Path | str | None = None, model: str | None = None) -> li
     return out
 
 
-def _decision_dict(decision: Any) -> dict[str, Any]:
-    d = decision.model_dump(mode="json") if hasattr(decision, "model_dump") else dict(decision)
+def _decision_dict(decision: Decision | Mapping[str, Any]) -> dict[str, Any]:
+    d = decision.model_dump(mode="json") if isinstance(decision, Decision) else dict(decision)
     if d.get("decision") != "PROMOTE":
         raise QuantgateError(f"the decision for {d.get('candidate')!r} is {d.get('decision')!r}, not PROMOTE",
                              where="registry.promote", fix="only a candidate the gate promoted can be registered")
@@ -187,34 +190,63 @@ def _check_inputs(d: dict, model: str, version: str, checkpoint: Path, run: Path
     return expected_sha256 or from_run
 
 
-def _manifest(d: dict, model: str, version: str, checkpoint: Path, got: str, evaluated: str | None, how: str,
-              report: Path | str | None, report_copy: str | None, run: Path | str | None,
-              files: dict[str, str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Entry:
+    """One promotion's inputs, checked (promote builds it once; _build and _manifest read it)."""
+    decision: dict[str, Any]
+    model: str
+    version: str
+    checkpoint: Path
+    want: str                  # the hash the entry's checkpoint must have: the evaluated one, else the source's
+    evaluated: str | None      # the evaluated checkpoint's hash, when the run or the caller gave it
+    report: Path | str | None
+    run: Path | str | None
+    copy_checkpoint: bool
+
+
+def _manifest(e: _Entry, got: str, how: str, report_copy: str | None, files: dict[str, str]) -> dict[str, Any]:
+    d = e.decision
     return {
-        "schema_version": 3, "model": model, "version": version, "candidate": d.get("candidate"),
+        "schema_version": 3, "model": e.model, "version": e.version, "candidate": d.get("candidate"),
         "scheme": d.get("scheme"), "family": d.get("family"),
-        "checkpoint": {"source": str(checkpoint.resolve()), "sha256": got, "evaluated_sha256": evaluated,
+        "checkpoint": {"source": str(e.checkpoint.resolve()), "sha256": got, "evaluated_sha256": e.evaluated,
                        "copied": True, "how": how, "path": "checkpoint"},
-        "report": {"source": str(report) if report else None, "copy": report_copy},
+        "report": {"source": str(e.report) if e.report else None, "copy": report_copy},
         "card": CARD, "files": files,
-        "run": str(run) if run else None, "policy": d.get("policy"),
+        "run": str(e.run) if e.run else None, "policy": d.get("policy"),
         "checks": {"passed": sum(c.get("passed") is True for c in d.get("checks", [])),
                    "skipped": sum(c.get("passed") is None for c in d.get("checks", []))},
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
 
 
-def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, report: Path | str | None = None,
-            run: Path | str | None = None, copy_checkpoint: bool = False, root: Path | str | None = None,
-            publish: str | None = None, expected_sha256: str | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Promotion:
+    """What to register: the gate's PROMOTE decision (a Decision or its dict), the entry's name (model, version)
+    and the checkpoint that was evaluated. `report` is copied into the entry; `run` feeds the model card and the
+    evaluated hash (its evidence); `expected_sha256` gives that hash directly."""
+    decision: Decision | Mapping[str, Any]
+    model: str
+    version: str
+    checkpoint: Path | str
+    report: Path | str | None = None
+    run: Path | str | None = None
+    expected_sha256: str | None = None
+
+
+def promote(p: Promotion, *, copy_checkpoint: bool = False, root: Path | str | None = None,
+            publish: str | None = None) -> dict[str, Any]:
     """Register a promoted candidate; returns its manifest plus `path` and `reused` (True when it was there).
 
     The checkpoint's files go into the entry (<entry>/checkpoint): hard-linked, or copied where linking fails;
-    copy_checkpoint=True always copies. The evaluated hash is `expected_sha256`, else the run's evidence
+    copy_checkpoint=True always copies. The evaluated hash is `p.expected_sha256`, else the run's evidence
     (evaluated_hash); the checkpoint must match it before anything is written, and the entry's files, re-hashed
-    from their bytes, must match it before the entry is renamed into place. Runs under the version's lock."""
+    from their bytes, must match it before the entry is renamed into place. Runs under the version's lock.
+    `publish`: a target to copy the new entry to (publish_entry)."""
+    decision, model, version, report, run = p.decision, p.model, p.version, p.report, p.run
+    expected_sha256 = p.expected_sha256
     d = _decision_dict(decision)
-    checkpoint = Path(checkpoint)
+    checkpoint = Path(p.checkpoint)
     evaluated = _check_inputs(d, model, version, checkpoint, run, expected_sha256)
     sha = checkpoint_hash(checkpoint)
     want = evaluated or sha
@@ -234,7 +266,8 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
         tmp = model_dir / f".{version}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            manifest = _build(tmp, d, model, version, checkpoint, want, evaluated, report, run, copy_checkpoint)
+            manifest = _build(tmp, _Entry(d, model, version, checkpoint, want, evaluated, report, run,
+                                          copy_checkpoint))
             try:
                 os.rename(tmp, target)
             except OSError:  # an entry appeared without taking the lock (an older quantgate): keep it if the same
@@ -249,30 +282,30 @@ def promote(decision: Any, *, model: str, version: str, checkpoint: Path | str, 
             raise
     result = manifest | {"path": str(target), "reused": False}
     if publish:
-        result["published"] = publish_entry(target, publish, model=model, version=version)
+        result["published"] = publish_entry(target, publish)
     return result
 
 
-def _build(tmp: Path, d: dict, model: str, version: str, checkpoint: Path, want: str, evaluated: str | None,
-           report: Path | str | None, run: Path | str | None, copy_checkpoint: bool) -> dict[str, Any]:
+def _build(tmp: Path, e: _Entry) -> dict[str, Any]:
     """Fill the hidden folder `tmp` with the entry: decision, report copy, checkpoint files (verified), manifest."""
-    write_json(tmp / DECISION, d)
+    write_json(tmp / DECISION, e.decision)
     _after_step("decision")
     report_copy = None
-    if report is not None and Path(report).is_file():
-        report_copy = f"report{Path(report).suffix}"
-        shutil.copy2(report, tmp / report_copy)
+    if e.report is not None and Path(e.report).is_file():
+        report_copy = f"report{Path(e.report).suffix}"
+        shutil.copy2(e.report, tmp / report_copy)
     _after_step("report")
-    how = _materialize(checkpoint, tmp / "checkpoint", copy_checkpoint)
+    how = _materialize(e.checkpoint, tmp / "checkpoint", e.copy_checkpoint)
     got = checkpoint_hash(tmp / "checkpoint", use_cache=False)  # every byte, no cache: what the entry serves
-    if got != want:
-        raise _mismatch("the copied checkpoint", got, want, checkpoint)
+    if got != e.want:
+        raise _mismatch("the copied checkpoint", got, e.want, e.checkpoint)
     _after_step("checkpoint")
-    card = render_card(card_inputs(run, str(d.get("candidate")), model=model, version=version, decision=d, sha256=got))
+    card = render_card(card_inputs(e.run, str(e.decision.get("candidate")), model=e.model, version=e.version,
+                                   decision=e.decision, sha256=got))
     (tmp / CARD).write_text(card, encoding="utf-8")
     _after_step("card")
     files = {name: sha256_file(tmp / name) for name in (DECISION, CARD, report_copy) if name}
-    manifest = _manifest(d, model, version, checkpoint, got, evaluated, how, report, report_copy, run, files)
+    manifest = _manifest(e, got, how, report_copy, files)
     write_json(tmp / MANIFEST, manifest)
     _after_step("manifest")
     return manifest
@@ -311,14 +344,15 @@ def _reuse(existing: dict[str, Any], target: Path, sha: str, d: dict[str, Any]) 
     return existing | {"path": str(target), "reused": True}
 
 
-def publish_entry(entry: Path | str, target: str, *, model: str | None = None, version: str | None = None,
-                  token: str | None = None, private: bool = True, api: Any = None) -> dict[str, Any]:
+def publish_entry(entry: Path | str, target: str, *, token: str | None = None, private: bool = True,
+                  api: Any = None) -> dict[str, Any]:
     """Verify the entry from its bytes, then copy it to `target`: a folder or fsspec URL (<target>/<model>/<version>,
+    its manifest's model and version,
     read back and compared), or `hf://<owner>/<repo>` (uploaded with huggingface_hub; `api`: an HfApi or a stand-in,
     `token` for a new HfApi). Appends the outcome to <entry>/publish.json and returns it; raises on failure."""
     entry = Path(entry)
     man = verify_entry(entry)
-    model, version = model or man["model"], version or man["version"]
+    model, version = man["model"], man["version"]
     if target.startswith(targets.HUB):
         out = targets.upload_to_hub(entry, target.removeprefix(targets.HUB), token=token, private=private, api=api,
                                     message=f"quantgate: promote {model} {version}")

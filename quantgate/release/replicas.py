@@ -79,18 +79,27 @@ class _Steps:
                 return
 
 
+@dataclass(frozen=True)
+class Lending:
+    """Extra servers of one variant on lent slots: `lender` lends free slots, `start` starts a server of the variant
+    on one (a context manager), `pin` pins the replica's thread to it first; one more replica while at least
+    `grow_at` steps wait, looked at every `poll_s` seconds."""
+    lender: Lender
+    start: Callable[[Slot], AbstractContextManager]
+    pin: Callable[[Slot], AbstractContextManager] | None = None
+    grow_at: int = 2
+    poll_s: float = 2.0
+
+
 class StepRunner:
     """`with StepRunner(steps, ...) as runner:` starts lending at once, so extra servers start beside the variant's
     own; `runner.work(srv)` (once its own server is up and checked) opens the hand-out, runs steps on `srv` until
     none is left, waits for the extra servers and raises the first step failure. Leaving the block early (a
     failure before `work`) stops the lending and lets the extra servers go. `servers`: how many took part."""
 
-    def __init__(self, steps: list[Step], *, name: str, lender: Lender | None = None,
-                 start: Callable[[Slot], AbstractContextManager] | None = None,
-                 pin: Callable[[Slot], AbstractContextManager] | None = None, log: Log = print,
-                 grow_at: int = 2, poll_s: float = 2.0):
-        self.todo, self.name, self.lender, self.start, self.pin, self.log = _Steps(steps), name, lender, start, pin, log
-        self.grow_at, self.poll_s, self.limit = grow_at, poll_s, len(steps)
+    def __init__(self, steps: list[Step], *, name: str, lending: Lending | None = None, log: Log = print):
+        self.todo, self.name, self.lending, self.log = _Steps(steps), name, lending, log
+        self.limit = len(steps)
         self.extras: list[threading.Thread] = []
         self.open, self.done = threading.Event(), threading.Event()
         self.grower = threading.Thread(target=self._grow, name=f"{name}-grow", daemon=True)
@@ -100,7 +109,7 @@ class StepRunner:
         return 1 + len(self.extras)
 
     def __enter__(self) -> StepRunner:
-        if self.lender is not None and self.start is not None:
+        if self.lending is not None:
             self.grower.start()
         return self
 
@@ -124,39 +133,37 @@ class StepRunner:
             t.join()
 
     def _grow(self) -> None:
-        assert self.lender is not None  # the grower runs only with a lender and a start (__enter__)
+        lend = self.lending
+        assert lend is not None  # the grower runs only with lending (__enter__)
         while not self.done.is_set():
-            if (self.todo.waiting() >= self.grow_at and len(self.extras) < self.limit
-                    and (slot := self.lender.borrow()) is not None):
+            if (self.todo.waiting() >= lend.grow_at and len(self.extras) < self.limit
+                    and (slot := lend.lender.borrow()) is not None):
                 self.log(f"{self.name}: {self.todo.waiting()} steps waiting; one more server on the free {slot.label}")
                 t = threading.Thread(target=self._replica, args=(slot,), name=f"{self.name}-replica-{slot.index}",
                                      daemon=True)
                 self.extras.append(t)
                 t.start()
-            self.done.wait(self.poll_s)
+            self.done.wait(lend.poll_s)
 
     def _replica(self, slot: Slot) -> None:
-        assert self.lender is not None and self.start is not None  # started by the grower only (_grow)
+        lend = self.lending
+        assert lend is not None  # started by the grower only (_grow)
         try:
-            with self.pin(slot) if self.pin else _nothing(), self.start(slot) as srv:
-                while not (self.open.wait(self.poll_s) or self.done.is_set()):
+            with lend.pin(slot) if lend.pin else _nothing(), lend.start(slot) as srv:
+                while not (self.open.wait(lend.poll_s) or self.done.is_set()):
                     pass  # the variant's own server is not checked yet: no step before it is
                 if self.open.is_set():
                     self.todo.work(srv, f"{self.name} (replica on {slot.label})", self.log, extra=True)
         except BaseException as exc:  # noqa: BLE001 - an extra server that cannot start or stop: the others go on
             self.log(f"{self.name}: the extra server on {slot.label} failed ({exc}); the other servers take its steps")
         finally:
-            self.lender.give_back(slot)
+            lend.lender.give_back(slot)
 
 
-def run_steps(steps: list[Step], first: Any, *, name: str, lender: Lender | None = None,
-              start: Callable[[Slot], AbstractContextManager] | None = None,
-              pin: Callable[[Slot], AbstractContextManager] | None = None, log: Log = print,
-              grow_at: int = 2, poll_s: float = 2.0) -> int:
+def run_steps(steps: list[Step], first: Any, *, name: str, lending: Lending | None = None, log: Log = print) -> int:
     """`steps` on `first` (a running server) and on extra servers started on lent slots; returns how many servers
     took part (StepRunner, for a caller whose own server is already up)."""
-    with StepRunner(steps, name=name, lender=lender, start=start, pin=pin, log=log, grow_at=grow_at,
-                    poll_s=poll_s) as runner:
+    with StepRunner(steps, name=name, lending=lending, log=log) as runner:
         runner.work(first)
     return runner.servers
 

@@ -25,12 +25,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from quantgate.base.runfiles import EVIDENCE, PARITY, RUN, SUMMARY
+from quantgate.base.runfiles import EVIDENCE, PARITY, RUN
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, lock_holder, write_json
 from quantgate.evals.dataset import Sample, load_evalset, stratified_subset
 from quantgate.evals.comparefile import Comparison
 from quantgate.gate.decisionfile import overall
+from quantgate.gate.models import Decision
 from quantgate.evals.metrics import load_table
 from quantgate.fidelity.run import CONTEXT_PREFIX
 from quantgate.gate.evidence import gate_run
@@ -51,8 +52,8 @@ from quantgate.release.external import candidate_names
 from quantgate.release.ladder import describe, next_rung, rungs
 from quantgate.release import measurements
 from quantgate.release.measure import check_parity, replica_starter
-from quantgate.release.measurements import VariantJob
-from quantgate.release.replicas import Lender, StepRunner
+from quantgate.release.measurements import MeasureRequest, VariantJob
+from quantgate.release.replicas import Lender, Lending, StepRunner
 from quantgate.release.runrecord import git_state, new_run_id, package_versions, run_dir
 from quantgate.release.schedule import pinned
 from quantgate.release.spec import ReleaseSpec
@@ -65,7 +66,7 @@ from quantgate.report.store import Store, default_path
 from quantgate.serving.env import serve_python, vllm_version
 from quantgate.target.catalogue import resolve_model
 
-__all__ = ["baseline_for", "baseline_variant", "external_variant", "quantize_variant", "resolve_model"]  # the flow calls them as steps
+__all__ = ["MeasureRequest", "baseline_for", "baseline_variant", "external_variant", "quantize_variant", "resolve_model"]  # the flow calls them as steps
 
 
 def start_run(spec: ReleaseSpec, spec_path: str | Path, run_id: str | None) -> Path:
@@ -141,12 +142,9 @@ def feed_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None
     return unfed(policy, Feed(shapes, binary, fidelity, measured, needles, repeats))
 
 
-def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity: bool, tokenizer: Path | None = None,
-                       reference: Mapping[str, Path] | None = None, log: Log = print, slot: Slot | None = None,
+def serve_and_evaluate(req: MeasureRequest, *, log: Log = print, slot: Slot | None = None,
                        reference_ready: Callable[..., None] | None = None, lender: Lender | None = None) -> Evidence:
-    """Serve one variant under its plan and measure it. `tokenizer` (default: the variant's) makes the perf probe
-    and the fidelity sequences the same for every variant: pass the baseline's. `reference`: the baseline's eval
-    folders, whose answers every candidate scores for fidelity (default: this variant's own: the baseline).
+    """Serve one variant under its plan and measure it (`req`: which, in which run, against which reference).
 
     The activation dtype is the plan's (or serving.dtype): on CPU the unquantized baseline runs FP32 (BF16 fails
     engine parity there) while quantized kernels need BF16 ("cpu_gemm_wna16 not implemented for 'Float'"), so the
@@ -156,7 +154,7 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity
     server's processes stay there); None: the plan's first replica. `reference_ready` blocks until the baseline's
     answers are complete (before fidelity). `lender` (the release's SlotPool): slots that fall free while this
     variant is measured take extra servers of it (quantgate.release.replicas)."""
-
+    spec, variant, run = req.spec, req.variant, req.run
     folder = run / variant.name
     config = server_config(spec, variant, folder, slot)
     try:
@@ -164,19 +162,19 @@ def serve_and_evaluate(spec: ReleaseSpec, variant: Variant, run: Path, *, parity
     except QuantgateError as exc:  # an endpoint candidate that does not answer is its failure, as a server's
         if variant.endpoint is None:
             raise
-        return failed_evidence(variant, folder, run / "endpoints", None, ServingFailure("start", exc, make_server(
-            config, folder)), log, baseline=parity)
+        return failed_evidence(variant, folder, run / "endpoints", ServingFailure("start", exc, make_server(
+            config, folder)), log, baseline=req.parity)
     if is_locked(cache):  # another release measures this very variant: wait, then reuse what it finished
         h = lock_holder(cache) or {}
         log(f"{variant.name}: waiting for pid {h.get('pid')} on {h.get('host')} ({h.get('what')}) to finish {cache}")
     try:
         job = VariantJob(spec=spec, variant=variant, run=run, folder=folder, cache=cache,
-                         tokenizer=tokenizer or variant.path, reference=reference or eval_dirs(cache, spec),
-                         baseline=reference is None, log=log, reference_ready=reference_ready)
+                         tokenizer=req.tokenizer or variant.path, reference=req.reference or eval_dirs(cache, spec),
+                         baseline=req.reference is None, log=log, reference_ready=reference_ready)
         with lock(cache, timeout=None, what=f"measure {variant.name} for run {run.name}"):
-            return _measure_cached(job, config, parity=parity, replicas=(slot, lender))
+            return _measure_cached(job, config, parity=req.parity, replicas=(slot, lender))
     except ServingFailure as exc:  # a candidate's server that cannot start or dies: its failure, the others go on
-        return failed_evidence(variant, folder, cache, _arg(config.args, "--dtype", None), exc, log, baseline=parity)
+        return failed_evidence(variant, folder, cache, exc, log, baseline=req.parity)
 
 
 def planned_evals(spec: ReleaseSpec, variant: Variant, run: Path, slot: Slot | None) -> dict[str, Path]:
@@ -210,9 +208,9 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
         _log_serving(variant, config, server, log)
         steps = measurements.ordered_steps(job, folders, todo, early)
         slot, lender = replicas  # slots that fall free take extra servers of this variant, from its start on
-        local = lender is not None and slot is not None and variant.endpoint is None
-        runner = StepRunner(steps, name=variant.name, lender=lender if local else None, log=log,
-                            start=replica_starter(job.spec, variant, job.folder), pin=pinned)
+        lending = (Lending(lender, replica_starter(job.spec, variant, job.folder), pinned)
+                   if lender is not None and slot is not None and variant.endpoint is None else None)
+        runner = StepRunner(steps, name=variant.name, lending=lending, log=log)
         with runner, server as srv:
             try:
                 if need_parity:  # first, alone: a failed engine stops everything else
@@ -262,12 +260,12 @@ def _arg(args: list[str], flag: str, default: str | None) -> str | None:
     return args[args.index(flag) + 1] if flag in args else default
 
 
-def compare_variants(baseline: Evidence, candidate: Evidence, run: Path) -> dict[str, Any]:
+def compare_variants(baseline: Evidence, candidate: Evidence, run: Path) -> Comparison:
     """Every measurement kind's comparison files for the candidate (quantgate.release.measurements); returns the
-    eval sets' (compare/<candidate>.json), which the summary's rows are made of."""
+    eval sets' (compare/<candidate>.json, typed as it is read back), which the summary's rows are made of."""
     if candidate.failure is not None:  # its server failed: nothing to compare (the gate reads <candidate>/error.json)
-        return {}
-    return measurements.compare_all(run, baseline, candidate)["evals"] or {}
+        return Comparison({})
+    return Comparison.model_validate(measurements.compare_all(run, baseline, candidate)["evals"] or {})
 
 
 def judge(spec: ReleaseSpec, run: Path, baseline: Evidence, candidates: list[Evidence], log: Log = print) -> dict[str, Path]:
@@ -295,8 +293,8 @@ def _rungs(spec: ReleaseSpec, decisions: list) -> list[dict]:
     return rungs(candidate_names(spec), {d.candidate: d.decision for d in decisions}, {d.candidate: d.reasons for d in decisions})
 
 
-def _summary_row(base: Evidence, cand: Evidence, comparison: dict[str, Any]) -> dict[str, Any]:
-    sets = Comparison.model_validate(comparison).root  # compare_variants' output, read as compare/<cand>.json is
+def _summary_row(base: Evidence, cand: Evidence, comparison: Comparison) -> dict[str, Any]:
+    sets = comparison.root
     metrics = {}
     for set_name, report in sets.items():
         for metric, m in report.metrics.items():
@@ -326,23 +324,29 @@ def gate(spec: ReleaseSpec, run: Path, candidates: list[str], looks: list[int] |
     return decisions
 
 
-def promote(spec: ReleaseSpec, run: Path, decision, variant: Variant) -> dict[str, Any]:
-    """Register a promoted candidate; the version is its content hash, so promoting twice gives one entry. An
-    endpoint candidate has no checkpoint to register: <run>/<candidate>/promotion.json says so, and {} is returned."""
+def promote(spec: ReleaseSpec, run: Path, decision: Decision, variant: Variant) -> Path | None:
+    """Register a promoted candidate (the entry's manifest in <run>/<candidate>/promotion.json); returns the entry's
+    folder. The version is its content hash, so promoting twice gives one entry. An endpoint candidate has no
+    checkpoint to register: promotion.json says so, and None is returned."""
     if variant.endpoint is not None:
         write_json(run / variant.name / "promotion.json", {"registry": None, "reason": "not applicable: endpoint: "
                    f"{variant.endpoint.endpoint} serves it; there is no checkpoint here to register"})
-        return {}
+        return None
     model = spec.model if "/" not in spec.model else Path(spec.model).name
-    entry = registry.promote(decision, model=model, version=f"{variant.name}-{variant.content_hash[:12]}",
-                             checkpoint=variant.path, run=run, expected_sha256=variant.content_hash)
+    entry = registry.promote(registry.Promotion(decision, model=model, version=f"{variant.name}-{variant.content_hash[:12]}",
+                                                checkpoint=variant.path, run=run, expected_sha256=variant.content_hash))
     write_json(run / variant.name / "promotion.json", entry)
-    return entry
+    return Path(entry["path"])
 
 
-def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidence], comparisons: dict[str, dict],
-               decisions: list, promotions: dict[str, dict]) -> dict[str, Any]:
-    """<run>/summary.json: a row per candidate tried; with a ladder, the rungs (schemes not tried are no row)."""
+def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, measured: list[tuple[Evidence, Comparison]],
+               decisions: list, promotions: Mapping[str, Path]) -> dict[str, Any]:
+    """What <run>/summary.json will hold: a row per candidate tried (its evidence and its comparison with the
+    baseline, as compare_variants returned it); with a ladder, the rungs (schemes not tried are no row). Not
+    written here: the publish and notify records join it first (quantgate.release.publishing.with_records), then
+    quantgate.gate.summaryfile.write_summary writes it, once per run."""
+    cands = [c for c, _ in measured]
+    comparisons = {c.variant.name: comparison for c, comparison in measured}
     by_name = {d.candidate: d for d in decisions}
     promoted = [d.candidate for d in decisions if d.promoted]
     summary: dict[str, Any] = {
@@ -351,7 +355,8 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidenc
         "candidates": {c.variant.name: {**(failed_row(c) or _summary_row(base, c, comparisons[c.variant.name])),
                                         "decision": by_name[c.variant.name].decision,
                                         "reasons": by_name[c.variant.name].reasons,
-                                        "registry": promotions.get(c.variant.name, {}).get("path")} for c in cands},
+                                        "registry": str(promotions[c.variant.name]) if c.variant.name in promotions
+                                                    else None} for c in cands},
         "decision": overall([d.decision for d in decisions]),
         "promoted": promoted,
         "notes": [f"{c.variant.name} was served with {c.dtype or 'auto'} activations, the baseline with {base.dtype or 'auto'}: "
@@ -373,7 +378,6 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, cands: list[Evidenc
     if spec.ladder:
         summary["ladder"] = _rungs(spec, decisions)
         summary["notes"].append(describe(summary["ladder"]))
-    write_json(run / SUMMARY, summary)
     return summary
 
 

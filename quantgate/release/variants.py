@@ -83,14 +83,19 @@ def quantize_variant(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path,
     """The scheme's checkpoint in results/checkpoints/<base hash12>-<scheme>-<key12>: named by the full quantization
     key (recipe, overrides, calibration, library versions, base hash), reused when the key matches and never
     overwritten, so a checkpoint that was evaluated (and promoted) keeps its weights whatever a later release does."""
-    base_hash = checkpoint_hash(model_dir)[:12]
-    prefix = results_dir() / "checkpoints" / f"{base_hash}-{scheme}"
-    req = QuantizeRequest(model=model_dir, scheme=scheme, out=prefix, name_by_key=True, hardware=spec.hardware,
-                          overrides=spec.quantization.overrides.get(scheme, {}), calibration=spec.quantization.calibration)
-    result = quantize(req, log=log)
+    result = quantize(quantize_request(spec, model_dir, scheme), log=log)
     write_json(run / scheme / QUANTIZATION, {"reused": result.reused, **result.manifest})
     return Variant(name=scheme, path=result.out, scheme=scheme, content_hash=checkpoint_hash(result.out),
                    size_bytes=size_bytes(result.out), quantization=result.manifest, origin="quantized")
+
+
+def quantize_request(spec: ReleaseSpec, model_dir: Path, scheme: str) -> QuantizeRequest:
+    """What quantize_variant asks llmcompressor for: its checkpoint lands in results/checkpoints/<base hash12>-<scheme>-
+    <key12> (quantgate.quantize.run.keyed_folder with the plan's key)."""
+    prefix = results_dir() / "checkpoints" / f"{checkpoint_hash(model_dir)[:12]}-{scheme}"
+    return QuantizeRequest(model=model_dir, scheme=scheme, out=prefix, name_by_key=True, hardware=spec.hardware,
+                           overrides=spec.quantization.overrides.get(scheme, {}),
+                           calibration=spec.quantization.calibration)
 
 
 def endpoint_variant(name: str, ref: EndpointRef, model_dir: Path, scheme: str | None = None) -> Variant:
@@ -235,8 +240,8 @@ class WatchedServer:
             raise ServingFailure("measure", exc, self._server) from None
 
 
-def failed_evidence(variant: Variant, folder: Path, cache: Path, dtype: str | None, exc: ServingFailure,
-                    log: Log = print, *, baseline: bool = False) -> Evidence:
+def failed_evidence(variant: Variant, folder: Path, cache: Path, exc: ServingFailure, log: Log = print, *,
+                    baseline: bool = False) -> Evidence:
     """Record a candidate whose server could not start or died: <folder>/error.json (the error, the phase, the
     server log's tail) and evidence.json with `failure` set; the gate rejects it with this reason. For the
     baseline (`baseline`) the error is raised again: with nothing to compare with, the release cannot go on."""
@@ -253,6 +258,7 @@ def failed_evidence(variant: Variant, folder: Path, cache: Path, dtype: str | No
                                           "error": reason, "detail": exc.message, "server_log": str(exc.log_path),
                                           "log_tail": log_tail(exc.log_path, 40).splitlines()})
     log(f"{variant.name}: FAILED, recorded in {folder / CANDIDATE_ERROR}: {reason}")
+    dtype = exc.command[exc.command.index("--dtype") + 1] if "--dtype" in exc.command[:-1] else None  # as served
     ev = Evidence(variant=variant, folder=folder, cache=cache, serve_command=exc.command, node_commands=exc.commands,
                   dtype=dtype, served=True, failure=reason)
     write_json(folder / EVIDENCE, ev.model_dump(mode="json"))

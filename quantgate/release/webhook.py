@@ -16,6 +16,8 @@ Delivery goes through quantgate.base.http's client (post_json): one whole-reques
 with doubling delays on connection errors, timeouts, HTTP 5xx and 429. Any 2xx answer is delivered; other
 statuses are not retried. Every outcome goes to <run>/notify.json (url, status delivered | failed, attempts, HTTP
 status, error); a failure is reported by the release (quantgate.release.publishing), never raised here.
+It is sent before the report is written (the summary, written once, holds its records), so the body's report
+paths exist once the run has ended.
 """
 
 from __future__ import annotations
