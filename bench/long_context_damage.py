@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     t_cand = time.monotonic() - t0 - t_base
     rel.compare_variants(base, measured, run)
     (decision,) = rel.gate(spec, run, ["int8-w8a8"])
+    rel.record_decisions(spec, run, [decision])  # the run folder's decision.json, for `quantgate report`
     checks = {c.name: c for c in decision.checks}
     print(f"\nbaseline {t_base:.0f} s, candidate {t_cand:.0f} s; decision {decision.decision}\n")
     print("| check | outcome | measured | limit | reason |\n|---|---|---|---|---|")

@@ -90,6 +90,7 @@ def test_summary_and_report_show_the_failed_candidate(tmp_path):
     failed = failure(run, "int8-w8a8")
     assert rel.compare_variants(failed, failed, run).root == {} and not (run / "compare" / "int8-w8a8.json").exists()
     decisions = rel.gate(spec, run, ["w4a16-gptq", "int8-w8a8"])
+    rel.record_decisions(spec, run, decisions)
     evidence = json.loads((run / "w4a16-gptq" / "evidence.json").read_text())
     good = rel.Evidence(variant=rel.Variant(name="w4a16-gptq", path=tmp_path, scheme="w4a16-gptq",
                                             content_hash="1" * 64, size_bytes=400),

@@ -120,6 +120,7 @@ def _decide(m, run_key: str, cand_key: str):
     run = m[run_key]
     rel.compare_variants(m["base"], m[cand_key], run)
     (decision,) = rel.gate(m["spec"], run, ["w4a16-gptq"])
+    rel.record_decisions(m["spec"], run, [decision])
     return decision, run
 
 

@@ -80,6 +80,9 @@ def test_untried_rung_is_listed_but_is_no_failure(tmp_path):
     assert candidates(run) == ["w4a16-gptq"]
     decisions = rel.gate(spec, run, ["w4a16-gptq"])
     assert [d.decision for d in decisions] == ["PROMOTE"] and rel.next_schemes(spec, decisions) == []
+    assert not (run / "decision.json").exists()  # a look decides; only the last look's decisions are written, once
+    assert rel.record_decisions(spec, run, decisions) == run / "decision.json"
+    assert (run / "decision.junit.xml").is_file() and (run / "w4a16-gptq" / "decision.json").is_file()
     doc = json.loads((run / "decision.json").read_text())
     assert doc["decision"] == "PROMOTE" and list(doc["candidates"]) == ["w4a16-gptq"]
     assert [(r["scheme"], r["status"]) for r in doc["ladder"]] == [("w4a16-gptq", "PROMOTE"), ("int8-w8a8", "not tried")]

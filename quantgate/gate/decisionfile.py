@@ -1,5 +1,6 @@
 """The decision files of a gated run (adapter): <run>/decision.json with every candidate's decision, each
-candidate's own <run>/<candidate>/decision.json, and the run's overall verdict. quantgate.gate.evidence writes them."""
+candidate's own <run>/<candidate>/decision.json, and the run's overall verdict. `quantgate gate`
+(quantgate.gate.evidence.gate_run) and the release's last gate (quantgate.release.steps.record_decisions) write them."""
 
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ def overall(verdicts: list[str]) -> str:
     return "INCONCLUSIVE" if "INCONCLUSIVE" in verdicts else "REJECT"
 
 
-def write_decision(run: Path | str, decisions: list, out: Path | str | None = None) -> Path:
+def write_decision(run: Path | str, decisions: list, out: Path | str | None = None, *,
+                   ladder: list[dict] | None = None) -> Path:
     """Write <run>/decision.json (or `out`): PROMOTE when some candidate is promoted (the first, in the given order),
-    with every candidate's checks; and each candidate's own decision in <run>/<candidate>/decision.json."""
+    with every candidate's checks (and a ladder's rungs, `ladder`); and each candidate's own decision in
+    <run>/<candidate>/decision.json."""
     run = Path(run)
     promoted = next((d.candidate for d in decisions if d.promoted), None)
     doc = {"schema_version": decisions[0].schema_version if decisions else 1,
@@ -35,6 +38,8 @@ def write_decision(run: Path | str, decisions: list, out: Path | str | None = No
            "policy": decisions[0].policy if decisions else None,
            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
            "candidates": {d.candidate: d.model_dump(mode="json") for d in decisions}}
+    if ladder is not None:
+        doc["ladder"] = ladder
     target = Path(out) if out else run / DECISION
     write_json(target, doc)
     if out is None:

@@ -365,17 +365,23 @@ def with_failure(decision: Decision, failed: Check) -> Decision:
 
 
 def gate_run(run: Path | str, policy_path: Path | str, candidate_names: list[str] | None = None, *,
-             pay_off: Mapping[str, Mapping] | None = None, recall_dirs: Mapping[str, Path | str] | None = None,
-             judge_reports: Mapping[str, Path | str] | None = None,
-             out: Path | str | None = None, looks: tuple[list[int], int] | None = None) -> tuple[list, Path]:
-    """Load the policy, gate each candidate of the run (default: `candidates(run)`), write decision.json.
+             out: Path | str | None = None, **how: Any) -> tuple[list[Decision], Path]:
+    """`decide_run` (`how`: its keywords), then decision.json written (`out`: there instead): `quantgate gate`."""
+    decisions = decide_run(run, policy_path, candidate_names, **how)
+    return decisions, write_decision(Path(run), decisions, out)
+
+
+def decide_run(run: Path | str, policy_path: Path | str, candidate_names: list[str] | None = None, *,
+               pay_off: Mapping[str, Mapping] | None = None, recall_dirs: Mapping[str, Path | str] | None = None,
+               judge_reports: Mapping[str, Path | str] | None = None,
+               looks: tuple[list[int], int] | None = None) -> list[Decision]:
+    """Load the policy and gate each candidate of the run (default: `candidates(run)`); nothing is written.
 
     Per candidate, optional: `pay_off` {"throughput_ratio": float, ...} from the performance probe, the recall
     folder and the judge report when they are not at the default places (see `collect`). `looks`: (the fidelity
     sample sizes planned at each look, this look's size) of a sequential design: the fidelity bounds are judged at
     this look's share of the policy's alpha (quantgate.gate.looks); None: one look at the full alpha.
     Raises ConfigError for a bad policy and QuantgateError when the run has no candidate to gate."""
-
     policy = load_policy(policy_path)
     run = Path(run)
     if not run.is_dir():
@@ -389,8 +395,6 @@ def gate_run(run: Path | str, policy_path: Path | str, candidate_names: list[str
     level = 1 - 2 * (look.alpha if look else policy.fidelity.alpha) if policy.fidelity else 0.90
     decisions = [evaluate(policy, collect(run, name, pay_off=(pay_off or {}).get(name),
                                           recall_dir=(recall_dirs or {}).get(name),
-                                          judge_report=(judge_reports or {}).get(name), fidelity_level=level), ref,
-                          look=look)
-                 for name in names]
-    decisions = [with_failure(d, failed) if (failed := serving_failure(run, d.candidate)) else d for d in decisions]
-    return decisions, write_decision(run, decisions, out)
+                                          judge_report=(judge_reports or {}).get(name), fidelity_level=level),
+                          ref, look=look) for name in names]
+    return [with_failure(d, failed) if (failed := serving_failure(run, d.candidate)) else d for d in decisions]

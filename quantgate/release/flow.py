@@ -272,6 +272,7 @@ def _release(s: ReleaseSpec, run: Path):
             comparisons |= {c.variant.name: compare(base_ev, c, run) for c in redo}
             cand_ev = [c for c in cand_ev if c.variant.name not in undecided] + redo
             decisions = gate(s, run, list(variants), looks)
+    rel.record_decisions(s, run, decisions)  # decision.json (and its JUnit XML): the last look's, written once
     outcome.emit_decisions(s.name, run, decisions)  # `quantgate.release.decided`, for Prefect Automations
     promotions = _promote(s, run, decisions, variants)
     published = publish(s, run, promotions) if s.publish and promotions else None  # PROMOTE entries only

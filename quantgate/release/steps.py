@@ -30,11 +30,11 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, lock_holder, write_json
 from quantgate.evals.dataset import Sample, load_evalset, stratified_subset
 from quantgate.evals.comparefile import Comparison
-from quantgate.gate.decisionfile import overall
+from quantgate.gate.decisionfile import overall, write_decision
 from quantgate.gate.models import Decision
 from quantgate.evals.metrics import load_table
 from quantgate.fidelity.run import CONTEXT_PREFIX
-from quantgate.gate.evidence import gate_run
+from quantgate.gate.evidence import decide_run
 from quantgate.gate.feeding import Feed, SetShape, unfed
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizing import sizing
@@ -311,17 +311,21 @@ def _summary_row(base: Evidence, cand: Evidence, comparison: Comparison) -> dict
     }
 
 
-def gate(spec: ReleaseSpec, run: Path, candidates: list[str], looks: list[int] | None = None) -> list:
-    """The policy's decision for every candidate (<run>/decision.json and <run>/<candidate>/decision.json); with a
-    ladder, decision.json also lists every rung with its decision and reasons, or why it was not tried. `looks`:
-    the fidelity sizes planned at flow start (fidelity_looks); this look is the spec's current size."""
-
+def gate(spec: ReleaseSpec, run: Path, candidates: list[str], looks: list[int] | None = None) -> list[Decision]:
+    """The policy's decision for every candidate at this look; nothing is written (record_decisions writes the
+    last look's, once). `looks`: the fidelity sizes planned at flow start (fidelity_looks); this look is the spec's
+    current size."""
     plan = (looks, fidelity_size(spec)) if looks and spec.fidelity is not None else None
-    decisions, path = gate_run(run, policy_path(spec), candidates, looks=plan)
-    if spec.ladder:
-        write_json(path, {**json.loads(path.read_text(encoding="utf-8")), "ladder": _rungs(spec, decisions)})
-    write_junit(path, spec.junit_inconclusive)  # <run>/decision.junit.xml: the checks as CI test cases
-    return decisions
+    return decide_run(run, policy_path(spec), candidates, looks=plan)
+
+
+def record_decisions(spec: ReleaseSpec, run: Path, decisions: list[Decision]) -> Path:
+    """The run's final decisions, written once: <run>/decision.json (with a ladder, every rung with its decision
+    and reasons, or why it was not tried), each <run>/<candidate>/decision.json, and <run>/decision.junit.xml (the
+    checks as CI test cases)."""
+    path = write_decision(run, decisions, ladder=_rungs(spec, decisions) if spec.ladder else None)
+    write_junit(path, spec.junit_inconclusive)
+    return path
 
 
 def promote(spec: ReleaseSpec, run: Path, decision: Decision, variant: Variant) -> Path | None:
