@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -202,3 +203,12 @@ def child_env(extra: Mapping[str, str] | None = None, keep: tuple[str, ...] = ()
     out = {k: v for k, v in src.items() if wanted(k)}
     out.update({k: str(v) for k, v in (extra or {}).items()})
     return out
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    """The sha256 of a file's bytes, read in chunks (checkpoints, registry entries and the results store use it)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

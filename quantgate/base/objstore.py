@@ -24,7 +24,6 @@ AWS_ENDPOINT_URL, ~/.aws), never from a release spec.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import posixpath
@@ -35,18 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.fileio import sha256_file
 
 MANIFEST = "_quantgate_manifest.json"
 OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "memory")  # a PUT is atomic: no write-then-rename
 _SKIP_SUFFIXES = (".lock", ".part")  # lock files name a local holder; .part files are downloads in progress
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def local_files(folder: Path) -> dict[str, dict[str, Any]]:
@@ -54,7 +46,7 @@ def local_files(folder: Path) -> dict[str, dict[str, Any]]:
     out = {}
     for p in sorted(folder.rglob("*")):
         if p.is_file() and not p.name.endswith(_SKIP_SUFFIXES) and p.name != MANIFEST:
-            out[p.relative_to(folder).as_posix()] = {"sha256": sha256_of(p), "size": p.stat().st_size}
+            out[p.relative_to(folder).as_posix()] = {"sha256": sha256_file(p), "size": p.stat().st_size}
     return out
 
 
@@ -149,7 +141,7 @@ class ResultStore:
             dest = folder / name
             if keep_local and dest.is_file():
                 continue
-            if dest.is_file() and dest.stat().st_size == meta["size"] and sha256_of(dest) == meta["sha256"]:
+            if dest.is_file() and dest.stat().st_size == meta["size"] and sha256_file(dest) == meta["sha256"]:
                 continue
             dest.parent.mkdir(parents=True, exist_ok=True)
             part = dest.with_name(dest.name + ".part")
@@ -157,7 +149,7 @@ class ResultStore:
                 self._fs.get_file(self.key(f"{rel}/{name}"), str(part))
             except FileNotFoundError:
                 return name
-            if sha256_of(part) != meta["sha256"]:
+            if sha256_file(part) != meta["sha256"]:
                 part.unlink(missing_ok=True)
                 return name
             os.replace(part, dest)

@@ -27,7 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import child_env, lock, write_json
+from quantgate.base.fileio import child_env, lock, sha256_file, write_json
 from quantgate.base.paths import RELEASES, home, models_dir
 from quantgate.base.yamlconfig import load_model
 
@@ -71,14 +71,6 @@ def catalogue_entry(model_id: str) -> CatalogueModel:
     if model_id not in cat:
         raise QuantgateError(f"unknown model id '{model_id}'", where=str(CATALOGUE), fix=f"use one of {sorted(cat)} or a checkpoint folder path")
     return cat[model_id]
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 HASH_CACHE = "checkpoint-sha256.json"
