@@ -65,7 +65,9 @@ def worker(name: str, core: int, root: Path, env: dict[str, str]) -> tuple[subpr
     for shared in ("envs", "models"):
         (host_home / shared).symlink_to(home() / shared)
     host_env = {**env, "QUANTGATE_HOST": name, "QUANTGATE_RESULTS": str(root / name / "results"),
-                "QUANTGATE_HOME": str(host_home), "QUANTGATE_REPO": str(REPO)}
+                "QUANTGATE_HOME": str(host_home), "QUANTGATE_REPO": str(REPO),
+                # a scheduled child is picked up within 2 s instead of Prefect's 10 (its default poll)
+                "PREFECT_WORKER_QUERY_SECONDS": "2"}
     log = root / f"{name}-worker.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(["taskset", "-c", str(core), str(PREFECT), "worker", "start", "--pool", name,

@@ -220,6 +220,33 @@ def test_the_guard_removes_the_shared_memory_its_group_held_and_nothing_else(tmp
           "process maps and the one the group never held kept")
 
 
+def test_a_psm_file_made_and_abandoned_between_two_looks_is_removed_and_one_still_held_is_kept(tmp_path):
+    """A PP=2 head that fails at once on a wrong worker port makes a psm_* file and dies before the guard's next
+    look at its group's files (every SHM_EVERY_S). The sweep removes the psm_* files that appeared while the guard
+    ran and that no live process holds; one that appeared meanwhile but another program maps is kept."""
+    token = tag_env()[TAG_VAR]
+    abandoned, held = Path(f"/dev/shm/psm_qgtest_{token}_abandoned"), Path(f"/dev/shm/psm_qgtest_{token}_held")
+    env = {**os.environ, **tag_env(), "PYTHONPATH": str(REPO)}
+    outsider = None
+    # the command makes its file, closes it and lingers a second: gone well within SHM_EVERY_S, never looked at
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, f"sleep 1; : > {abandoned}; sleep 1"],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        guard = int(parent.stdout.readline())
+        outsider = subprocess.Popen([sys.executable, "-c", SHM_CHILD, str(held)], stdout=subprocess.PIPE, text=True)
+        assert outsider.stdout.readline().strip() == "mapped"  # another program's file, made while the guard runs
+        wait_until(lambda: abandoned.exists(), 15)
+        wait_until(lambda: not live([guard]), 30)  # the command exited: the guard swept and left
+        assert not abandoned.exists() and held.exists()
+    finally:
+        for proc in (parent, outsider):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for path in (abandoned, held):
+            path.unlink(missing_ok=True)
+
+
 SEM_CHILD = """
 import multiprocessing as mp, signal, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # like a vLLM engine busy past the grace period: only SIGKILL ends it
@@ -409,10 +436,11 @@ def _faults_bench():
 
 
 @pytest.mark.slow
-# one cycle per way a server ends (the multi-node stop() path is test_multinode's): bench/faults.py runs the count.
-# PP=2 runs the double kill (parent and guards SIGKILLed at once), the hardest end: its guard's sweep starts on the
-# parent's death and the guard dies under it, so its watcher finishes the sweep (it once left Worker_PP1 alive).
-@pytest.mark.parametrize("kind,ends", [("single", ["kill-parent", "stop", "kill-both"]), ("multi", ["kill-both"])])
+# one cycle per way a server is killed (stop() ends every other test's server, the multi-node stop() path is
+# test_multinode's): bench/faults.py runs the count, stop() among them. PP=2 runs the double kill (parent and guards
+# SIGKILLed at once), the hardest end: its guard's sweep starts on the parent's death and the guard dies under it, so
+# its watcher finishes the sweep (it once left Worker_PP1 alive).
+@pytest.mark.parametrize("kind,ends", [("single", ["kill-parent", "kill-both"]), ("multi", ["kill-both"])])
 def test_start_kill_cycles_leave_no_orphan_and_no_port(demo_model, tmp_path, kind, ends):
     """The CI share of `bench/faults.py --cycles 20`: start to ready, then SIGKILL of the parent (and its guards)
     or stop()."""

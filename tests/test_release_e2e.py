@@ -376,7 +376,8 @@ def test_prefect_deployment_run_of_the_release(workspace):
         worker_log = root / "prefect-worker.log"
         with open(worker_log, "wb") as log:
             procs.append(subprocess.Popen([prefect, "worker", "start", "--pool", "local", "--type", "process"],
-                                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                          env={**env, "PREFECT_WORKER_QUERY_SECONDS": "2"}))  # picked up in 2 s, not 10
         run = cli("deployment", "run", "release/demo", "--param", f"spec={root / 'strict.yaml'}", "--param", "run_id=deployed",
                   "--watch", timeout=1200)
         # REJECT or INCONCLUSIVE ends the flow run Failed (named after the decision), and `--watch` exits non-zero:

@@ -23,7 +23,10 @@ driver) through this guard, in a session of its own (quantgate.base.procs.guarde
 - after each sweep: removes the shared-memory files (/dev/shm) the group had open or mapped while it ran (vLLM's
   `psm_*` message queues, multiprocessing semaphores), once no live process holds them: a SIGKILLed engine never
   unlinks its own. Only the group's files (seen in /proc/<pid>/maps and /proc/<pid>/fd of its members, looked at
-  every SHM_EVERY_S and before the sweep) are removed, never another program's. Python's multiprocessing
+  every SHM_EVERY_S and before the sweep) are removed, never another program's; and the `psm_*` files that appeared
+  in /dev/shm while the guard ran and that no live process holds after the sweep (one made and abandoned between
+  two looks: a PP=2 head that fails at once on a wrong worker port left one). Python's `SharedMemory` keeps its
+  file open or mapped as long as its owner lives, so an unheld one is an orphan whoever made it. Python's multiprocessing
   semaphores (`sem.mp-*`) are mapped only for a moment, so the guard rarely sees them: their owner is the group's
   multiprocessing resource tracker, which unlinks them once every process it serves is gone. It ignores SIGTERM, so
   the sweep's SIGKILL wave spares it at first and gives it TRACKER_WAIT_S to clean up and exit by itself. (Removing
@@ -45,6 +48,8 @@ PR_SET_PDEATHSIG = 1
 PARENT_DIED = signal.SIGUSR2  # the guard's own parent-death signal: catchable, so it can sweep the group first
 SHM = "/dev/shm/"
 SHM_EVERY_S = 5.0  # how often the guard notes the group's shared-memory files (vLLM creates them at start-up)
+SHM_ORPHAN = "psm_"  # Python SharedMemory's names (vLLM's message queues): unheld means abandoned
+_shm_before: set[str] = set()  # the psm_* files there when the guard started (set in main, inherited by the watcher)
 TRACKER = b"multiprocessing.resource_tracker"  # in the command line of Python's resource tracker process
 TRACKER_WAIT_S = 3.0  # how long the sweep lets the group's resource trackers unlink what they track and exit
 
@@ -135,6 +140,14 @@ def shm_held(pids: list[int]) -> set[str]:
     return {p for p in out if not p.endswith(" (deleted)") and "/" not in p[len(SHM):]}
 
 
+def psm_files() -> set[str]:
+    """The SharedMemory files (psm_*) now in /dev/shm, as paths."""
+    try:
+        return {SHM + n for n in os.listdir(SHM) if n.startswith(SHM_ORPHAN)}
+    except OSError:
+        return set()
+
+
 def _live_pids(exclude: int) -> list[int]:
     return [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != exclude]
 
@@ -192,6 +205,7 @@ def main(argv: list[str]) -> None:
         print("usage: procguard.py PARENT_PID GRACE_S -- COMMAND ARG...", file=sys.stderr)
         os._exit(2)
     parent, grace_s, command = int(argv[1]), float(argv[2]), argv[4:]
+    _shm_before.update(psm_files())
 
     def parent_died(*_: object) -> None:
         signal.signal(PARENT_DIED, signal.SIG_IGN)  # once is enough (see _sweep_uninterrupted)
@@ -270,7 +284,8 @@ def _sweep_uninterrupted(grace_s: float, shm: set[str], watcher: int | None = No
     """The final sweep, deaf to SIGTERM (it SIGTERMs the group, the guard included) and to further parent-death
     signals: the kernel sends one again each time an orphan's new parent (a subreaper) exits. The guard's
     `watcher` is spared until the sweep is done, then SIGKILLed and reaped. Then the group's shared-memory files
-    that nobody holds any more are removed."""
+    that nobody holds any more are removed, with the psm_* files that appeared since the guard started and that
+    nobody holds (remove_shm checks every live process)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(PARENT_DIED, signal.SIG_IGN)
     shm |= shm_held(group_members(os.getpgid(0), exclude=os.getpid()))
@@ -281,7 +296,7 @@ def _sweep_uninterrupted(grace_s: float, shm: set[str], watcher: int | None = No
             os.waitpid(watcher, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
-    remove_shm(shm)
+    remove_shm(shm | (psm_files() - _shm_before))
 
 
 if __name__ == "__main__":

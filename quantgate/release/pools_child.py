@@ -270,8 +270,12 @@ def _reference(spec: ReleaseSpec, run: Path, store: ResultStore, log: Log
             assert ev is not None
             pulled.append(ev)
 
-    if store.complete(rel_key(run / BASELINE)):  # measured already (cached): pulled now, so that the candidate's
-        ready()                                   # cached fidelity counts as done before anything is served
+    # The baseline measured already, in this run or (its cache folder complete on the store) an earlier one, whose
+    # answers this run's baseline child only pulls and shares again, soon: waited for and pulled now, so that the
+    # candidate's cached fidelity counts as done before anything is served (not raced against that child)
+    base_cache = next(iter(reference.values())).parents[1] if reference else None
+    if store.complete(rel_key(run / BASELINE)) or (base_cache is not None and store.complete(rel_key(base_cache))):
+        ready()
     return reference, ready
 
 
