@@ -29,6 +29,7 @@ import pytest
 
 from _pools import lose_host, serving, stored_answers, worker
 from _s3 import MOTO, aws_env, s3_server
+from _shared import LAYER0_ONLY
 from quantgate.base.objstore import ResultStore
 from quantgate.base.procguard import remove_shm
 from quantgate.base.paths import REPO
@@ -49,7 +50,7 @@ schemes: [{cand}]
 eval_sets: [{evalset}]
 quantization:
   calibration: {{samples: 4, max_seq_length: 32}}
-  overrides: {{{cand}: {{ignore: ['re:model[.]layers[.]([1-9]|[12][0-9])[.].*']}}}}
+  overrides: {{{cand}: {{ignore: ['{ignore}']}}}}
 eval: {{limit: 18, concurrency: 1}}
 recall: {{lengths: [512], depths: [0, 100], kinds: [number], samples: 1}}
 fidelity: {{draws: 1, limit: 12, context_prompts: 2, context_new_tokens: 32}}
@@ -88,7 +89,8 @@ def pools(tmp_path_factory, prefect_api, demo_model):
         assert made.returncode == 0, made.stdout + made.stderr
         workers = [worker("host-a", 0, root, env), worker("host-b", 1, root, env)]
         spec = root / "pools.yaml"
-        spec.write_text(SPEC.format(cand=CAND, evalset=REPO / "eval_sets" / "default.jsonl", bucket=s3["QG_TEST_BUCKET"]))
+        spec.write_text(SPEC.format(cand=CAND, evalset=REPO / "eval_sets" / "default.jsonl", bucket=s3["QG_TEST_BUCKET"],
+                                     ignore=LAYER0_ONLY))
         parent = {**env, "QUANTGATE_RESULTS": str(root / "parent" / "results")}
         try:
             yield root, spec, parent, s3, workers

@@ -23,7 +23,7 @@ from quantgate.quantize.runner import needs_pin_memory_workaround
 from quantgate.target.hardware import get_profile, load_catalogue
 
 from _quant_fixtures import fake_quantizer, llama
-from _shared import CHECKPOINTS
+from _shared import CHECKPOINTS, LAYER0_ONLY
 
 
 @pytest.fixture
@@ -260,7 +260,7 @@ CALIBRATION = {"w4a16-awq": (8, 64)}
 # AWQ searches its scales per smoothed layer (llmcompressor skips a mapping whose layers are all ignored): only decoder
 # layer 0 is quantized here, its real format end to end in seconds instead of four minutes on 2 cores. The whole
 # model's W4A16 size is the GPTQ case's (the same format); bench/quantize_demo.py quantizes every scheme of the whole model.
-LAYER0_ONLY = {"w4a16-awq": RecipeOverrides(ignore=[r"re:model\.layers\.([1-9]|[12][0-9])\..*"])}
+LAYER0 = {"w4a16-awq": RecipeOverrides(ignore=[LAYER0_ONLY])}
 # These checkpoints are served through the whole release in tests/test_release_e2e.py, which reuses them (INT8 in its
 # first run, GPTQ in the added one): a server start here would repeat that
 SERVED_BY_THE_RELEASE_TEST = {"w4a16-gptq", "int8-w8a8"}
@@ -269,7 +269,7 @@ SERVED_BY_THE_RELEASE_TEST = {"w4a16-gptq", "int8-w8a8"}
 def demo_request(model, out, scheme: str) -> QuantizeRequest:
     hw = "h100" if scheme == "fp8-dynamic" else "x86-cpu"
     samples, length = CALIBRATION.get(scheme, (16, 128))
-    return QuantizeRequest(model=model, scheme=scheme, out=out, hardware=hw, overrides=LAYER0_ONLY.get(scheme, RecipeOverrides()),
+    return QuantizeRequest(model=model, scheme=scheme, out=out, hardware=hw, overrides=LAYER0.get(scheme, RecipeOverrides()),
                            calibration=CalibrationSpec(samples=samples, max_seq_length=length))
 
 
@@ -305,7 +305,7 @@ def test_demo_model_quantized(demo_model, vllm_server, checkpoints, scheme, requ
         assert quant_settings(applied)["group_sizes"] == [group]
     m = json.loads((out / MANIFEST).read_text())
     src = m["source"]["weights_bytes"]
-    if scheme in LAYER0_ONLY:  # layer 0's linear weights packed to 4 bits, layer 1's kept as they were
+    if scheme in LAYER0:  # layer 0's linear weights packed to 4 bits, layer 1's kept as they were
         from safetensors import safe_open
 
         with safe_open(str(next(out.glob("*.safetensors"))), "pt") as f:
