@@ -59,6 +59,26 @@ def test_an_unfinished_folder_is_pulled_only_on_request_and_keeps_the_local_copy
     assert mine.read_text().count("\n") == 2
 
 
+
+def test_answers_appended_while_an_unfinished_folder_is_pulled_are_cut_to_its_manifest(tmp_path):
+    """The writer of an unfinished folder appends answers between its manifest and a reader's fetch: the reader keeps
+    the bytes the manifest names. A file that changed otherwise, or grew in a complete folder, is still refused."""
+    rel = _folder(tmp_path / "a")
+    a, b = ResultStore(str(tmp_path / "store"), tmp_path / "a"), ResultStore(str(tmp_path / "store"), tmp_path / "b")
+    a.push(rel, complete=False)
+    stored = tmp_path / "store" / rel / "evals" / "set-1" / "results.jsonl"
+    stored.write_text('{"id": "a"}\n{"id": "b"}\n{"id": "c"}\n')  # appended after the manifest was written
+    assert b.pull(rel, partial=True) is not None
+    assert (tmp_path / "b" / rel / "evals" / "set-1" / "results.jsonl").read_text() == '{"id": "a"}\n{"id": "b"}\n'
+    stored.write_text('{"id": "x"}\n{"id": "b"}\n{"id": "c"}\n')  # rewritten, not appended to
+    (tmp_path / "b" / rel / "evals" / "set-1" / "results.jsonl").unlink()
+    with pytest.raises(QuantgateError, match="results.jsonl does not match its manifest"):
+        b.pull(rel, partial=True)
+    a.push(rel)  # complete now; then grown behind its manifest's back
+    stored.write_text('{"id": "a"}\n{"id": "b"}\n{"id": "d"}\n')  # the manifest's bytes, and one line more
+    with pytest.raises(QuantgateError, match="results.jsonl does not match its manifest"):
+        b.pull(rel)
+
 @pytest.mark.skipif(not MOTO.exists(), reason="no .venv-s3 (scripts/setup.sh s3; `make test` builds it)")
 def test_a_folder_goes_through_a_real_s3_api(tmp_path):
     rel = _folder(tmp_path / "a")

@@ -11,7 +11,8 @@ every host mounts. A folder is shared whole, under the same relative name it has
           does not list.
     pull  reads the manifest, fetches each listed file whose local copy differs, checks its sha256 and renames it into
           place; a file that does not match (its folder was pushed again meanwhile) is fetched once more against the
-          new manifest, then refused, naming the store key.
+          new manifest, then refused, naming the store key. In an unfinished folder, a file that has only grown
+          since its manifest (answers appended by a writer still at work) is kept up to the manifest's size.
 
 A folder pushed again replaces its manifest (only the files that changed are uploaded): a variant's cache folder
 grows as later releases measure more under its key. A checkpoint, named by its quantization key, is pushed once.
@@ -24,6 +25,7 @@ AWS_ENDPOINT_URL, ~/.aws), never from a release spec.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
@@ -48,6 +50,19 @@ def local_files(folder: Path) -> dict[str, dict[str, Any]]:
         if p.is_file() and not p.name.endswith(_SKIP_SUFFIXES) and p.name != MANIFEST:
             out[p.relative_to(folder).as_posix()] = {"sha256": sha256_file(p), "size": p.stat().st_size}
     return out
+
+
+def _cut_to(part: Path, meta: dict[str, Any]) -> bool:
+    """True when `part` starts with exactly the manifest's bytes, and cut to them: an unfinished folder's writer
+    appends to its answers while a reader pulls, so the file it fetched may have grown since the manifest."""
+    if part.stat().st_size <= meta["size"]:
+        return False
+    with part.open("rb") as f:
+        head = f.read(meta["size"])
+    if hashlib.sha256(head).hexdigest() != meta["sha256"]:
+        return False
+    part.write_bytes(head)
+    return True
 
 
 @dataclass
@@ -149,7 +164,7 @@ class ResultStore:
                 self._fs.get_file(self.key(f"{rel}/{name}"), str(part))
             except FileNotFoundError:
                 return name
-            if sha256_file(part) != meta["sha256"]:
+            if sha256_file(part) != meta["sha256"] and not (keep_local and _cut_to(part, meta)):
                 part.unlink(missing_ok=True)
                 return name
             os.replace(part, dest)
