@@ -16,7 +16,7 @@ import pytest
 from _gate_fixtures import make_run
 
 from quantgate.evals.comparefile import Comparison, load_comparison
-from quantgate.gate.summaryfile import write_summary
+from quantgate.gate.summaryfile import as_json, write_summary
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import RELEASES
 from quantgate.gate.evidence import CANDIDATE_ERROR, gate_run
@@ -99,8 +99,9 @@ def test_summary_and_report_show_the_failed_candidate(tmp_path):
     base = good.model_copy(update={"variant": good.variant.model_copy(update={"name": "baseline", "size_bytes": 1000}),
                                    "folder": run / "baseline"})
     measured = [(good, load_comparison(run / "compare" / "w4a16-gptq.json")), (failed, Comparison({}))]
-    summary = rel.finish_run(spec, run, base, measured, decisions, {})
-    write_summary(run, summary)
+    typed = rel.finish_run(spec, run, base, measured, decisions, {})
+    write_summary(run, typed)
+    summary = as_json(typed)
     row = summary["candidates"]["int8-w8a8"]
     assert row["decision"] == "REJECT" and row["failure"] == failed.failure and row["error"].endswith(CANDIDATE_ERROR)
     assert summary["candidates"]["w4a16-gptq"]["decision"] == "PROMOTE" and summary["decision"] == "PROMOTE"

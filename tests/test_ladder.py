@@ -9,7 +9,7 @@ import pytest
 from _gate_fixtures import make_run
 
 from quantgate.evals.comparefile import Comparison, load_comparison
-from quantgate.gate.summaryfile import write_summary
+from quantgate.gate.summaryfile import as_json, write_summary
 from quantgate.release.ladder import describe, next_rung, rungs
 
 S = ["fp8-dynamic", "int8-w8a8", "w4a16-gptq"]
@@ -95,8 +95,9 @@ def test_untried_rung_is_listed_but_is_no_failure(tmp_path):
                             evals=evidence["evals"], served=False)
 
     comparison = load_comparison(run / "compare" / "w4a16-gptq.json")
-    summary = rel.finish_run(spec, run, ev("baseline", 1000), [(ev("w4a16-gptq", 400), comparison)], decisions, {})
-    write_summary(run, summary)
+    typed = rel.finish_run(spec, run, ev("baseline", 1000), [(ev("w4a16-gptq", 400), comparison)], decisions, {})
+    write_summary(run, typed)
+    summary = as_json(typed)
     assert list(summary["candidates"]) == ["w4a16-gptq"] and summary["decision"] == "PROMOTE"
     assert summary["ladder"][1]["status"] == "not tried"
     assert any("not tried: int8-w8a8" in n for n in summary["notes"])

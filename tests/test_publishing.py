@@ -23,7 +23,7 @@ from _publish_fixtures import CAND, Receiver, gated_run
 from prefect.events.schemas.automations import AutomationCore
 from typer.testing import CliRunner
 
-from quantgate.gate.summaryfile import write_summary
+from quantgate.gate.summaryfile import Summary, as_json, write_summary
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.paths import REPO
 from quantgate.cli.main import app
@@ -196,7 +196,7 @@ class FakeHub:
 def test_hub_upload_creates_a_private_repo_and_uploads_the_entry(entry, monkeypatch):
     monkeypatch.setenv("QG_TEST_HF", "hf_x")
     hub = FakeHub()
-    rec = publishing.publish_one(entry, PublishTarget(hf_repo="org/demo", token_env="QG_TEST_HF"), candidate=CAND, api=hub)
+    rec = as_json(publishing.publish_one(entry, PublishTarget(hf_repo="org/demo", token_env="QG_TEST_HF"), candidate=CAND, api=hub))
     assert rec["status"] == "published" and rec["where"].endswith("/commit/c0ffee") and rec["commit"] == "c0ffee"
     (_, repo, create), (_, _, upload) = hub.calls
     assert repo == "org/demo" and create == {"private": True, "repo_type": "model", "exist_ok": True}
@@ -206,15 +206,15 @@ def test_hub_upload_creates_a_private_repo_and_uploads_the_entry(entry, monkeypa
 def test_hub_without_a_token_is_a_failed_publish_not_a_skip(entry, monkeypatch):
     monkeypatch.delenv("QG_TEST_HF", raising=False)
     hub = FakeHub()
-    rec = publishing.publish_one(entry, PublishTarget(hf_repo="org/demo", token_env="QG_TEST_HF"), candidate=CAND, api=hub)
+    rec = as_json(publishing.publish_one(entry, PublishTarget(hf_repo="org/demo", token_env="QG_TEST_HF"), candidate=CAND, api=hub))
     assert rec["status"] == "failed" and "QG_TEST_HF is not set" in rec["error"] and hub.calls == []
     assert "quantgate registry publish" in rec["error"]  # how to finish it by hand
 
 
 def test_a_failed_upload_is_recorded(entry, monkeypatch):
     monkeypatch.setenv("QG_TEST_HF", "hf_x")
-    rec = publishing.publish_one(entry, PublishTarget(hf_repo="org/demo", token_env="QG_TEST_HF"), candidate=CAND,
-                                 api=FakeHub(fail="403 Forbidden"))
+    rec = as_json(publishing.publish_one(entry, PublishTarget(hf_repo="org/demo", token_env="QG_TEST_HF"), candidate=CAND,
+                                       api=FakeHub(fail="403 Forbidden")))
     assert rec["status"] == "failed" and rec["error"] == "RuntimeError: 403 Forbidden"
 
 
@@ -232,7 +232,7 @@ def receiver():
         r.close()
 
 
-def _summary(run: Path) -> dict:
+def _summary(run: Path) -> Summary:
     """summary.json as finish_run writes it, the parts the webhook reads (this fixture's run has no baseline evidence)."""
     cmp_ = json.loads((run / "compare" / f"{CAND}.json").read_text())["default"]["metrics"]
     doc = json.loads((run / "decision.json").read_text())
@@ -240,7 +240,7 @@ def _summary(run: Path) -> dict:
                "candidates": {CAND: {"scheme": CAND, "decision": doc["decision"], "reasons": [], "registry": None,
                                      "metrics": {f"default/{m}": v["overall"] for m, v in cmp_.items()}}}, "notes": []}
     (run / "summary.json").write_text(json.dumps(summary))
-    return summary
+    return Summary.model_validate(summary)
 
 
 def test_the_decision_is_posted_signed_and_retried(tmp_path, receiver, monkeypatch):
@@ -248,7 +248,7 @@ def test_the_decision_is_posted_signed_and_retried(tmp_path, receiver, monkeypat
     rx = receiver([503, 200])  # one failure, then accepted: retried by base.http's client
     monkeypatch.setenv("QG_TEST_HOOK_KEY", "s3cret")
     n = NotifySpec(url=rx.url, secret_env="QG_TEST_HOOK_KEY", report_url="https://ci/runs/{run}/report.html")
-    (rec,) = webhook.notify_run([n], run, _summary(run))
+    (rec,) = map(as_json, webhook.notify_run([n], run, _summary(run)))
     assert rec["status"] == "delivered" and rec["attempts"] == 2 and len(rx.got) == 2
     headers, raw = rx.got[-1]
     want = "sha256=" + hmac.new(b"s3cret", raw, hashlib.sha256).hexdigest()  # over the bytes that arrived
@@ -273,7 +273,7 @@ def test_the_decision_is_posted_signed_and_retried(tmp_path, receiver, monkeypat
 ])
 def test_receiver_answers(tmp_path, receiver, statuses, body, status, attempts):
     rx = receiver(statuses, body)
-    rec = webhook.send(NotifySpec(url=rx.url, attempts=3, timeout_s=5), {"delivery": "d1", "decision": "REJECT"})
+    rec = as_json(webhook.send(NotifySpec(url=rx.url, attempts=3, timeout_s=5), {"delivery": "d1", "decision": "REJECT"}))
     assert rec["status"] == status and rec["attempts"] == attempts and len(rx.got) == len(statuses)
     assert "X-Quantgate-Signature-256" not in rx.got[0][0] and rec["signed"] is False
 
@@ -282,7 +282,7 @@ def test_an_unreachable_webhook_is_a_failed_record_not_an_exception(tmp_path):
     rx = Receiver([])
     url = rx.url
     rx.close()  # nothing listens there now
-    rec = webhook.send(NotifySpec(url=url, attempts=2, timeout_s=2), {"delivery": "d1"})
+    rec = as_json(webhook.send(NotifySpec(url=url, attempts=2, timeout_s=2), {"delivery": "d1"}))
     assert rec["status"] == "failed" and rec["attempts"] == 2 and "Connect" in rec["error"]
 
 
@@ -299,18 +299,18 @@ def test_promoted_entry_with_card_published_to_a_folder_and_the_receiver_told(tm
                                          f"notify:\n  - url: {rx.url}\n"))
     e = registry.promote(registry.Promotion(d, model="demo", version="v1", checkpoint=ckpt, run=run))
     records = publishing.publish_run(spec.publish, run, {CAND: Path(e["path"])})
-    assert [r["status"] for r in records] == ["published", "failed"]  # the Hub target has no token
+    assert [r.status for r in records] == ["published", "failed"]  # the Hub target has no token
     copy = tmp_path / "shelf" / "demo" / "v1"
     assert (copy / "README.md").read_text() == (Path(e["path"]) / "README.md").read_text()
     assert "## Serving with vLLM" in (copy / "README.md").read_text() and registry.verify_entry(copy)
-    assert json.loads((run / "publish.json").read_text())["records"] == records
+    assert json.loads((run / "publish.json").read_text())["records"] == [as_json(r) for r in records]
     summary = publishing.with_records(_summary(run), "publish", records)
     assert publishing.exit_code(summary, 0) == publishing.OUTBOUND_FAILED == 5  # a PROMOTE that did not ship
     summary = publishing.with_records(summary, "notify", webhook.notify_run(spec.notify, run, summary))
-    assert summary["notify"][0]["status"] == "delivered"
+    assert summary.notify[0].status == "delivered"
     write_summary(run, summary)  # once, with both records (as the flow does)
     written = json.loads((run / "summary.json").read_text())
-    assert written["publish"] == records and written["notify"] == summary["notify"]
+    assert written["publish"] == [as_json(r) for r in records] and written["notify"] == as_json(summary)["notify"]
     body = json.loads(rx.got[0][1])
     assert body["decision"] == "PROMOTE" and [p["status"] for p in body["publish"]] == ["published", "failed"]
 
@@ -319,11 +319,11 @@ def test_a_failed_publish_is_reported_and_keeps_the_promotion(tmp_path, entry):
     blocker = tmp_path / "shelf-file"
     blocker.write_text("a file where the target folder should be")
     records = publishing.publish_run([PublishTarget(folder=blocker)], tmp_path, {CAND: Path(entry)})
-    assert records[0]["status"] == "failed" and records[0]["error"]
-    summary = publishing.with_records({"decision": "PROMOTE", "notes": ["kept"]}, "publish", records)
+    assert records[0].status == "failed" and records[0].error
+    summary = publishing.with_records(Summary(decision="PROMOTE", notes=["kept"]), "publish", records)
     assert publishing.exit_code(summary, 0) == publishing.OUTBOUND_FAILED
     assert publishing.exit_code(summary, 3) == 3  # a REJECT keeps its code; the failure is still in the record
-    assert summary["notes"][0] == "kept" and summary["notes"][1].startswith(f"publish of {CAND} to {blocker} failed")
+    assert summary.notes[0] == "kept" and summary.notes[1].startswith(f"publish of {CAND} to {blocker} failed")
     assert registry.verify_entry(entry)["version"] == "v1"  # still promoted, unchanged
 
 

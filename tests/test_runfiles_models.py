@@ -19,7 +19,7 @@ import pytest
 from pydantic import ValidationError
 from _gate_fixtures import make_run, recall_dirs
 
-from quantgate.gate.summaryfile import write_summary
+from quantgate.gate.summaryfile import Summary, write_summary
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.paths import EVAL_SETS
@@ -184,12 +184,13 @@ def test_summary_reads_back_through_its_model(tmp_path):
     written = rel.finish_run(spec, run, ev("baseline", 1000), [(ev(CAND, 400), comparison)], decisions, {})
     write_summary(run, written)
     s = load_summary(run / SUMMARY)
-    assert s.release == "t" and s.run == run.name and s.decision == written["decision"] == "PROMOTE"
+    assert s.release == "t" and s.run == run.name and s.decision == written.decision == "PROMOTE"
     assert s.promoted == [CAND] and s.baseline.size_bytes == 1000 and s.baseline.parity is None
     row = s.candidates[CAND]
     assert row.scheme == CAND and row.size_ratio == 0.4 and row.decision == "PROMOTE" and row.registry is None
     m = row.metrics["default/exact_match"]
-    assert m.n == written["candidates"][CAND]["metrics"]["default/exact_match"]["n"] and m.delta == 0.0
+    assert m.n == written.candidates[CAND].metrics["default/exact_match"].n and m.delta == 0.0
+    assert s == written  # what was made is what is read back
     assert row.regressions == 0 and row.agreement["default"] == 1.0 and s.policy["name"]
 
 
@@ -243,8 +244,10 @@ def test_not_an_object_missing_and_corrupt_files_are_named(tmp_path):
     assert Comparison.model_validate({}).root == {}
 
 
-def test_a_summary_its_readers_would_refuse_is_never_written(tmp_path):
-    (tmp_path / "summary.json").write_text('{"decision": "REJECT"}')
+def test_a_summary_its_readers_would_refuse_cannot_be_made(tmp_path):
+    """finish_run returns a Summary and write_summary writes only a Summary: a row its readers would refuse fails
+    where it is made, and the file keeps the fields the summary was given."""
     with pytest.raises(ValidationError):
-        write_summary(tmp_path, {"decision": "PROMOTE", "candidates": {"int8": {"reasons": "not a list"}}})
-    assert json.loads((tmp_path / "summary.json").read_text()) == {"decision": "REJECT"}  # the old one kept
+        Summary.model_validate({"decision": "PROMOTE", "candidates": {"int8": {"reasons": "not a list"}}})
+    write_summary(tmp_path, Summary.model_validate({"decision": "REJECT", "candidates": {"int8": {"failure": "x"}}}))
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"decision": "REJECT", "candidates": {"int8": {"failure": "x"}}}

@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from quantgate.gate.summaryfile import as_json
 from quantgate.release import registry
 from quantgate.release.publishing import HF_TOKEN, PublishTarget, publish_one
 from quantgate.release.targets import HUB
@@ -73,5 +74,5 @@ def publish_cmd(
               f"(export it, or name another variable with --token-env)", file=sys.stderr)
         raise typer.Exit(2)
     rec = publish_one(entry, where, candidate=str(man.get("candidate")))  # verifies the entry from its bytes first
-    print(json.dumps(rec, indent=2))
-    raise typer.Exit(1 if rec["status"] == "failed" else 0)
+    print(json.dumps(as_json(rec), indent=2))
+    raise typer.Exit(1 if rec.status == "failed" else 0)

@@ -18,6 +18,7 @@ from quantgate.base.objstore import ResultStore
 from quantgate.base.paths import results_dir
 from quantgate.cli.check import Kind, check
 from quantgate.gate.models import EXIT_CODES
+from quantgate.gate.summaryfile import Summary
 from quantgate.release.outcome import summary_of
 from quantgate.release.publishing import env_notes, exit_code, failures
 from quantgate.release.runrecord import check_new_run_id, timings
@@ -107,13 +108,14 @@ def release(
     for name, row in summary["candidates"].items():
         print(f"{name}: {row['decision']}" + "".join(f"\n  - {r}" for r in row["reasons"]))
     _print_timings(summary["run"])
-    for r in summary.get("publish", []):
-        print(f"publish {r.get('candidate')} to {r.get('target')}: {r.get('status')}" + (f" ({r['where']})" if r.get("where") else ""))
-    for r in summary.get("notify", []):
-        print(f"notify {r.get('url')}: {r.get('status')}")
-    for line in failures(summary):  # publishing and webhooks: reported, never swallowed
+    typed = Summary.model_validate(summary)
+    for r in typed.publish or []:
+        print(f"publish {r.candidate} to {r.target}: {r.status}" + (f" ({r.where})" if r.where else ""))
+    for n in typed.notify or []:
+        print(f"notify {n.url}: {n.status}")
+    for line in failures(typed):  # publishing and webhooks: reported, never swallowed
         print(f"error: {line}", file=sys.stderr)
-    raise typer.Exit(exit_code(summary, EXIT_CODES[summary["decision"]]))
+    raise typer.Exit(exit_code(typed, EXIT_CODES[summary["decision"]]))
 
 
 def _print_timings(run_id: str) -> None:

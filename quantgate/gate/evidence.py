@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from quantgate.base.runfiles import (COMPARE_DIR, DELTA, ERROR, EVIDENCE, JUDGE_DIR, JUDGE_REPORT, MANIFEST, PAY_OFF,
-                                     QUANTIZATION, REQUESTS, RUN, SUMMARY)
+                                     QUANTIZATION, REQUESTS, SUMMARY)
 from quantgate.base.errors import QuantgateError
+from quantgate.base.runinfo import load_run_record
 from quantgate.base.stats import num as _num
 from quantgate.base.typedfile import RunFileError
 from quantgate.evals.compare import paired_stats
@@ -80,13 +81,13 @@ def _stat(d: PairedStat, higher: bool, file: Path, binary: bool = False) -> Stat
 
 
 def candidates(run: Path | str) -> list[str]:
-    """Candidates of the run: those with a comparison, and the spec's schemes and `candidates` that have a folder in it (their
-    comparison may be missing: the gate then rejects them), in the spec's scheme order."""
+    """Candidates of the run: those with a comparison, and the spec's schemes and `candidates` that have a folder in it
+    (their comparison may be missing: the gate then rejects them), in the spec's scheme order (run.json)."""
     run = Path(run)
     try:
-        spec = _read(run / RUN)["spec"]
+        spec = load_run_record(run).spec
         order = [str(s) for s in spec["schemes"]] + [str(c["name"]) for c in spec.get("candidates") or []]
-    except (_Bad, KeyError, TypeError):
+    except (QuantgateError, KeyError, TypeError):
         order = []
     found = {p.stem for p in (run / COMPARE_DIR).glob("*.json")} | {s for s in order if (run / s).is_dir()}
     return sorted(found, key=lambda c: (order.index(c) if c in order else len(order), c))
@@ -114,8 +115,7 @@ def comparison_evidence(data: Comparison | Mapping[str, Mapping], path: Path, ev
 
 
 def _eval_error_rate(variant: str, set_name: str, folder: Path) -> RateEvidence:
-    summary = folder / SUMMARY
-    if summary.is_file():
+    if (summary := folder / SUMMARY).is_file():
         s = _read(summary)
         return RateEvidence(name=f"{variant}/{set_name}", rate=_num(s.get("error_rate")), n=int(s.get("n_samples") or 0),
                             file=str(summary))

@@ -1,7 +1,7 @@
 """The typed form of a release's `<run>/summary.json` (quantgate.release.steps.finish_run makes it, the publishing
-and notify steps add `publish` and `notify`, then the flow writes it once with `write_summary`). It lives here,
-below report/ and release/, so that the gate, the report and the release read and write it through one model:
-`load_summary`, `write_summary`.
+and notify steps add their `PublishRecord`s and `NotifyRecord`s, then the flow writes it once with
+`write_summary`). It lives here, below report/ and release/, so that the gate, the report and the release read and
+write it through one model: `load_summary`, `write_summary`.
 
 Keys a later writer adds are kept; every field defaults, since a candidate whose server failed has a short row.
 """
@@ -58,6 +58,39 @@ class BaselineRow(BaseModel):
     parity: dict[str, Any] | None = None
 
 
+class PublishRecord(BaseModel):
+    """One promoted entry published to one target (quantgate.release.publishing.publish_one): status published,
+    exists, skipped or failed, where it went, the error of a failure."""
+    model_config = _OPEN
+
+    candidate: str | None = None
+    entry: str | None = None
+    target: str | None = None
+    status: str | None = None
+    where: str | None = None
+    error: str | None = None
+    seconds: float | None = None
+
+
+class NotifyRecord(BaseModel):
+    """One webhook told of the decision (quantgate.release.webhook.send): delivered or failed, after how many
+    attempts."""
+    model_config = _OPEN
+
+    url: str | None = None
+    signed: bool = False
+    delivery: str | None = None
+    status: str | None = None
+    http_status: int | None = None
+    error: str | None = None
+    attempts: int | None = None
+
+
+def as_json(record: BaseModel) -> dict[str, Any]:
+    """A summary or record as its file holds it: the fields it was given (a short row stays short), JSON types."""
+    return record.model_dump(mode="json", exclude_unset=True)
+
+
 class Summary(BaseModel):
     """summary.json: the release's outcome."""
     model_config = _OPEN
@@ -74,8 +107,8 @@ class Summary(BaseModel):
     policy: dict[str, Any] | None = None
     recall_cost: dict[str, dict[str, Any]] = Field(default_factory=dict)
     ladder: list[dict[str, Any]] | None = None
-    publish: list[dict[str, Any]] | None = None
-    notify: list[dict[str, Any]] | None = None
+    publish: list[PublishRecord] | None = None
+    notify: list[NotifyRecord] | None = None
 
 
 def load_summary(path: Path | str) -> Summary:
@@ -84,9 +117,8 @@ def load_summary(path: Path | str) -> Summary:
                       "re-run the release with the same --run-id: its last steps rewrite summary.json")
 
 
-def write_summary(run: Path, summary: dict[str, Any]) -> Path:
-    """<run>/summary.json, its one writer: the summary is checked against `Summary` first, so one that its readers
-    would refuse is never written; written as given (keys a later reader may want are kept)."""
-    Summary.model_validate(summary)
-    write_json(run / SUMMARY, summary)
+def write_summary(run: Path, summary: Summary) -> Path:
+    """<run>/summary.json, its one writer: the fields the summary was given (keys a later reader may want are
+    kept)."""
+    write_json(run / SUMMARY, as_json(summary))
     return run / SUMMARY

@@ -38,7 +38,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.fidelity import run as fidelity_run, sampling
 from quantgate.evals.comparefile import Comparison
 from quantgate.gate.models import Decision
-from quantgate.gate.summaryfile import write_summary
+from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, Summary, as_json, write_summary
 from quantgate.release import fidelity_step, judge_cache, outcome, pools, publishing, schedule, webhook
 from quantgate.release.adaptive import fidelity_looks, widen
 from quantgate.release.autoschemes import at_flow_start
@@ -131,7 +131,7 @@ def promote(spec: ReleaseSpec, run: Path, decision: Decision, variant: rel.Varia
 
 
 @task(cache_policy=NO_CACHE)
-def publish(spec: ReleaseSpec, run: Path, promotions: dict[str, Path]) -> list[dict]:
+def publish(spec: ReleaseSpec, run: Path, promotions: dict[str, Path]) -> list[PublishRecord]:
     """Every promoted entry to the spec's `publish:` targets (<run>/publish.json); a failure is recorded, not raised,
     and never un-does the promotion."""
     with timed(run, "publish"):
@@ -139,7 +139,7 @@ def publish(spec: ReleaseSpec, run: Path, promotions: dict[str, Path]) -> list[d
 
 
 @task(cache_policy=NO_CACHE)
-def notify(spec: ReleaseSpec, run: Path, summary: dict) -> list[dict]:
+def notify(spec: ReleaseSpec, run: Path, summary: Summary) -> list[NotifyRecord]:
     """The decision POSTed to the spec's `notify:` webhooks (<run>/notify.json); failures recorded, not raised."""
     with timed(run, "notify"):
         return webhook.notify_run(spec.notify, run, summary)
@@ -300,7 +300,7 @@ def _promote(s: ReleaseSpec, run: Path, decisions: list[Decision], variants: dic
     return promotions
 
 
-def conclude(s: ReleaseSpec, run: Path, summary: dict, published: list[dict] | None):
+def conclude(s: ReleaseSpec, run: Path, summary: Summary, published: list[PublishRecord] | None):
     """After the gate: the publish and notify records into the summary, summary.json written (once), the report
     and its artifact, the flow run's state."""
     logger = get_run_logger()
@@ -310,14 +310,15 @@ def conclude(s: ReleaseSpec, run: Path, summary: dict, published: list[dict] | N
         summary = publishing.with_records(summary, "notify", notify(s, run, summary))
     write_summary(run, summary)
     create_markdown_artifact(key=outcome.artifact_key(s.name), markdown=report(run),
-                             description=f"quantgate release {s.name}: {summary['decision']} ({run / 'report.html'})")
-    message = f"{summary['decision']}: {run / 'summary.json'}"
+                             description=f"quantgate release {s.name}: {summary.decision} ({run / 'report.html'})")
+    message = f"{summary.decision}: {run / 'summary.json'}"
     for failure in publishing.failures(summary):
         logger.error(failure)
-    if summary["promoted"]:
+    data = as_json(summary)  # the flow run's result, as summary.json holds it
+    if summary.promoted:
         if publishing.failures(summary):  # promoted and registered, but it did not all go out
-            return Failed(name="Publish failed", message=message, data=outcome.NotPromoted(message, summary))
-        return Completed(message=message, data=summary)
-    return Failed(name="Rejected" if summary["decision"] == "REJECT" else "Inconclusive", message=message,
-                  data=outcome.NotPromoted(message, summary))  # a Failed state's data must be an exception
+            return Failed(name="Publish failed", message=message, data=outcome.NotPromoted(message, data))
+        return Completed(message=message, data=data)
+    return Failed(name="Rejected" if summary.decision == "REJECT" else "Inconclusive", message=message,
+                  data=outcome.NotPromoted(message, data))  # a Failed state's data must be an exception
 

@@ -132,7 +132,7 @@ def _policy(c: Content, policy: dict[str, Any] | None) -> None:
 def _common(rel: Release, v: Variant) -> Content:
     """What every variant run has: who it is, its files, where it ran and how it was served."""
     c = Content()
-    spec = rel.record.spec
+    spec = rel.spec
     c.tag("quantgate.release", rel.name)
     c.tag("quantgate.run", rel.run_id)
     c.tag("quantgate.run_path", str(rel.folder.resolve()))
@@ -207,7 +207,7 @@ def candidate_content(rel: Release, v: Variant, log: Callable[[str], None]) -> C
 def parent_content(rel: Release) -> Content:
     """The release's run: the overall decision, the spec's headline settings, and the run's own files."""
     c = Content()
-    spec = rel.record.spec
+    spec = rel.spec
     c.tag("quantgate.release", rel.name)
     c.tag("quantgate.run", rel.run_id)
     c.tag("quantgate.run_path", str(rel.folder.resolve()))
@@ -217,9 +217,8 @@ def parent_content(rel: Release) -> Content:
     c.param("release", rel.name)
     for key in ("model", "hardware", "workload", "context", "concurrency"):
         c.param(key, getattr(spec, key))
-    if rel.record.git is not None:
-        c.param("git.commit", rel.record.git.commit)
-        c.param("git.dirty", rel.record.git.dirty)
+    c.param("git.commit", rel.record.git.commit)
+    c.param("git.dirty", rel.record.git.dirty)
     _policy(c, rel.decision.policy)
     for name in (REPORT_HTML, REPORT_MD, SUMMARY, DECISION, RUN):
         c.file(name, rel.folder / name)

@@ -11,11 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.runfiles import DECISION, EVIDENCE, PLAN, QUANTIZATION, RUN, SUMMARY
-from quantgate.base.typedfile import read_model
+from quantgate.base.runinfo import RunRecord, load_run_record
+from quantgate.base.typedfile import RunFileError, field_path, read_model
 from quantgate.gate.summaryfile import CandidateRow, Summary, load_summary
 
 BASELINE = "baseline"
@@ -28,6 +29,8 @@ class _Loose(BaseModel):
 
 
 class Spec(_Loose):
+    """The parts of run.json's spec an export reads."""
+
     class Serving(_Loose):
         extra_args: list[str] = Field(default_factory=list)
 
@@ -40,13 +43,6 @@ class Spec(_Loose):
     serving: Serving | None = None
 
 
-class RunRecord(_Loose):
-    class Git(_Loose):
-        commit: str | None = None
-        dirty: bool | None = None
-
-    spec: Spec = Field(default_factory=Spec)
-    git: Git | None = None
 
 
 class DecisionCheck(_Loose):
@@ -142,6 +138,7 @@ class Release(BaseModel):
     """A finished run folder: its record, summary, decision and variants (the baseline first)."""
     folder: Path
     record: RunRecord
+    spec: Spec
     summary: Summary
     decision: DecisionDoc
     variants: list[Variant]
@@ -152,7 +149,7 @@ class Release(BaseModel):
 
     @property
     def name(self) -> str:
-        return self.summary.release or self.record.spec.name or "release"
+        return self.summary.release or self.spec.name or "release"
 
 
 def _optional(path: Path, model: type[M], what: str) -> M | None:
@@ -170,7 +167,12 @@ def read_release(run: Path | str) -> Release:
         if not (folder / name).is_file():
             raise QuantgateError(f"the run has no {name}: it did not finish", where=str(folder),
                                  fix="export a finished run (`quantgate runs` lists them with their decisions)")
-    record = read_model(folder / RUN, RunRecord, "run record", _FIX)
+    record = load_run_record(folder)
+    try:
+        spec = Spec.model_validate(record.spec)
+    except ValidationError as exc:
+        raise RunFileError(f"run record: unexpected content in field spec.{field_path(exc.errors()[0]['loc'])}: "
+                           f"{exc.errors()[0]['msg']}", path=folder / RUN, fix=_FIX) from None
     summary = load_summary(folder / SUMMARY)
     decision = read_model(folder / DECISION, DecisionDoc, "gate decision", _FIX)
     names = list(summary.candidates) + [c for c in decision.candidates if c not in summary.candidates]
@@ -180,4 +182,4 @@ def read_release(run: Path | str) -> Release:
                                                f"{name}: quantization manifest"),
                         evidence=_optional(folder / name / EVIDENCE, Evidence, f"{name}: evidence"))
                 for name in [BASELINE, *names]]
-    return Release(folder=folder, record=record, summary=summary, decision=decision, variants=variants)
+    return Release(folder=folder, record=record, spec=spec, summary=summary, decision=decision, variants=variants)

@@ -207,7 +207,7 @@ def _collect(store: ResultStore, run: Path, child: Child) -> Evidence:
     variant = Variant(name=child.variant, path=folder, scheme=child.variant, content_hash="", size_bytes=None)
     ev = Evidence(variant=variant, folder=folder, cache=folder, serve_command=[], dtype=None, served=True,
                   failure=reason)
-    write_json(folder / EVIDENCE, ev.model_dump(mode="json"))
+    ev.write()
     return ev
 
 

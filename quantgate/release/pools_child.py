@@ -51,7 +51,7 @@ from quantgate.release import steps as rel
 from quantgate.release.cachelayout import engine_of, eval_dirs, variant_cache
 from quantgate.release.schedule import pinned
 from quantgate.release.spec import ReleaseSpec
-from quantgate.release.variants import Evidence, Log, quantize_request, server_config
+from quantgate.release.variants import Evidence, Log, load_evidence, quantize_request, server_config
 
 BASELINE = "baseline"
 REFERENCE = "_reference"  # runs/<run>/_reference/ on the store: where the baseline's answers will be
@@ -94,8 +94,9 @@ def pull_evidence(store: ResultStore, run: Path, name: str, *, timeout_s: float 
         manifest = store.pull(rel_key(folder))
     if manifest is None or not (folder / EVIDENCE).is_file():
         return None
-    ev = Evidence.model_validate(rebased(json.loads((folder / EVIDENCE).read_text()), manifest["root"], str(results_dir())))
-    write_json(folder / EVIDENCE, ev.model_dump(mode="json"))
+    written = load_evidence(folder / EVIDENCE).model_dump(mode="json")  # as the writer's host had it
+    ev = Evidence.model_validate(rebased(written, manifest["root"], str(results_dir())))
+    ev.write()
     store.pull(rel_key(ev.cache), partial=ev.failure is not None)
     return ev
 

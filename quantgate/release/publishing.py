@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import fsspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from quantgate.base.runfiles import PUBLISH
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
+from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, Summary, as_json
 from quantgate.release import registry, targets
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -128,55 +129,55 @@ def env_notes(publish: list[PublishTarget], notify: list[NotifySpec]) -> list[st
                   if n.secret_env and not os.environ.get(n.secret_env)]
 
 
-def publish_one(entry: Path | str, target: PublishTarget, *, candidate: str, api: Any = None) -> dict[str, Any]:
+def publish_one(entry: Path | str, target: PublishTarget, *, candidate: str, api: Any = None) -> PublishRecord:
     """Publish one entry to one target; the record (status published | exists | skipped | failed). Never raises for
     the target's own failure: the error is in the record, for the caller to report."""
-    rec = {"candidate": candidate, "entry": str(entry), "target": target.label, "status": None, "where": None,
-           "error": None}
+    rec: dict[str, Any] = {"candidate": candidate, "entry": str(entry), "target": target.label, "status": None,
+                           "where": None, "error": None}
     t0 = time.monotonic()
     token = None
     if target.hf_repo is not None:
         env = target.token_env or HF_TOKEN
         token = os.environ.get(env)
         if not token:  # a release that must ship is not done when it did not: a failure, never a quiet skip
-            return rec | {"status": "failed", "error": f"{env} is not set: not uploaded to the Hub (export {env}=<a "
-                                                       "Hub token with write access>, then `quantgate registry "
-                                                       f"publish {entry} {target.label}`)"}
+            return PublishRecord(**rec | {"status": "failed", "error": f"{env} is not set: not uploaded to the Hub "
+                                          f"(export {env}=<a Hub token with write access>, then `quantgate registry "
+                                          f"publish {entry} {target.label}`)"})
     try:
         out = registry.publish_entry(entry, target.label, token=token, api=api,
                                      private=True if target.private is None else target.private)
     except Exception as exc:  # noqa: BLE001 - recorded and reported (exit code, flow state), never swallowed
-        return rec | {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "seconds": round(time.monotonic() - t0, 2)}
-    return rec | {k: v for k, v in out.items() if k != "target"} | {"seconds": round(time.monotonic() - t0, 2)}
+        return PublishRecord(**rec | {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                                      "seconds": round(time.monotonic() - t0, 2)})
+    return PublishRecord(**rec | {k: v for k, v in out.items() if k != "target"} | {"seconds": round(time.monotonic() - t0, 2)})
 
 
 def publish_run(targets_: list[PublishTarget], run: Path, promotions: Mapping[str, Path], *,
-                api: Any = None) -> list[dict[str, Any]]:
+                api: Any = None) -> list[PublishRecord]:
     """Every promoted entry (`promotions`: candidate -> its registry entry's folder) to every target, in order;
     the records go to <run>/publish.json. `api`: a Hub client to use instead of huggingface_hub's HfApi (tests)."""
     records = [publish_one(str(entry), t, candidate=cand, api=api)
                for cand, entry in promotions.items() for t in targets_]
-    write_json(Path(run) / PUBLISH_FILE, {"run": Path(run).name, "records": records})
+    write_json(Path(run) / PUBLISH_FILE, {"run": Path(run).name, "records": [as_json(r) for r in records]})
     return records
 
 
-def failures(summary: Mapping[str, Any]) -> list[str]:
+def failures(summary: Summary) -> list[str]:
     """One line per publish or notification that failed, from a summary that holds their records."""
-    out = [f"publish of {r.get('candidate')} to {r.get('target')} failed: {r.get('error')}"
-           for r in summary.get("publish") or [] if r.get("status") == "failed"]
-    return out + [f"notification to {r.get('url')} failed: {r.get('error')}"
-                  for r in summary.get("notify") or [] if r.get("status") == "failed"]
+    out = [f"publish of {r.candidate} to {r.target} failed: {r.error}"
+           for r in summary.publish or [] if r.status == "failed"]
+    return out + [f"notification to {r.url} failed: {r.error}" for r in summary.notify or [] if r.status == "failed"]
 
 
-def with_records(summary: dict[str, Any], key: str, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The summary with `records` under `key` (publish or notify) and a note per failure (the flow writes
-    summary.json once, after both)."""
-    out = {**summary, key: records}
-    out["notes"] = [n for n in summary.get("notes", []) if n not in failures(summary)] + failures(out)
-    return out
+def with_records(summary: Summary, key: Literal["publish", "notify"],
+                 records: list[PublishRecord] | list[NotifyRecord]) -> Summary:
+    """The summary with `records` under `key` and a note per failure (the flow writes summary.json once, after
+    both)."""
+    out = summary.model_copy(update={key: records})
+    return out.model_copy(update={"notes": [n for n in summary.notes if n not in failures(summary)] + failures(out)})
 
 
-def exit_code(summary: Mapping[str, Any], decision_code: int) -> int:
+def exit_code(summary: Summary, decision_code: int) -> int:
     """OUTBOUND_FAILED for a PROMOTE whose publishing or notification failed; else the decision's own code (a
     REJECT or INCONCLUSIVE keeps its code: the failure is printed and recorded)."""
     return OUTBOUND_FAILED if decision_code == 0 and failures(summary) else decision_code

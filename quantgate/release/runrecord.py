@@ -26,8 +26,11 @@ from quantgate.base.runfiles import MANIFEST, STATUS, TIMINGS
 from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base.fileio import lock, write_json
 from quantgate.base.paths import REPO, results_dir
+from quantgate.base.runinfo import GitState, RunRecord
 from quantgate.base.runstatus import RunStatus, root_cause_in_log, root_cause_in_text
+from quantgate.release.spec import ReleaseSpec
 from quantgate.release.stopping import on_stop, stopping
+from quantgate.serving.env import serve_python, vllm_version
 
 PACKAGES = ("quantgate", "llmcompressor", "compressed-tensors", "transformers", "torch", "prefect", "datasets", "evaluate")
 
@@ -98,6 +101,28 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
+
+
+def run_record(spec: ReleaseSpec, spec_path: str | Path) -> RunRecord:
+    """What <run>/run.json holds: the spec as loaded and its file, the code and package versions (the serving side's
+    vLLM among them), the machine's notes and the ResolvedRelease."""
+    python, vllm = _serving_side(spec)
+    return RunRecord(spec_file=str(spec_path), spec=spec.model_dump(mode="json"), git=GitState(**git_state()),
+                     packages={**package_versions(), "vllm": vllm}, machine=spec.machine_notes,
+                     resolved=spec.resolved(python, vllm))
+
+
+def _serving_side(spec: ReleaseSpec) -> tuple[Path | None, str | None]:
+    """The serving interpreter and its vLLM version (a separate environment: not among this process's packages);
+    None for what there is none of (a release of endpoints only may run without one)."""
+    try:
+        python = serve_python(spec.serving.python)
+    except QuantgateError:
+        return None, None
+    try:
+        return python, vllm_version(python)
+    except QuantgateError:
+        return python, None
 
 
 @contextmanager

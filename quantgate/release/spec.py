@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from quantgate.base.errors import QuantgateError, did_you_mean
+from quantgate.base.runinfo import ResolvedRelease
 from quantgate.base.yamlconfig import field_error, item_error, load_model
 from quantgate.evals.lmeval_tasks import LmEvalSpec
 from quantgate.plan.build import load_planner_policy
@@ -154,6 +155,7 @@ class ReleaseSpec(BaseModel):
 
     _machine: list[str] = PrivateAttr(default_factory=list)  # what `auto` and skip_unsupported decided, and why
     _auto: int | None = PrivateAttr(None)  # `schemes: auto` / {auto: N}: N (quantgate.release.autoschemes)
+    _written: dict[str, Any] = PrivateAttr(default_factory=dict)  # `hardware` and `schemes` as the file gave them
 
     @property
     def auto_schemes(self) -> int | None:
@@ -187,7 +189,20 @@ class ReleaseSpec(BaseModel):
             notes.append(f"serving.enable_prefix_caching is false: the recall grid (ask: {spec.recall.ask}) sends each "
                          "haystack's shared prefix again for every question, computed anew each time")
         spec._machine = notes
+        spec._written = {k: raw.get(k) for k in ("hardware", "schemes")}
         return spec
+
+    def resolved(self, python: Path | None, vllm: str | None) -> ResolvedRelease:
+        """What this machine decided for the spec, beside what it said (run.json's `resolved`); `python` and `vllm`:
+        the serving interpreter and its vLLM version (None where there is none)."""
+        given = self._written.get("schemes")
+        hardware = self._written.get("hardware")
+        return ResolvedRelease(hardware=self.hardware, hardware_written=None if hardware is None else str(hardware),
+                               schemes=list(self.schemes), schemes_written=given,
+                               dropped=[x for x in given if x not in self.schemes] if isinstance(given, list) else [],
+                               candidates=[c.name for c in self.candidates],
+                               serving_python=None if python is None else str(python),
+                               vllm=vllm, notes=self.machine_notes)
 
     @field_validator("hardware")
     @classmethod

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from quantgate.base.runfiles import EVIDENCE, PARITY, RUN
+from quantgate.base.runfiles import PARITY
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, lock_holder, write_json
 from quantgate.evals.dataset import Sample, load_evalset, stratified_subset
@@ -39,6 +39,8 @@ from quantgate.gate.feeding import Feed, SetShape, unfed
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizing import sizing
 from quantgate.gate.sizing import warnings as size_warnings
+from quantgate.gate.summaryfile import Summary
+from quantgate.base.runinfo import write_run_record
 from quantgate.parity.engine import passed as parity_passed
 from quantgate.plan.slots import Slot
 from quantgate.recall import run as recall
@@ -54,7 +56,7 @@ from quantgate.release import measurements
 from quantgate.release.measure import check_parity, replica_starter
 from quantgate.release.measurements import MeasureRequest, VariantJob
 from quantgate.release.replicas import Lender, Lending, StepRunner
-from quantgate.release.runrecord import git_state, new_run_id, package_versions, run_dir
+from quantgate.release.runrecord import new_run_id, run_dir, run_record
 from quantgate.release.schedule import pinned
 from quantgate.release.spec import ReleaseSpec
 from quantgate.release.variants import (Evidence, Log, ServingFailure, Variant, baseline_for, baseline_variant,
@@ -63,7 +65,6 @@ from quantgate.release.variants import (Evidence, Log, ServingFailure, Variant, 
 from quantgate.report.junit import write_junit
 from quantgate.report.page import write_report
 from quantgate.report.store import Store, default_path
-from quantgate.serving.env import serve_python, vllm_version
 from quantgate.target.catalogue import resolve_model
 
 __all__ = ["MeasureRequest", "baseline_for", "baseline_variant", "external_variant", "quantize_variant", "resolve_model"]  # the flow calls them as steps
@@ -76,19 +77,8 @@ def start_run(spec: ReleaseSpec, spec_path: str | Path, run_id: str | None) -> P
     endpoint_keys(spec)  # and an endpoint's (the error names its spec field)
     check_env(spec.notify)  # and a webhook secret (quantgate.release.publishing)
     run = run_dir(new_run_id(spec.name) if run_id is None else run_id)  # '' is refused, not replaced
-    write_json(run / RUN, {"spec_file": str(spec_path), "spec": spec.model_dump(mode="json"), "git": git_state(),
-                                  "packages": {**package_versions(), "vllm": _serving_vllm(spec)},
-                                  "machine": spec.machine_notes})
+    write_run_record(run, run_record(spec, spec_path))
     return run
-
-
-def _serving_vllm(spec: ReleaseSpec) -> str | None:
-    """vLLM's version in the serving environment (a separate environment: not among this process's packages); None
-    when there is none to ask (a release of endpoints only may run without one)."""
-    try:
-        return vllm_version(serve_python(spec.serving.python))
-    except QuantgateError:
-        return None
 
 
 def eval_subsets(spec: ReleaseSpec) -> dict[Path, list[Sample]]:
@@ -234,7 +224,7 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
                   **measurements.recorded(folders, skipped),
                   decided=early.reason if early is not None else None,
                   not_applicable=not_applicable(variant, baseline=job.baseline))
-    write_json(job.folder / EVIDENCE, ev.model_dump(mode="json"))
+    ev.write()
     return ev
 
 
@@ -344,7 +334,7 @@ def promote(spec: ReleaseSpec, run: Path, decision: Decision, variant: Variant) 
 
 
 def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, measured: list[tuple[Evidence, Comparison]],
-               decisions: list, promotions: Mapping[str, Path]) -> dict[str, Any]:
+               decisions: list, promotions: Mapping[str, Path]) -> Summary:
     """What <run>/summary.json will hold: a row per candidate tried (its evidence and its comparison with the
     baseline, as compare_variants returned it); with a ladder, the rungs (schemes not tried are no row). Not
     written here: the publish and notify records join it first (quantgate.release.publishing.with_records), then
@@ -382,7 +372,7 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, measured: list[tupl
     if spec.ladder:
         summary["ladder"] = _rungs(spec, decisions)
         summary["notes"].append(describe(summary["ladder"]))
-    return summary
+    return Summary.model_validate(summary)
 
 
 def publish(run: Path) -> str:

@@ -21,6 +21,7 @@ from quantgate.base.runfiles import EVIDENCE, PLAN, QUANTIZATION
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import log_tail, write_json
 from quantgate.base.paths import results_dir
+from quantgate.base.typedfile import read_migrated
 from quantgate.gate.evidence import CANDIDATE_ERROR
 from quantgate.gate.policy import DEFAULT_POLICY
 from quantgate.plan.build import build_plan
@@ -48,7 +49,14 @@ class Variant(BaseModel):
     endpoint: EndpointRef | None = None  # origin endpoint: where it answers (quantgate starts and stops nothing)
 
 
+EVIDENCE_SCHEMA = 2  # 1: before 2026-12-04, no schema_version (the same fields)
+EVIDENCE_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: lambda doc: {**doc, "schema_version": 2}}
+
+
 class Evidence(BaseModel):
+    """<run>/<variant>/evidence.json: what was measured for a variant and where its results are. Written by `write`
+    alone and read by `load_evidence` in the release (the gate and the report, below it, read it as JSON)."""
+    schema_version: int = EVIDENCE_SCHEMA
     variant: Variant
     folder: Path                   # <run>/<variant>
     cache: Path                    # results/cache/variants/<key>
@@ -65,6 +73,18 @@ class Evidence(BaseModel):
     not_applicable: dict[str, str] = {}  # evidence slot (parity, size) -> why it cannot exist for this variant
     decided: str | None = None     # a REJECT decided early by fidelity: the failed checks (quantgate.release.early)
     skipped: dict[str, str] = {}   # step (recall, perf) -> why it did not run
+
+
+    def write(self) -> Path:
+        """<folder>/evidence.json, its one writer."""
+        write_json(self.folder / EVIDENCE, self.model_dump(mode="json"))
+        return self.folder / EVIDENCE
+
+
+def load_evidence(path: Path) -> Evidence:
+    """An evidence.json at the current schema (an older one migrated); RunFileError naming the file and field."""
+    return read_migrated(path, Evidence, "evidence", "re-run the release with the same --run-id: the variant's step "
+                         "writes it again from its cache", EVIDENCE_MIGRATIONS, EVIDENCE_SCHEMA)
 
 
 def size_bytes(folder: Path) -> int:
@@ -261,7 +281,7 @@ def failed_evidence(variant: Variant, folder: Path, cache: Path, exc: ServingFai
     dtype = exc.command[exc.command.index("--dtype") + 1] if "--dtype" in exc.command[:-1] else None  # as served
     ev = Evidence(variant=variant, folder=folder, cache=cache, serve_command=exc.command, node_commands=exc.commands,
                   dtype=dtype, served=True, failure=reason)
-    write_json(folder / EVIDENCE, ev.model_dump(mode="json"))
+    ev.write()
     return ev
 
 

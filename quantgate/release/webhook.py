@@ -38,6 +38,7 @@ import httpx
 from quantgate.base.runfiles import DECISION
 from quantgate.base.fileio import write_json
 from quantgate.base.http import Retry, post_json
+from quantgate.gate.summaryfile import NotifyRecord, Summary, as_json
 from quantgate.release.publishing import NOTIFY_FILE, NotifySpec
 
 EVENT = "quantgate.decision"
@@ -90,7 +91,7 @@ async def _post(url: str, body: dict[str, Any], headers: dict[str, str], retry: 
     return (200 if delivered else None), answer
 
 
-def send(n: NotifySpec, body: dict[str, Any]) -> dict[str, Any]:
+def send(n: NotifySpec, body: dict[str, Any]) -> NotifyRecord:
     """POST one payload to one webhook, with retries; its record (never raises for the receiver's failures)."""
     # the exact bytes httpx sends for json=body: what the signature must cover
     raw = httpx.Request("POST", n.url, json=body).content
@@ -102,14 +103,14 @@ def send(n: NotifySpec, body: dict[str, Any]) -> dict[str, Any]:
     try:
         status, answer = asyncio.run(_post(n.url, body, headers, retry))
     except Exception as exc:  # noqa: BLE001 - recorded: the release reports it
-        return rec | {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "attempts": None}
+        return NotifyRecord(**rec, status="failed", error=f"{type(exc).__name__}: {exc}", attempts=None)
     if status is not None:
-        return rec | {"status": "delivered", "http_status": status, "error": None,
-                      "attempts": answer.attempts if answer is not None else None}
-    return rec | {"status": "failed", "error": answer.error, "attempts": answer.attempts}
+        return NotifyRecord(**rec, status="delivered", http_status=status, error=None,
+                            attempts=answer.attempts if answer is not None else None)
+    return NotifyRecord(**rec, status="failed", error=answer.error, attempts=answer.attempts)
 
 
-def notify_run(notify: list[NotifySpec], run: Path, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+def notify_run(notify: list[NotifySpec], run: Path, summary: Summary) -> list[NotifyRecord]:
     """Send the run's decision to every webhook; records in <run>/notify.json."""
     run = Path(run)
     try:
@@ -118,8 +119,8 @@ def notify_run(notify: list[NotifySpec], run: Path, summary: Mapping[str, Any]) 
         decision = {}
     records = []
     for n in notify:
-        body = payload(summary, decision, run, report_url=n.report_url, delivery=str(uuid.uuid4()),
+        body = payload(as_json(summary), decision, run, report_url=n.report_url, delivery=str(uuid.uuid4()),
                        sent=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
         records.append(send(n, body))
-    write_json(run / NOTIFY_FILE, {"run": run.name, "records": records})
+    write_json(run / NOTIFY_FILE, {"run": run.name, "records": [as_json(r) for r in records]})
     return records

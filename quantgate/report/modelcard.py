@@ -42,8 +42,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.runfiles import COMPARE_DIR, DECISION, EVIDENCE, PLAN, QUANTIZATION, RUN, SUMMARY
+from quantgate.base.runfiles import COMPARE_DIR, DECISION, EVIDENCE, PLAN, QUANTIZATION, SUMMARY
 from quantgate.evals.comparefile import load_comparison
+from quantgate.base.runinfo import load_run_record
 from quantgate.gate.summaryfile import load_summary
 from quantgate.serving.server import plan_args
 
@@ -369,7 +370,8 @@ def card_inputs(run: Path | str | None, candidate: str, *, model: str, version: 
     folder = run / candidate if run else None
     d = dict(decision or (folder and _json(folder / DECISION)) or {})
     quant = (folder and _json(folder / QUANTIZATION)) or {}
-    spec = ((run and _json(run / RUN)) or {}).get("spec") or {}
+    record = _typed(load_run_record, run) if run else None
+    spec = record.spec if record is not None else {}
     evidence = (folder and _json(folder / EVIDENCE)) or {}
     policy = d.get("policy") or {}
     name = f"{model}-{candidate}"

@@ -149,7 +149,7 @@ def _evidence_files(view: RunView, link: Links) -> list[dict]:
 def context(view: RunView, out_dir: Path, link_root: Path) -> dict:
     """Everything the templates show, as plain values."""
     link = Links(out_dir, link_root)
-    run, dec = view.run or {}, view.decision or {}
+    dec = view.decision or {}
     floor = _section(view, "fidelity noise floor", lambda: sections.fidelity_summary(view.floor))
     cands = [_candidate(view, c, link, floor) for c in view.candidates.values()]
     points = [{"name": c["name"], "size_ratio": c["perf"].get("size_ratio"),
@@ -168,7 +168,8 @@ def context(view: RunView, out_dir: Path, link_root: Path) -> dict:
         "decision": outcome_of(view) or "UNKNOWN",
         "status": view.status.model_dump() if view.status is not None else None,
         "promoted": dec.get("promoted") or next(iter(_list(_d(view.summary).get("promoted"))), None),
-        "policy": policy, "git": _d(run.get("git")), "packages": _d(run.get("packages")),
+        "policy": policy, "git": view.run.git.model_dump() if view.run else {},
+        "packages": dict(view.run.packages) if view.run else {},
         "parity": {"verdict": parity.get("verdict"), "reason": parity.get("reason")} if parity else None,
         "notes": [str(n) for n in notes] if isinstance(notes, list) else [],
         "candidates": cands, "trade_off": trade, "perf_curves": curves, "gaps": list(view.gaps), "files": _evidence_files(view, link),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from collections.abc import Callable
 
+from quantgate.base.runinfo import RunRecord, load_run_record
 from quantgate.base.runfiles import (CELLS, COMPARE_DIR, DECISION, DELTA, EVIDENCE, JUDGE_DIR, JUDGE_REPORT, PAY_OFF, PERF,
                                      QUANTIZATION, RUN, STATUS, SUMMARY)
 from quantgate.base.runstatus import RunStatus, load_status
@@ -74,7 +75,7 @@ class RunView:
     folder: Path
     run_id: str
     started: str                  # ISO time: from the run id, decision.json, or the folder's mtime
-    run: dict | None = None
+    run: RunRecord | None = None  # run.json
     summary: dict | None = None
     decision: dict | None = None
     floor: dict | None = None     # fidelity/floor.json: the baseline against itself (the noise floor)
@@ -86,8 +87,7 @@ class RunView:
 
     @property
     def spec(self) -> dict:
-        spec = (self.run or {}).get("spec")
-        return spec if isinstance(spec, dict) else {}
+        return self.run.spec if self.run is not None else {}
 
     def get(self, *keys: str, default: Any = None) -> Any:
         """spec/summary fields: the first of summary[key] or spec[key] that is set."""
@@ -243,7 +243,7 @@ def load_run(folder: Path | str) -> RunView:
     """Everything a run folder holds, with gaps for what is missing or corrupt."""
     folder = Path(folder)
     view = RunView(folder=folder, run_id=folder.name, started="")
-    view.run = _read(view, folder / RUN, "run record")
+    view.run = _read_typed(view, folder / RUN, "run record", lambda path: load_run_record(path.parent))
     view.status = _status(view, folder)
     ended = view.status is None or view.status.status == "completed"  # a failed or stopped run has no summary
     view.summary = _read(view, folder / SUMMARY, "summary", required=ended)

@@ -304,7 +304,7 @@ _PERF = ("output_tok_s", "requests_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms
 
 
 def _run_row(view: RunView, fp: str, policy: dict) -> tuple:
-    git = _dict((view.run or {}).get("git"))
+    git = view.run.git.model_dump() if view.run else {}
     decision = outcome_of(view)  # a failed or interrupted run: FAILED / INTERRUPTED (status.json)
     gaps = [{"what": g.what, "file": g.file, "reason": g.reason} for g in view.gaps]
     return (view.run_id, str(view.folder), view.get("release", "name"), view.get("model"), view.get("hardware"),
@@ -380,7 +380,7 @@ def rows_of(view: RunView, fp: str) -> list[tuple[str, list[tuple]]]:
     _candidate_rows(view, rows)
     if policy.get("sha256"):
         rows["hashes"].append((view.run_id, f"policy:{policy.get('name')}", "policy", policy["sha256"]))
-    rows["versions"] = [(view.run_id, k, _text(v)) for k, v in ((view.run or {}).get("packages") or {}).items()]
+    rows["versions"] = [(view.run_id, k, _text(v)) for k, v in (view.run.packages if view.run else {}).items()]
     return [(f"INSERT OR REPLACE INTO {t} ({', '.join(cols)}) VALUES ({','.join('?' * len(cols))})",
              [tuple(_cell(x) for x in r) for r in rows[t]]) for t, cols in COLUMNS.items()]
 
