@@ -2,23 +2,29 @@
 
 A release's run folder (`results/runs/<run-id>/`):
 
-    run.json               the spec as run, its file, git commit, package versions, machine (release.steps)
+    run.json               the spec as run, its file, git commit, package versions, machine, and what the machine
+                           resolved for it (base.runinfo, versioned)
     timings.json           one row per step: start, seconds, status, slot                 (release.runrecord)
     status.json            completed, failed (step, root cause, log) or interrupted (base.runstatus)
     summary.json           the release's outcome: decision, candidates, figures, paths    (release.steps)
     decision.json          the gate: one decision per candidate, each check's evidence   (gate.evidence)
     decision.junit.xml     the same decision as JUnit test cases, for CI systems
     publish.json           where promoted entries were published, and how it went
+    notify.json            the webhooks told of the decision, and how it went
+    fidelity/floor.json    the baseline against itself on a subset: the fidelity noise floor
     report.html/report.md  the report for people                                           (report)
     <variant>/plan.json        the variant's serving plan; server.log its server's log
     <variant>/evidence.json    what was measured and where the results are (cache folders)
     <variant>/error.json       why its server could not start or died (phase, log tail)
     <variant>/quantization.json  the quantize manifest of a candidate
+    <variant>/promotion.json   its registry entry (or why an endpoint has none), once promoted
     compare/<candidate>.json   the paired comparison with the baseline                       (evals.compare)
     <candidate>/judge/report.json  the LLM judge's calibration and comparison                (judge.run)
+    <candidate>/judge/human.json   the blinded human review's verdicts, beside review_key.json
 
 Files read back by later steps are typed: evals.comparefile, judge.reportfile, recall.resultfile, perf.payofffile and
-gate.summaryfile hold their pydantic models, loaded through base.typedfile.read_model.
+gate.summaryfile hold their pydantic models, loaded through base.typedfile.read_model; run.json (base.runinfo) and
+evidence.json (release.variants) are versioned, with migrations (base.typedfile.read_migrated).
 
 A measured variant's cache folder (`results/cache/variants/<key>/`) holds what the run folder points at:
 eval runs (`manifest.json`, `results.jsonl`, `scores.jsonl`), the recall run (`requests.jsonl`, `cells.json`, and
@@ -35,6 +41,8 @@ SUMMARY = "summary.json"
 DECISION = "decision.json"
 DECISION_JUNIT = "decision.junit.xml"
 PUBLISH = "publish.json"
+NOTIFY = "notify.json"
+FIDELITY_FLOOR = "fidelity/floor.json"
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
 # per variant
@@ -42,6 +50,7 @@ PLAN = "plan.json"
 EVIDENCE = "evidence.json"
 ERROR = "error.json"
 QUANTIZATION = "quantization.json"
+PROMOTION = "promotion.json"
 COMPARE_DIR = "compare"
 JUDGE_DIR = "judge"
 # result folders (eval, recall, judge, perf, parity)
@@ -52,6 +61,8 @@ REQUESTS = "requests.jsonl"
 CELLS = "cells.json"
 DELTA = "delta.json"
 JUDGE_REPORT = "report.json"
+HUMAN_REVIEW = "human.json"
+REVIEW_KEY = "review_key.json"
 PARITY = "parity.json"
 PERF = "perf.json"
 PAY_OFF = "pay_off.json"

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from quantgate.base.runfiles import REPORT_HTML, SUMMARY
 from quantgate.base.paths import results_dir
 from quantgate.report.runview import RunView, load_run, outcome_of, run_folders
 
@@ -67,6 +68,6 @@ def show(
         print(f"  {st.ended()}" + (f" (log: {st.log})" if st.log else ""))
     for gap in view.gaps:
         print(f"  missing {gap.what}: {gap.reason}" + (f" ({gap.file})" if gap.file else ""))
-    for label, path in (("report", folder / "report.html"), ("summary", folder / "summary.json"),
+    for label, path in (("report", folder / REPORT_HTML), ("summary", folder / SUMMARY),
                         ("decision", folder / "decision.json")):
         print(f"  {label}: {path}" + ("" if path.exists() else " (not written)"))

@@ -33,8 +33,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from quantgate.base.runfiles import (COMPARE_DIR, DELTA, ERROR, EVIDENCE, JUDGE_DIR, JUDGE_REPORT, MANIFEST, PAY_OFF,
-                                     QUANTIZATION, REQUESTS, SUMMARY)
+from quantgate.base.runfiles import (COMPARE_DIR, DELTA, ERROR, EVIDENCE, FIDELITY_FLOOR, JUDGE_DIR, JUDGE_REPORT,
+                                     MANIFEST, PAY_OFF, QUANTIZATION, REQUESTS, SUMMARY)
 from quantgate.base.errors import QuantgateError
 from quantgate.base.runinfo import load_run_record
 from quantgate.base.stats import num as _num
@@ -282,7 +282,7 @@ def _fidelity(path: Path, level: float) -> FidelityEvidence:
 
 def _fidelity_pair(run: Path, cand: str, level: float, ev: dict) -> None:
     ev["fidelity"] = _fidelity(run / "fidelity" / f"{cand}.json", level)
-    ev["floor"] = _fidelity(run / "fidelity" / "floor.json", level)
+    ev["floor"] = _fidelity(run / FIDELITY_FLOOR, level)
 
 
 def _pay_off(source: Mapping | Path, ev: dict) -> None:

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from quantgate.base.runfiles import JUDGE_REPORT
+from quantgate.base.runfiles import HUMAN_REVIEW, JUDGE_REPORT, REVIEW_KEY
 from quantgate.base.errors import QuantgateError
 from quantgate.base.yamlconfig import read_text
 from quantgate.judge.core import wilson
@@ -29,7 +29,7 @@ COLUMNS = ["review_id", "category", "question", "reference", "answer_a", "answer
 CHOICES = ("A", "B", "TIE")
 MIN_PAIRS = 50
 MAX_PROBLEMS_SHOWN = 30
-KEY_FILE = "review_key.json"  # the key's default place: in the judge directory
+KEY_FILE = REVIEW_KEY  # the key's default place: in the judge directory
 
 
 def allocate(sizes: dict[str, int], n: int) -> dict[str, int]:
@@ -260,7 +260,7 @@ def import_review(judge_dir: Path | str, csv_path: Path | str, key_path: Path | 
     report = load_judge_report(judge_dir / JUDGE_REPORT)
     choices, blank, _ = parse_filled(read_csv(csv_path), key, str(csv_path))
     human = human_summary(unblind(choices, key), report.comparison.winners, n_exported=len(key["items"]), n_blank=blank)
-    write_json(judge_dir / "human.json", human)
+    write_json(judge_dir / HUMAN_REVIEW, human)
     report.human = human
     write_json(judge_dir / JUDGE_REPORT, report.to_file())
     (judge_dir / "report.md").write_text(render_markdown(report), encoding="utf-8")

@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from quantgate.base.runfiles import REPORT_HTML
 from quantgate.gate.models import Decision
 
 EVENT = "quantgate.release.decided"
@@ -88,7 +89,7 @@ def create_artifacts(release: str, run: Path, decisions: list[Decision]) -> None
     """The link to the report and the checks' table (the module docstring); Prefect imported here, as above."""
     from prefect.artifacts import create_link_artifact, create_table_artifact
 
-    create_link_artifact(key=artifact_key(release, "report"), link=(run / "report.html").resolve().as_uri(),
+    create_link_artifact(key=artifact_key(release, "report"), link=(run / REPORT_HTML).resolve().as_uri(),
                          link_text=f"{release}: report.html of run {run.name}",
                          description=f"quantgate release {release}, run {run.name}: the full report")
     if decisions:

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import fsspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from quantgate.base.runfiles import PUBLISH
+from quantgate.base.runfiles import NOTIFY, PUBLISH
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, Summary, as_json
@@ -41,7 +41,7 @@ from quantgate.release import registry, targets
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HF_TOKEN = "HF_TOKEN"
 OUTBOUND_FAILED = 5  # exit code of `quantgate release`: PROMOTE, but a publish target or a notification failed
-PUBLISH_FILE, NOTIFY_FILE = PUBLISH, "notify.json"
+PUBLISH_FILE, NOTIFY_FILE = PUBLISH, NOTIFY
 
 
 class PublishTarget(BaseModel):

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from quantgate.base.runfiles import PARITY
+from quantgate.base.runfiles import PARITY, PROMOTION
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, lock_holder, write_json
 from quantgate.evals.dataset import Sample, load_evalset, stratified_subset
@@ -323,13 +323,13 @@ def promote(spec: ReleaseSpec, run: Path, decision: Decision, variant: Variant) 
     folder. The version is its content hash, so promoting twice gives one entry. An endpoint candidate has no
     checkpoint to register: promotion.json says so, and None is returned."""
     if variant.endpoint is not None:
-        write_json(run / variant.name / "promotion.json", {"registry": None, "reason": "not applicable: endpoint: "
+        write_json(run / variant.name / PROMOTION, {"registry": None, "reason": "not applicable: endpoint: "
                    f"{variant.endpoint.endpoint} serves it; there is no checkpoint here to register"})
         return None
     model = spec.model if "/" not in spec.model else Path(spec.model).name
     entry = registry.promote(registry.Promotion(decision, model=model, version=f"{variant.name}-{variant.content_hash[:12]}",
                                                 checkpoint=variant.path, run=run, expected_sha256=variant.content_hash))
-    write_json(run / variant.name / "promotion.json", entry)
+    write_json(run / variant.name / PROMOTION, entry)
     return Path(entry["path"])
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from quantgate.base.runfiles import DECISION
+from quantgate.base.runfiles import DECISION, REPORT_HTML, REPORT_MD
 from quantgate.base.fileio import write_json
 from quantgate.base.http import Retry, post_json
 from quantgate.gate.summaryfile import NotifyRecord, Summary, as_json
@@ -59,7 +59,7 @@ def payload(summary: Mapping[str, Any], decision: Mapping[str, Any], run: Path, 
                        "checks": [{k: c.get(k) for k in ("name", "outcome", "measured", "limit")} for c in d.get("checks", [])]}
     return {"event": EVENT, "delivery": delivery, "sent": sent, "release": summary.get("release"),
             "run": summary.get("run"), "decision": summary.get("decision"), "promoted": summary.get("promoted", []),
-            "report": {"html": str(run / "report.html"), "markdown": str(run / "report.md"),
+            "report": {"html": str(run / REPORT_HTML), "markdown": str(run / REPORT_MD),
                        "url": report_url.replace("{run}", str(summary.get("run"))) if report_url else None},
             "candidates": cands, "publish": summary.get("publish", [])}
 

@@ -19,6 +19,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
+from quantgate.base.runfiles import REPORT_HTML, REPORT_MD, REVIEW_KEY
 from quantgate.base.runstatus import load_status
 from quantgate.report import charts
 from quantgate.report.page import TEMPLATES, _env, write_report
@@ -41,7 +42,7 @@ def build(results: Path | str, db: Path | str | None = None, *, log=print) -> Pa
     with Store(db or results / default_path().name) as store:
         for folder in run_folders(results):
             status = store.ingest(folder)
-            if status != "unchanged" or not (folder / "report.html").is_file():
+            if status != "unchanged" or not (folder / REPORT_HTML).is_file():
                 write_report(folder, link_root=results)
                 log(f"{folder.name}: {status}, report written")
         html = render(store, results, out.parent)
@@ -83,7 +84,7 @@ def render(store: Store, results: Path, out_dir: Path) -> str:
     cands = store.candidates()
     with_cands = {c["run_id"] for c in cands}
     for r in store.runs():
-        report = Path(r["folder"]) / "report.html"
+        report = Path(r["folder"]) / REPORT_HTML
         href = os.path.relpath(report, out_dir) if report.is_file() else None
         mine = [c for c in cands if c["run_id"] == r["run_id"]] if r["run_id"] in with_cands else [
             {"candidate": None, "scheme": None, "decision": r["decision"], "needs": None, "size_ratio": None,
@@ -103,10 +104,10 @@ def render(store: Store, results: Path, out_dir: Path) -> str:
         results=str(results), n_runs=len(store.runs()))
 
 
-REPORT_FILES = frozenset({"report.html", "report.md"})
+REPORT_FILES = frozenset({REPORT_HTML, REPORT_MD})
 CHART_SUFFIXES = frozenset({".png", ".svg"})
 EVIDENCE_SUFFIXES = frozenset({".json"})
-NEVER_SERVED = frozenset({"review_key.json"})  # the blinded human review's answer key
+NEVER_SERVED = frozenset({REVIEW_KEY})  # the blinded human review's answer key
 LOCAL_NAMES = ("127.0.0.1", "localhost")
 
 

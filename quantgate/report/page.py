@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quantgate.base.runfiles import REPORT_HTML
 from quantgate.report import charts, sections
 from quantgate.report.runview import BASELINE, Candidate, Gap, RunView, load_run, outcome_of, size_ratio
 from quantgate.report.sections import d as _d, need as _need, num as _num
@@ -254,7 +255,7 @@ def default_root(run: Path) -> Path:
 def write_report(run: Path | str, out: Path | str | None = None, *, link_root: Path | None = None) -> tuple[Path, Path]:
     """Write <run>/report.html and report.md (or `out` and out with .md); returns both paths."""
     run = Path(run)
-    html = Path(out) if out else run / "report.html"
+    html = Path(out) if out else run / REPORT_HTML
     md = html.with_suffix(".md")
     html.parent.mkdir(parents=True, exist_ok=True)
     results = default_root(run)

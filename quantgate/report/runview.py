@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 from collections.abc import Callable
 
 from quantgate.base.runinfo import RunRecord, load_run_record
-from quantgate.base.runfiles import (CELLS, COMPARE_DIR, DECISION, DELTA, EVIDENCE, JUDGE_DIR, JUDGE_REPORT, PAY_OFF, PERF,
-                                     QUANTIZATION, RUN, STATUS, SUMMARY)
+from quantgate.base.runfiles import (CELLS, COMPARE_DIR, DECISION, DELTA, EVIDENCE, FIDELITY_FLOOR, HUMAN_REVIEW,
+                                     JUDGE_DIR, JUDGE_REPORT, PAY_OFF, PERF, QUANTIZATION, REVIEW_KEY, RUN, STATUS,
+                                     SUMMARY)
 from quantgate.base.runstatus import RunStatus, load_status
 from quantgate.base.typedfile import RunFileError
 from quantgate.base.stats import num as _num
@@ -234,8 +235,8 @@ def _candidate(view: RunView, name: str) -> Candidate:
     c.judge_dir = judge if judge.is_dir() else None
     c.judge = _read_typed(view, judge / JUDGE_REPORT, f"{name}: judge report", load_judge_report,
                           required=_optional(view, "judge") or judge.is_dir())
-    c.human = _read(view, judge / "human.json", f"{name}: human review", required=False)
-    c.review_key = _read(view, judge / "review_key.json", f"{name}: review key", required=False)
+    c.human = _read(view, judge / HUMAN_REVIEW, f"{name}: human review", required=False)
+    c.review_key = _read(view, judge / REVIEW_KEY, f"{name}: review key", required=False)
     return c
 
 
@@ -249,7 +250,7 @@ def load_run(folder: Path | str) -> RunView:
     view.summary = _read(view, folder / SUMMARY, "summary", required=ended)
     view.decision = _read(view, folder / DECISION, "decision", required=ended)
     view.started = _started(folder, view.run_id, view.decision)
-    view.floor = _read(view, folder / "fidelity" / "floor.json", "fidelity noise floor", required=_want_fidelity(view))
+    view.floor = _read(view, folder / FIDELITY_FLOOR, "fidelity noise floor", required=_want_fidelity(view))
     view.variants[BASELINE] = _variant(view, BASELINE)
     for name in _candidate_names(view):
         view.variants[name] = _variant(view, name)
