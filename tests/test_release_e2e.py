@@ -156,13 +156,15 @@ def test_release_flow_produces_evidence_for_every_variant(workspace, receiver):
     serve = serve_steps(run)  # one server start per variant; side by side on disjoint slots when the rule splits
     assert sorted(serve) == sorted(["baseline", FIRST]) and all(r["served"] is True for r in serve.values())
     b, c = serve["baseline"], serve[FIRST]
-    if schedule.release_pool(load_spec(spec), resolve_model("demo"), log=lambda _: None).width == 2:
+    # side by side when both are ready at once: the candidate's checkpoint is test_quantize's (alone, this module
+    # quantizes it first, and the baseline may be done before it is)
+    if schedule.release_pool(load_spec(spec), resolve_model("demo"), log=lambda _: None).width == 2 and quantized["reused"]:
         assert b["slot"] != c["slot"] and min(b["end"], c["end"]) > max(b["start"], c["start"]), serve
         # each server's OpenMP compute threads bound to its own core (vLLM logs the binding it made)
         bound = [re.findall(r"core ids=\[([\d, ]+)\]", (run / v / "server.log").read_text()) for v in ("baseline", FIRST)]
         assert all(len(ids) == 1 for ids in bound) and bound[0] != bound[1], bound
-    else:
-        assert b["slot"] == c["slot"] and c["start"] >= b["end"], serve
+    else:  # one server at a time on a slot
+        assert b["slot"] != c["slot"] or c["start"] >= b["end"], serve
     assert "wall time per step:" in proc.stdout
     entry = Path(cand["registry"])
     assert (entry / "decision.json").is_file() and entry.parent.parent.name == "registry"
