@@ -80,7 +80,8 @@ def group_members(pgid: int, exclude: int = 0) -> list[int]:
     return out
 
 
-def _is_tracker(pid: int) -> bool:
+def is_tracker(pid: int) -> bool:
+    """Whether `pid` is a multiprocessing resource tracker (it ignores SIGTERM and SIGINT)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return TRACKER in f.read()
@@ -103,7 +104,7 @@ def sweep(grace_s: float, spare: int | None = None) -> None:
         members = others()
         if not members:
             return
-        for pid in members if trackers_too else [p for p in members if not _is_tracker(p)]:
+        for pid in members if trackers_too else [p for p in members if not is_tracker(p)]:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:

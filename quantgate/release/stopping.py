@@ -44,6 +44,7 @@ from typing import Any, cast
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import child_env
+from quantgate.base.procguard import TRACKER_WAIT_S, is_tracker
 from quantgate.base.procs import guarded, verify_gone
 
 GRACE_S = 10.0  # vLLM needs a few seconds to stop its engine process cleanly
@@ -103,33 +104,43 @@ def _signal(pids: list[int], sig: int) -> None:
 
 def _stop(pick: Callable[[], list[int]], grace_s: float) -> list[int]:
     """SIGTERM the processes `pick()` names, wait up to `grace_s`, SIGKILL what is left (and whatever `pick()` names
-    by then), and wait a moment for those. Returns the pids that needed SIGKILL."""
+    by then), and wait a moment for those. Returns the pids that needed SIGKILL. A multiprocessing resource tracker
+    ignores SIGTERM and unlinks the semaphores it tracks once the processes it serves are gone: the SIGKILL spares
+    the trackers for TRACKER_WAIT_S first (killed at once, they leave their `/dev/shm/sem.mp-*` files behind)."""
     pids = pick()
     _signal(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.1)
+    _wait(pids, grace_s)
     left = [p for p in dict.fromkeys(pids + pick()) if _alive(p)]
-    _signal(left, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and any(_alive(p) for p in left):
-        time.sleep(0.05)
+    _signal([p for p in left if not is_tracker(p)], signal.SIGKILL)
+    _wait(left, 5.0, lambda p: not is_tracker(p))
+    _wait(left, TRACKER_WAIT_S)
+    _signal([p for p in left if _alive(p)], signal.SIGKILL)
+    _wait(left, 5.0)
     return left
+
+
+def _wait(pids: list[int], wait_s: float, which: Callable[[int], bool] = lambda p: True) -> None:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(_alive(p) and which(p) for p in pids):
+        time.sleep(0.05)
 
 
 def stop_tree(grace_s: float | None = None, last: Iterable[int] = ()) -> list[int]:
     """SIGTERM every descendant of this process, wait up to `grace_s` (default GRACE_S) for them to exit, SIGKILL
     what is left (and whatever was started meanwhile); the processes `last` and their trees only after all the
-    others, the same way. Returns the pids that needed SIGKILL."""
+    others, the same way. This process's own multiprocessing resource tracker is not stopped: it exits after this
+    process, unlinking the semaphores it tracks. Returns the pids that needed SIGKILL."""
     grace = GRACE_S if grace_s is None else grace_s
     roots = [p for p in last if _alive(p)]
+    me = os.getpid()
 
     def spared() -> set[int]:
         return {*roots, *(d for r in roots for d in descendants(r))}
 
     def others() -> list[int]:
-        keep = spared()
-        return [p for p in descendants(os.getpid()) if p not in keep]
+        # this process's own resource tracker is left alone: it unlinks what it tracks when this process exits
+        keep, parents = spared(), _parents()
+        return [p for p in descendants(me) if p not in keep and not (parents.get(p) == me and is_tracker(p))]
 
     killed = _stop(others, grace)
     return killed + _stop(lambda: sorted(p for p in spared() if _alive(p)), grace)
