@@ -2,8 +2,8 @@
 
 A release's run folder (`results/runs/<run-id>/`):
 
-    run.json               the spec as run, its file, git commit, package versions, machine, and what the machine
-                           resolved for it (base.runinfo, versioned)
+    run.json               the spec as run, its file, git commit, package versions, and what the machine resolved
+                           for it with the reasons (base.runinfo, versioned)
     timings.json           one row per step: start, seconds, status, slot                 (release.runrecord)
     status.json            completed, failed (step, root cause, log) or interrupted (base.runstatus)
     summary.json           the release's outcome: decision, candidates, figures, paths    (release.steps)

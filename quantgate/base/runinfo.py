@@ -6,9 +6,9 @@ order), the report, the results store, the model card and the MLflow export, all
 
 Versioned: `schema_version` says which layout a file has, and `MIGRATIONS[v]` takes a version-v document to v+1, so a
 run folder written by an older quantgate is read as the current model (the results store's database does the same
-for its tables). Version 1 (before 2026-12-04) had no `schema_version` and no `resolved`; its resolved record is
-rebuilt from what it has (the spec already held the resolved hardware and schemes), with what it did not record
-(the spec's own words for them) left None.
+for its tables). Version 1 (before 2026-12-04) had no `schema_version` and no `resolved`, and kept the machine's
+notes at the top (`machine`); its resolved record is rebuilt from what it has (the spec already held the resolved
+hardware and schemes, `machine` becomes its notes), with what it did not record (the spec's own words) left None.
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ class ResolvedRelease(BaseModel):
     schemes_written: Any = None                    # the spec's `schemes` as written: a list, `auto` or {auto: N}
     dropped: list[str] = Field(default_factory=list)  # listed schemes this machine cannot serve (skip_unsupported)
     candidates: list[str] = Field(default_factory=list)  # existing checkpoints and endpoints, by name
-    serving_python: str | None = None              # the interpreter vLLM was started from
-    vllm: str | None = None                        # its vLLM version (None: none to ask)
+    serving_python: str | None = None              # the interpreter vLLM was started from (its vLLM: packages.vllm)
     notes: list[str] = Field(default_factory=list)  # each decision of `auto` and skip_unsupported, with its reason
 
 
@@ -59,18 +58,18 @@ class RunRecord(BaseModel):
     spec: dict[str, Any] = Field(default_factory=dict)  # the ReleaseSpec as loaded (resolved), as JSON
     git: GitState = Field(default_factory=GitState)
     packages: dict[str, str | None] = Field(default_factory=dict)  # the pipeline's, and the serving side's vllm
-    machine: list[str] = Field(default_factory=list)
     resolved: ResolvedRelease | None = None
 
 
 def _v1_to_v2(doc: dict[str, Any]) -> dict[str, Any]:
+    doc = dict(doc)
+    notes = doc.pop("machine", None) or []
     spec: dict[str, Any] = doc["spec"] if isinstance(doc.get("spec"), dict) else {}
     resolved = None
     if isinstance(spec.get("hardware"), str):
         resolved = {"hardware": spec["hardware"], "schemes": list(spec.get("schemes") or []),
                     "candidates": [c.get("name") for c in spec.get("candidates") or [] if isinstance(c, dict)],
-                    "serving_python": (spec.get("serving") or {}).get("python"),
-                    "vllm": (doc.get("packages") or {}).get("vllm"), "notes": list(doc.get("machine") or [])}
+                    "serving_python": (spec.get("serving") or {}).get("python"), "notes": list(notes)}
     return {**doc, "schema_version": 2, "resolved": resolved}
 
 

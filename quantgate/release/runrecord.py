@@ -105,11 +105,10 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
 
 def run_record(spec: ReleaseSpec, spec_path: str | Path) -> RunRecord:
     """What <run>/run.json holds: the spec as loaded and its file, the code and package versions (the serving side's
-    vLLM among them), the machine's notes and the ResolvedRelease."""
+    vLLM among them) and the ResolvedRelease."""
     python, vllm = _serving_side(spec)
     return RunRecord(spec_file=str(spec_path), spec=spec.model_dump(mode="json"), git=GitState(**git_state()),
-                     packages={**package_versions(), "vllm": vllm}, machine=spec.machine_notes,
-                     resolved=spec.resolved(python, vllm))
+                     packages={**package_versions(), "vllm": vllm}, resolved=spec.resolved(python))
 
 
 def _serving_side(spec: ReleaseSpec) -> tuple[Path | None, str | None]:

@@ -192,17 +192,16 @@ class ReleaseSpec(BaseModel):
         spec._written = {k: raw.get(k) for k in ("hardware", "schemes")}
         return spec
 
-    def resolved(self, python: Path | None, vllm: str | None) -> ResolvedRelease:
-        """What this machine decided for the spec, beside what it said (run.json's `resolved`); `python` and `vllm`:
-        the serving interpreter and its vLLM version (None where there is none)."""
+    def resolved(self, python: Path | None) -> ResolvedRelease:
+        """What this machine decided for the spec, beside what it said (run.json's `resolved`); `python`: the serving
+        interpreter (None where there is none)."""
         given = self._written.get("schemes")
         hardware = self._written.get("hardware")
         return ResolvedRelease(hardware=self.hardware, hardware_written=None if hardware is None else str(hardware),
                                schemes=list(self.schemes), schemes_written=given,
                                dropped=[x for x in given if x not in self.schemes] if isinstance(given, list) else [],
                                candidates=[c.name for c in self.candidates],
-                               serving_python=None if python is None else str(python),
-                               vllm=vllm, notes=self.machine_notes)
+                               serving_python=None if python is None else str(python), notes=self.machine_notes)
 
     @field_validator("hardware")
     @classmethod

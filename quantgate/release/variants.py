@@ -74,7 +74,6 @@ class Evidence(BaseModel):
     decided: str | None = None     # a REJECT decided early by fidelity: the failed checks (quantgate.release.early)
     skipped: dict[str, str] = {}   # step (recall, perf) -> why it did not run
 
-
     def write(self) -> Path:
         """<folder>/evidence.json, its one writer."""
         write_json(self.folder / EVIDENCE, self.model_dump(mode="json"))
