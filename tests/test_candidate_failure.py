@@ -19,7 +19,8 @@ from quantgate.evals.comparefile import Comparison, load_comparison
 from quantgate.gate.summaryfile import as_json, write_summary
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import RELEASES
-from quantgate.gate.evidence import CANDIDATE_ERROR, gate_run
+from quantgate.gate.evidence import gate_run
+from quantgate.gate.failurefile import CANDIDATE_ERROR
 from quantgate.release import steps as rel
 from quantgate.release.spec import load_spec
 from quantgate.release.variants import ServingFailure, WatchedServer, failed_evidence, make_server
@@ -73,11 +74,14 @@ def test_a_server_that_died_rejects_even_a_candidate_whose_other_evidence_passes
     assert all(c.outcome == "pass" for c in decision.checks[1:] if c.required)
 
 
-def test_an_unreadable_error_record_still_rejects(tmp_path):
+@pytest.mark.parametrize("text, said", [("{not json", "corrupt JSON"),
+                                         ('{"candidate": "w4a16-gptq", "phase": "start"}', "field error")])
+def test_an_unreadable_error_record_still_rejects_and_says_what_is_wrong_with_it(tmp_path, text, said):
     run = make_run(tmp_path)
-    (run / "w4a16-gptq" / CANDIDATE_ERROR).write_text("{not json")
+    (run / "w4a16-gptq" / CANDIDATE_ERROR).write_text(text)
     (decision,), _ = gate_run(run, POLICY, ["w4a16-gptq"])
     assert decision.decision == "REJECT" and "error record is unreadable" in decision.reasons[0]
+    assert said in decision.reasons[0], decision.reasons[0]
 
 
 def test_summary_and_report_show_the_failed_candidate(tmp_path):

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.objstore import ResultStore
+from quantgate.gate.evidence import serving_failure
 from quantgate.release import pools
 from quantgate.release.pools_child import ALIVE, rebased
 from quantgate.release.spec_sections import ExecutorSpec
@@ -54,6 +55,8 @@ def test_an_unfinished_candidate_is_a_recorded_failure_and_an_unfinished_baselin
     error = json.loads((run / "int8-w8a8" / "error.json").read_text())
     assert error["flow_run"] == "f1" and error["detail"].count("its host was lost") == 2
     assert json.loads((run / "int8-w8a8" / "evidence.json").read_text())["failure"] == ev.failure
+    check = serving_failure(run, "int8-w8a8")  # as the gate reads it
+    assert check is not None and (check.outcome, check.measured, check.reason) == ("fail", "measure", ev.failure)
     with pytest.raises(QuantgateError, match="the baseline's flow run on pool cpu-a did not measure it"):
         pools._collect(store, run, pools.Child("baseline", "cpu-a", flow_run_id="f0", ended="its flow run ended Failed"))
 

@@ -3,6 +3,7 @@ results/runs, default ones are unique, and a run folder is never reused."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -19,8 +20,32 @@ def test_timed_appends_each_step_in_order_and_records_failures(tmp_path):
         with timed(tmp_path, "quantize w4a16-gptq"):
             raise ValueError("boom")
     rows = timings(tmp_path)
-    assert [(r["step"], r["status"]) for r in rows] == [("model", "ok"), ("quantize w4a16-gptq", "failed")]
-    assert rows[0]["seconds"] >= 0.2
+    assert [(r.step, r.status) for r in rows] == [("model", "ok"), ("quantize w4a16-gptq", "failed")]
+    assert rows[0].seconds >= 0.2 and rows[0].end >= rows[0].start + 0.2 and rows[0].served is None
+
+
+def test_a_step_adds_what_it_served_on_to_its_row_and_the_file_keeps_only_what_was_said(tmp_path):
+    with timed(tmp_path, "serve and measure int8") as row:
+        row.served, row.slot = True, "slot 1 (cores 1)"
+    with timed(tmp_path, "quantize int8") as row:
+        row.slot = None  # quantized on no slot of its own: said, so written
+    with timed(tmp_path, "gate"):
+        pass
+    served, quantized, gate = json.loads((tmp_path / "timings.json").read_text())
+    assert served["served"] is True and served["slot"] == "slot 1 (cores 1)"
+    assert quantized["slot"] is None and "served" not in quantized
+    assert "served" not in gate and "slot" not in gate
+    assert [r.slot for r in timings(tmp_path)] == ["slot 1 (cores 1)", None, None]
+
+
+def test_a_row_with_a_key_of_another_version_keeps_it_when_a_step_is_appended(tmp_path):
+    (tmp_path / "timings.json").write_text(json.dumps([{"step": "model", "seconds": 0.1, "status": "ok", "start": 1.0,
+                                                        "end": 1.1, "node": "host-a"}]))
+    with timed(tmp_path, "gate"):
+        pass
+    first, second = json.loads((tmp_path / "timings.json").read_text())
+    assert first == {"step": "model", "seconds": 0.1, "status": "ok", "start": 1.0, "end": 1.1, "node": "host-a"}
+    assert second["step"] == "gate" and "node" not in second
 
 
 def test_a_step_failing_while_the_release_is_being_stopped_is_recorded_as_stopped(tmp_path, monkeypatch):
@@ -32,7 +57,7 @@ def test_a_step_failing_while_the_release_is_being_stopped_is_recorded_as_stoppe
     with pytest.raises(ConnectionError):
         with timed(tmp_path, "serve and measure baseline"):
             raise ConnectionError("the server went away")
-    assert [(r["step"], r["status"]) for r in timings(tmp_path)] == [("serve and measure baseline", "stopped")]
+    assert [(r.step, r.status) for r in timings(tmp_path)] == [("serve and measure baseline", "stopped")]
 
 
 def test_no_or_broken_timings_file_reads_as_empty(tmp_path):
@@ -116,4 +141,4 @@ def test_steps_timed_in_parallel_lose_no_row(tmp_path):
         t.start()
     for t in threads:
         t.join()
-    assert sorted(r["step"] for r in timings(tmp_path)) == sorted(f"step {i}" for i in range(12))
+    assert sorted(r.step for r in timings(tmp_path)) == sorted(f"step {i}" for i in range(12))

@@ -123,12 +123,10 @@ def _print_timings(run_id: str) -> None:
     slow step shows at the end of every release; the release's wall time is the critical path, not the sum."""
     rows = timings(results_dir() / "runs" / run_id)
     if rows:
-        t0 = min(r.get("start", 0) for r in rows)
+        t0 = min(r.start for r in rows)
         print("wall time per step: start (seconds after the first step began), seconds, step")
         for r in rows:
-            start = f"{r['start'] - t0:>7.1f}" if "start" in r else "      -"
-            note = _SERVED_NOTE.get(r.get("served"), "")
-            print(f"  {start}  {r['seconds']:>8.1f} s  {r['step']}{note}" + ("" if r["status"] == "ok" else f"  ({r['status']})"))
-        print(f"  {sum(r['seconds'] for r in rows):>17.1f} s  sum of the steps")
-        if all("end" in r for r in rows):
-            print(f"  {max(r['end'] for r in rows) - t0:>17.1f} s  wall, first step to last")
+            note = _SERVED_NOTE.get(r.served, "")
+            print(f"  {r.start - t0:>7.1f}  {r.seconds:>8.1f} s  {r.step}{note}" + ("" if r.status == "ok" else f"  ({r.status})"))
+        print(f"  {sum(r.seconds for r in rows):>17.1f} s  sum of the steps")
+        print(f"  {max(r.end for r in rows) - t0:>17.1f} s  wall, first step to last")

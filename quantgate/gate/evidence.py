@@ -44,6 +44,7 @@ from quantgate.evals.comparefile import Comparison, PairedStat, load_comparison
 from quantgate.fidelity.core import SampleFidelity
 from quantgate.gate.checks import evaluate
 from quantgate.gate.decisionfile import policy_ref, write_decision
+from quantgate.gate.failurefile import CANDIDATE_ERROR, load_candidate_error
 from quantgate.gate.fidelityevidence import fidelity_evidence
 from quantgate.gate.looks import spend
 from quantgate.gate.models import (Check, Decision, FidelityEvidence, Gap, GateEvidence, JudgeEvidence,
@@ -56,7 +57,6 @@ from quantgate.perf.payofffile import PayOff, load_pay_off
 from quantgate.recall.resultfile import load_recall_delta
 
 BASELINE = "baseline"
-CANDIDATE_ERROR = ERROR  # <run>/<candidate>/error.json: its server could not start or died
 
 
 class _Bad(Exception):
@@ -348,11 +348,10 @@ def serving_failure(run: Path | str, candidate: str) -> Check | None:
     if not path.is_file():
         return None
     try:
-        err = _read(path)
-        reason, phase = str(err["error"]), str(err.get("phase") or "unknown")
-        last = next((ln.strip() for ln in reversed(err.get("log_tail") or []) if "Error" in ln or "error" in ln), None)
-    except (_Bad, KeyError, TypeError, AttributeError) as exc:
-        reason, phase, last = f"the candidate failed, and its error record is unreadable: {exc}", "unknown", None
+        err = load_candidate_error(path)
+        reason, phase, last = err.error, err.phase or "unknown", err.last_error_line()
+    except RunFileError as exc:
+        reason, phase, last = f"the candidate failed, and its error record is unreadable: {exc.message}", "unknown", None
     return Check(name="serving", measured=phase, limit="serves", required=True, outcome="fail", evidence_file=str(path),
                  reason=reason + (f" (log: {last})" if last and last not in reason else ""))
 

@@ -63,7 +63,7 @@ def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path, pool: s
     try:
         with pool.take_for_quantize(f"quantize {scheme}", then=scheme) as slot, schedule.pinned(slot), \
                 timed(run, f"quantize {scheme}") as row:
-            row.update(slot=slot.label if slot else None)
+            row.slot = slot.label if slot else None
             return rel.quantize_variant(spec, model_dir, scheme, run, log=log)
     except BaseException:
         pool.withdraw(f"quantize {scheme}", scheme)  # its server will not come: lend its slot to the others
@@ -94,7 +94,7 @@ def serve_and_evaluate(req: rel.MeasureRequest, pool: schedule.SlotPool,
     with pool.take_for(variant.name, rank, variant.endpoint is not None) as slot, schedule.pinned(slot), \
             progress.reporting(variant.name, log=log), timed(req.run, f"serve and measure {variant.name}") as row:
         ev = rel.serve_and_evaluate(req, log=log, slot=slot, reference_ready=ready, lender=pool)
-        row.update(served=ev.served, slot=slot.label if slot else None)
+        row.served, row.slot = ev.served, slot.label if slot else None
         return ev
 
 

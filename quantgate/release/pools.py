@@ -31,10 +31,10 @@ from prefect.utilities.callables import parameter_schema
 from prefect.workers.process import ProcessWorker
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import write_json
-from quantgate.base.runfiles import ERROR, EVIDENCE
+from quantgate.base.runfiles import EVIDENCE
 from quantgate.base.objstore import ResultStore
 from quantgate.base.paths import results_dir
+from quantgate.gate.failurefile import CandidateError
 from quantgate.release.pools_child import ALIVE, BASELINE, measure_variant, pull_evidence, rel_key
 from quantgate.release.spec import ReleaseSpec
 from quantgate.release.variants import Evidence, Log, Variant
@@ -201,9 +201,8 @@ def _collect(store: ResultStore, run: Path, child: Child) -> Evidence:
                              "(its worker's host); with nothing to compare with, the release cannot go on")
     folder = run / child.variant
     reason = f"the flow run measuring {child.variant} on pool {child.pool} did not finish: {why}"
-    write_json(folder / ERROR, {"candidate": child.variant, "step": "serve and measure", "phase": "measure",
-                                       "error": reason, "detail": "; ".join(child.history) or why,
-                                       "flow_run": str(child.flow_run_id)})
+    CandidateError(candidate=child.variant, phase="measure", error=reason, detail="; ".join(child.history) or why,
+                   flow_run=str(child.flow_run_id)).write(folder)
     variant = Variant(name=child.variant, path=folder, scheme=child.variant, content_hash="", size_bytes=None)
     ev = Evidence(variant=variant, folder=folder, cache=folder, serve_command=[], dtype=None, served=True,
                   failure=reason)

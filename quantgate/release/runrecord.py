@@ -11,7 +11,6 @@ results/runs/<run-id>/
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 import secrets
 import subprocess
@@ -19,8 +18,10 @@ import time
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from collections.abc import Iterator
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from quantgate.base.runfiles import MANIFEST, STATUS, TIMINGS
 from quantgate.base.errors import QuantgateError, SettingError
@@ -141,31 +142,56 @@ def step(run: Path, name: str, inputs: dict[str, Any]) -> Iterator[dict[str, Any
         write_json(run / name / MANIFEST, record)
 
 
+class Timing(BaseModel):
+    """One flow step's row in <run>/timings.json. start/end are Unix times: steps run side by side on slots, so the
+    overlaps and the critical path show. A key this version does not know (a newer writer's) is kept when a row is
+    appended."""
+    model_config = ConfigDict(extra="allow")
+
+    step: str
+    seconds: float
+    status: Literal["ok", "failed", "stopped"]
+    start: float
+    end: float
+    served: bool | None = None  # serve and measure: a server was started (False: every figure came from the cache)
+    slot: str | None = None     # serve and measure: the device slot it was served on
+
+
+class StepNotes(BaseModel):
+    """What a step adds to its timing row while it runs (`timed` yields it): the fields it sets, None included, are
+    written; a step that sets none has none in its row."""
+    served: bool | None = None
+    slot: str | None = None
+
+
+_ROWS = TypeAdapter(list[Timing])
+
+
 @contextmanager
-def timed(run: Path, name: str) -> Iterator[dict[str, Any]]:
-    """Append {step, seconds, status, start, end} to <run>/timings.json when the block ends (also when it fails:
-    status "failed", or "stopped" when a stop signal is stopping the release);
-    start/end are Unix times (steps run concurrently: the overlaps and the critical path show). The block may add
-    fields to the yielded dict (e.g. whether a server was started)."""
-    extra: dict[str, Any]
-    start, wall, status, extra = time.monotonic(), time.time(), "ok", {}
+def timed(run: Path, name: str) -> Iterator[StepNotes]:
+    """Append the step's Timing to <run>/timings.json when the block ends (also when it fails: status "failed", or
+    "stopped" when a stop signal is stopping the release)."""
+    start, wall, notes = time.monotonic(), time.time(), StepNotes()
+    status: Literal["ok", "failed", "stopped"] = "ok"
     try:
-        yield extra
+        yield notes
     except BaseException:
         status = "stopped" if stopping() else "failed"  # a stop signal took its server away: not its own failure
         raise
     finally:
         with lock(run / TIMINGS, what=f"timing {name}"):  # read, append, write: steps in parallel lose none
             rows = timings(run)
-            rows.append({"step": name, "seconds": round(time.monotonic() - start, 1), "status": status,
-                         "start": round(wall, 2), "end": round(time.time(), 2), **extra})
-            write_json(run / TIMINGS, rows)
+            rows.append(Timing(step=name, seconds=round(time.monotonic() - start, 1), status=status,
+                               start=round(wall, 2), end=round(time.time(), 2), **notes.model_dump(exclude_unset=True)))
+            write_json(run / TIMINGS, [r.model_dump(mode="json", exclude_unset=True) for r in rows])
 
 
-def timings(run: Path) -> list[dict[str, Any]]:
+def timings(run: Path) -> list[Timing]:
+    """The run's step timings, in the order the steps ended; none when the file is missing or unreadable (a run
+    stopped before its first step ended)."""
     try:
-        return json.loads((run / TIMINGS).read_text())
-    except (OSError, ValueError):
+        return _ROWS.validate_json((run / TIMINGS).read_bytes())
+    except (OSError, ValidationError):
         return []
 
 
@@ -183,18 +209,18 @@ def failure_fields(run: Path, exc: BaseException) -> dict[str, Any]:
     """What status.json says of a release that raised `exc`: interrupted, or failed with the step (the first that
     failed in timings.json), the error, its root cause (the first exception in the failing server's log, else in
     the error's own text, else the exception it came from) and that log."""
-    failed = sorted((r for r in timings(run) if r.get("status") in ("failed", "stopped")), key=lambda r: r.get("start", 0))
+    failed = sorted((r for r in timings(run) if r.status in ("failed", "stopped")), key=lambda r: r.start)
     if stopping() or any(t.__name__ in _INTERRUPTS for t in type(exc).__mro__):
         said = str(exc).strip()  # a step cut short by the interrupt: the one the run was in
-        return {"status": "interrupted", "step": failed[0]["step"] if failed else None,
+        return {"status": "interrupted", "step": failed[0].step if failed else None,
                 "error": f"{type(exc).__name__}: {said}" if said else type(exc).__name__}
-    failed = [r for r in failed if r.get("status") == "failed"]
+    failed = [r for r in failed if r.status == "failed"]
     message = exc.message if isinstance(exc, QuantgateError) else str(exc)
     log = getattr(exc, "log_path", None)
     cause = root_cause_in_log(log) if log else None
     inner = exc.__cause__ or exc.__context__
     cause = cause or root_cause_in_text(message) or (f"{type(inner).__name__}: {inner}" if inner else None)
-    return {"status": "failed", "step": failed[0]["step"] if failed else None, "error": f"{type(exc).__name__}: "
+    return {"status": "failed", "step": failed[0].step if failed else None, "error": f"{type(exc).__name__}: "
             f"{message.splitlines()[0] if message else ''}", "root_cause": cause, "log": str(log) if log else None}
 
 

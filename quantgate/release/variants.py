@@ -22,7 +22,7 @@ from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import log_tail, write_json
 from quantgate.base.paths import results_dir
 from quantgate.base.typedfile import read_migrated
-from quantgate.gate.evidence import CANDIDATE_ERROR
+from quantgate.gate.failurefile import CANDIDATE_ERROR, CandidateError
 from quantgate.gate.policy import DEFAULT_POLICY
 from quantgate.plan.build import build_plan
 from quantgate.plan.slots import Slot, slots
@@ -273,10 +273,9 @@ def failed_evidence(variant: Variant, folder: Path, cache: Path, exc: ServingFai
     ep = variant.endpoint
     server = f"the endpoint of {variant.name} ({ep.endpoint}, model {ep.model})" if ep else f"the vLLM server of {variant.name}"
     reason = f"{server} {what}: {first}"
-    write_json(folder / CANDIDATE_ERROR, {"candidate": variant.name, "step": "serve and measure", "phase": exc.phase,
-                                          "error": reason, "detail": exc.message, "server_log": str(exc.log_path),
-                                          "log_tail": log_tail(exc.log_path, 40).splitlines()})
-    log(f"{variant.name}: FAILED, recorded in {folder / CANDIDATE_ERROR}: {reason}")
+    path = CandidateError(candidate=variant.name, phase=exc.phase, error=reason, detail=exc.message,
+                          server_log=str(exc.log_path), log_tail=log_tail(exc.log_path, 40).splitlines()).write(folder)
+    log(f"{variant.name}: FAILED, recorded in {path}: {reason}")
     dtype = exc.command[exc.command.index("--dtype") + 1] if "--dtype" in exc.command[:-1] else None  # as served
     ev = Evidence(variant=variant, folder=folder, cache=cache, serve_command=exc.command, node_commands=exc.commands,
                   dtype=dtype, served=True, failure=reason)

@@ -1,0 +1,48 @@
+"""The typed form of `<run>/<candidate>/error.json`: why a candidate's measurement failed, which the gate turns into a
+failed `serving` check. Two places record one (the local flow when the candidate's vLLM server could not start or
+died, quantgate.release.variants.failed_evidence; the work-pools parent when the child flow run measuring it did not
+finish, quantgate.release.pools), both through `CandidateError.write`; the gate reads it with
+`load_candidate_error`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantgate.base.fileio import write_json
+from quantgate.base.runfiles import ERROR
+from quantgate.base.typedfile import read_model
+
+CANDIDATE_ERROR = ERROR  # <run>/<candidate>/error.json
+
+
+class CandidateError(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = 1
+    candidate: str
+    step: Literal["serve and measure"] = "serve and measure"
+    phase: str = Field(description="start: the server never answered; measure: it stopped answering (or the run "
+                                   "measuring it ended) part way")
+    error: str = Field(description="one line: the reason the gate gives")
+    detail: str = Field(description="the whole error, as raised")
+    server_log: str | None = None
+    log_tail: list[str] = Field(default_factory=list, description="the server log's last lines")
+    flow_run: str | None = Field(None, description="work pools: the child flow run that did not finish")
+
+    def write(self, folder: Path) -> Path:
+        path = folder / CANDIDATE_ERROR
+        write_json(path, self.model_dump(mode="json", exclude_none=True))
+        return path
+
+    def last_error_line(self) -> str | None:
+        """The log tail's last line that names an error, if any (the root cause a reader looks for first)."""
+        return next((ln.strip() for ln in reversed(self.log_tail) if "Error" in ln or "error" in ln), None)
+
+
+def load_candidate_error(path: Path) -> CandidateError:
+    return read_model(path, CandidateError, "candidate error record",
+                      fix="it is written by the release when a candidate's measurement fails; re-run the release")
