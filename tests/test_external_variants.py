@@ -28,7 +28,7 @@ from quantgate.release import schedule, steps
 from quantgate.release.cachelayout import variant_cache
 from quantgate.release.external import EXTERNAL, detect_scheme
 from quantgate.release.spec import load_spec
-from quantgate.release.variants import baseline_for, endpoint_keys, server_config
+from quantgate.release.variants import baseline_for, endpoint_keys, external_variant, server_config
 from quantgate.serving.endpoint import EndpointConfig, EndpointServer, fingerprint
 
 DATA = REPO / "tests" / "data" / "external"
@@ -91,6 +91,11 @@ def test_a_checkpoint_candidate_and_an_endpoint_baseline_load(tmp_path):
     assert spec.baseline.model == "demo" and spec.baseline.api_key_env == "QG_TEST_NO_SUCH_KEY"
     assert any(n.startswith("candidate ext-int8: int8-w8a8 (compressed-tensors") for n in spec.machine_notes)
     assert schedule.variant_count(spec) == 1  # the endpoint baseline takes no slot, the checkpoint one
+    run = tmp_path / "run"
+    variant = external_variant(spec, "ext-int8", tmp_path / "model", run)  # as the flow makes it
+    record = json.loads((run / "ext-int8" / "checkpoint.json").read_text())
+    assert record == {"checkpoint": str(tmp_path / "ckpt"), "scheme": "int8-w8a8", "detected": c.note,
+                      "size_bytes": variant.size_bytes}
 
 
 @pytest.mark.parametrize("edit, line, field, words", [

@@ -20,7 +20,7 @@ CANDIDATE_ERROR = ERROR  # <run>/<candidate>/error.json
 
 
 class CandidateError(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")  # a newer writer's field does not make the record unreadable
 
     schema_version: Literal[1] = 1
     candidate: str

@@ -16,9 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.paths import models_dir
+from quantgate.base.runfiles import SCHEMES_AUTO
 from quantgate.quantize.schemes import ModelSize, load_schemes, rank_schemes, size_from_shape, top_schemes
 from quantgate.serving.cpu_kernels import kernel_reasons
 from quantgate.target.catalogue import load_catalogue
@@ -68,6 +71,19 @@ def choose(hardware: str, workload: str, n: int, config: Path | None, python: Pa
     return picked, f"{why} [{where}{probe}]"
 
 
+class AutoSchemesRecord(BaseModel):
+    """<run>/schemes_auto.json: `schemes: auto` ranked again at flow start with the model's real size."""
+    asked: int = Field(description="how many schemes the spec asked for")
+    workload: str
+    hardware: str
+    at_load: list[str] = Field(description="what the ranking picked when the spec was loaded")
+    schemes: list[str] = Field(description="what it picked at flow start: the release's schemes")
+    note: str = Field(description="why, in words (also the spec's last machine note)")
+
+    def write(self, run: Path) -> None:
+        write_json(run / SCHEMES_AUTO, self.model_dump(mode="json"))
+
+
 def at_flow_start(spec, model_dir: Path, run: Path, log=print):
     """The spec with `schemes: auto` ranked with the model's real size (when load time had to guess), and the
     ranking recorded in <run>/schemes_auto.json; a spec without the auto form comes back unchanged."""
@@ -79,8 +95,8 @@ def at_flow_start(spec, model_dir: Path, run: Path, log=print):
         raise QuantgateError(note, where="schemes", fix="list schemes explicitly, or pick other hardware")
     changed = picked != spec.schemes
     note = f"resolved at flow start{' (changed from ' + ', '.join(spec.schemes) + ')' if changed else ''}: {note}"
-    write_json(run / "schemes_auto.json", {"asked": n, "workload": spec.workload, "hardware": spec.hardware,
-                                           "at_load": list(spec.schemes), "schemes": picked, "note": note})
+    AutoSchemesRecord(asked=n, workload=spec.workload, hardware=spec.hardware, at_load=list(spec.schemes),
+                      schemes=picked, note=note).write(run)
     log(note)
     out = spec.model_copy(update={"schemes": picked}) if changed else spec
     out._machine = [*spec.machine_notes, note]

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Literal
 from collections.abc import Callable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from quantgate.base.runfiles import EVIDENCE, PLAN, QUANTIZATION
+from quantgate.base.runfiles import CHECKPOINT, EVIDENCE, PLAN, QUANTIZATION
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import log_tail, write_json
 from quantgate.base.paths import results_dir
@@ -140,10 +140,20 @@ def external_variant(spec: ReleaseSpec, name: str, model_dir: Path, run: Path) -
         return endpoint_variant(name, ref, model_dir, c.scheme)
     assert c.checkpoint is not None
     size = size_bytes(c.checkpoint) or None  # no .safetensors: size unknown (a gap), not zero
-    write_json(run / name / "checkpoint.json", {"checkpoint": str(c.checkpoint), "scheme": c.scheme, "detected": c.note,
-                                                "size_bytes": size})
+    CheckpointRecord(checkpoint=str(c.checkpoint), scheme=c.scheme, detected=c.note, size_bytes=size).write(run / name)
     return Variant(name=name, path=c.checkpoint, scheme=c.scheme, content_hash=checkpoint_hash(c.checkpoint),
                    size_bytes=size, origin="checkpoint")
+
+
+class CheckpointRecord(BaseModel):
+    """<run>/<candidate>/checkpoint.json: a `candidates:` checkpoint folder served as it is (not quantized here)."""
+    checkpoint: str
+    scheme: str | None = Field(description="the scheme its config.json's quantization_config was read as")
+    detected: str | None = Field(description="what was detected in the folder, in words (the spec's machine note)")
+    size_bytes: int | None = Field(description="its .safetensors bytes; None when it has none (a gap, not zero)")
+
+    def write(self, folder: Path) -> None:
+        write_json(folder / CHECKPOINT, self.model_dump(mode="json"))
 
 
 def endpoint_config(spec: ReleaseSpec, variant: Variant) -> EndpointConfig:
