@@ -12,21 +12,22 @@ A release's run folder (`results/runs/<run-id>/`):
     publish.json           where promoted entries were published, and how it went
     notify.json            the webhooks told of the decision, and how it went
     fidelity/floor.json    the baseline against itself on a subset: the fidelity noise floor
+    schemes_auto.json      `schemes: auto` ranked again at flow start, and what it picked  (release.autoschemes)
     report.html/report.md  the report for people                                           (report)
     <variant>/plan.json        the variant's serving plan; server.log its server's log
     <variant>/evidence.json    what was measured and where the results are (cache folders)
     <variant>/error.json       why its server could not start or died (phase, log tail)   (gate.failurefile)
     <variant>/quantization.json  the quantize manifest of a candidate
     <variant>/checkpoint.json  a `candidates:` checkpoint folder and what its config.json said (release.variants)
-    schemes_auto.json      `schemes: auto` ranked again at flow start, and what it picked  (release.autoschemes)
     <variant>/promotion.json   its registry entry (or why an endpoint has none), once promoted
     compare/<candidate>.json   the paired comparison with the baseline                       (evals.compare)
     <candidate>/judge/report.json  the LLM judge's calibration and comparison                (judge.run)
     <candidate>/judge/human.json   the blinded human review's verdicts, beside review_key.json
 
 Files read back by later steps are typed: evals.comparefile, judge.reportfile, recall.resultfile, perf.payofffile,
-gate.summaryfile, gate.failurefile and release.runrecord (timings.json) hold their pydantic models, loaded through base.typedfile.read_model; run.json (base.runinfo) and
-evidence.json (release.variants) are versioned, with migrations (base.typedfile.read_migrated).
+gate.summaryfile, gate.failurefile and release.runrecord (timings.json) hold their pydantic models, loaded through
+base.typedfile.read_model; run.json (base.runinfo) and evidence.json (release.variants) are versioned, with
+migrations (base.typedfile.read_migrated).
 
 A measured variant's cache folder (`results/cache/variants/<key>/`) holds what the run folder points at:
 eval runs (`manifest.json`, `results.jsonl`, `scores.jsonl`), the recall run (`requests.jsonl`, `cells.json`, and
