@@ -71,12 +71,13 @@ def _parents() -> dict[int, int]:
     return out
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (children first), from /proc; [] where there is no /proc."""
-    if not os.path.isdir("/proc"):
+def descendants(pid: int, parents: dict[int, int] | None = None) -> list[int]:
+    """Every process below `pid` (children first), from /proc (or from `parents`, one _parents() scan a caller
+    shares between several lookups); [] where there is no /proc."""
+    if parents is None and not os.path.isdir("/proc"):
         return []
     children: dict[int, list[int]] = {}
-    for child, parent in _parents().items():
+    for child, parent in (_parents() if parents is None else parents).items():
         children.setdefault(parent, []).append(child)
     out, todo = [], [pid]
     while todo:
@@ -134,13 +135,14 @@ def stop_tree(grace_s: float | None = None, last: Iterable[int] = ()) -> list[in
     roots = [p for p in last if _alive(p)]
     me = os.getpid()
 
-    def spared() -> set[int]:
-        return {*roots, *(d for r in roots for d in descendants(r))}
+    def spared(parents: dict[int, int] | None = None) -> set[int]:
+        return {*roots, *(d for r in roots for d in descendants(r, parents))}
 
     def others() -> list[int]:
         # this process's own resource tracker is left alone: it unlinks what it tracks when this process exits
-        keep, parents = spared(), _parents()
-        return [p for p in descendants(me) if p not in keep and not (parents.get(p) == me and is_tracker(p))]
+        parents = _parents()  # one /proc scan for the whole look
+        keep = spared(parents)
+        return [p for p in descendants(me, parents) if p not in keep and not (parents.get(p) == me and is_tracker(p))]
 
     killed = _stop(others, grace)
     return killed + _stop(lambda: sorted(p for p in spared() if _alive(p)), grace)
