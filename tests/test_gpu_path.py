@@ -23,7 +23,8 @@ import torch
 
 from quantgate.cli.main import user_error
 from quantgate.base.errors import QuantgateError
-from quantgate.parity.engine import checkpoint_dtype, reference_greedy, reference_placement, run_parity
+from quantgate.parity.engine import reference_greedy, reference_placement, run_parity
+from quantgate.quantize.preflight import checkpoint_dtype
 from quantgate.quantize import devices
 from quantgate.quantize.devices import Placement, place, visible_gpus
 from quantgate.quantize.runner import device_record
@@ -105,6 +106,18 @@ def test_unknown_dtype_names_where_it_came_from():
     with pytest.raises(QuantgateError) as e:
         place(True, 1, "auto", None, "int4")
     assert "torch_dtype" in e.value.where
+
+
+@pytest.mark.parametrize("device,ckpt,native,dtype", [
+    ("cpu", "bfloat16", set(), "float32"),                 # AVX2 only: BF16 would be emulated
+    ("cpu", "bfloat16", {"bfloat16"}, "bfloat16"),         # AVX512-BF16 / AMX: its own dtype
+    ("cpu", "float16", {"bfloat16"}, "float32"),
+    ("cpu", "float32", set(), "float32"),
+    ("cuda:0", "bfloat16", set(), "bfloat16"),             # a GPU calibrates in the checkpoint's dtype
+])
+def test_calibration_dtype(device, ckpt, native, dtype):
+    got, why = devices.calibration_dtype(device, ckpt, native)
+    assert got == dtype and why
 
 
 def test_placement_module_is_pure():
@@ -343,3 +356,23 @@ def test_quantize_manifest_records_the_device(tiny_demo_shape, tmp_path):
     dev = res.manifest["device"]
     assert dev["device"] == "cpu" and dev["reason"] == "no CUDA device visible to torch"
     assert dev["load_dtype"] == "float32" and "peak_memory_bytes" not in dev
+
+
+@pytest.mark.slow
+def test_a_bf16_checkpoint_calibrated_in_fp32_is_saved_in_bf16(tmp_path):
+    """llmcompressor for real on a 2-layer BF16 model: on a CPU without native BF16 it calibrates in FP32 (several
+    times faster than emulated BF16) and the checkpoint keeps BF16 tensors; a CPU with it calibrates in BF16."""
+    from safetensors import safe_open
+
+    from quantgate.quantize.run import QuantizeRequest, quantize
+    from quantgate.quantize.runner import native_half
+
+    model = tmp_path / "bf16"
+    gpu_check.build_model(model, layers=2, device="cpu", dtype="bfloat16")
+    res = quantize(QuantizeRequest(model=model, scheme="fp8-dynamic", out=tmp_path / "fp8"), timeout_s=900)
+    expected = "bfloat16" if "bfloat16" in native_half(torch) else "float32"
+    assert res.manifest["device"]["load_dtype"] == expected, res.manifest["device"]
+    with safe_open(str(res.out / "model.safetensors"), "pt") as f:
+        kept = {f.get_slice(k).get_dtype() for k in f.keys() if k.endswith("norm.weight") or "embed" in k}
+    assert kept == {"BF16"}
+    assert checkpoint_dtype(res.out) == "bfloat16"

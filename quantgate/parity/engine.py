@@ -30,6 +30,7 @@ from quantgate.base.paths import EVAL_SETS
 from quantgate.base.yamlconfig import load_model
 from quantgate.parity.core import POLICY_FILE, ParityPolicy, ParityReport, check_parity
 from quantgate.quantize.devices import Placement, place
+from quantgate.quantize.preflight import checkpoint_dtype
 
 PROMPTS_FILE = EVAL_SETS / "parity_prompts.yaml"
 REPORT = PARITY
@@ -69,15 +70,6 @@ def served_greedy(base_url: str, api_key: str, model: str, prompts: list[ParityP
 
     asyncio.run(for_each(prompts, ask, concurrency=1, api_key=api_key))
     return [out[p.id] for p in prompts]
-
-
-def checkpoint_dtype(model_dir: Path) -> str | None:
-    """The dtype config.json names (`dtype`, or `torch_dtype` in older files); None when it names none."""
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return (cfg.get("dtype") or cfg.get("torch_dtype")) if isinstance(cfg, dict) else None
 
 
 def reference_placement(model_dir: Path, served_dtype: str | None, gpus: str | None = None) -> Placement:

@@ -14,6 +14,11 @@ dtype with the reason. The adapters call it and record the answer (the quantize 
   the checkpoint's dtype, except that an FP32 checkpoint is served in BF16 on a GPU (vLLM 0.32's auto rule).
 - On a CPU the dtype is the served one too, and FP32 for `auto` or nothing: CPU baselines serve FP32 (BF16 text
   differed from transformers' on this project's CPUs), so the reference runs FP32 as before.
+
+Calibration has a rule of its own (`calibration_dtype`): on a CPU without native arithmetic for the checkpoint's
+16-bit dtype, llmcompressor calibrates in FP32 and the quantized model is cast back before it is saved, so the
+checkpoint holds the same dtypes and bytes as one calibrated in its own dtype. BF16 arithmetic emulated on an
+AVX2-only CPU made the demo's INT8 calibration several times slower than FP32 (docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32",
           "float16": "float16", "half": "float16", "fp16": "float16"}
 AUTO = ("auto", "", None)
 GPU_AUTO_FOR_FP32 = "bfloat16"  # vLLM's preferred GPU dtype for an FP32 checkpoint served with --dtype auto
+HALF = ("bfloat16", "float16")  # the 16-bit float dtypes a CPU may or may not compute in natively
 
 
 @dataclass(frozen=True)
@@ -113,3 +119,15 @@ def place(cuda_available: bool, device_count: int, served_dtype: str | None, cud
     ckpt = torch_dtype_name(checkpoint_dtype, "torch_dtype", where="config.json: torch_dtype") or "float32"
     dtype = GPU_AUTO_FOR_FP32 if ckpt == "float32" else ckpt
     return Placement(device, dtype, physical, f"{why}, served dtype auto: checkpoint {ckpt} -> {dtype}")
+
+
+def calibration_dtype(device: str, checkpoint_dtype: str, native: set[str]) -> tuple[str, str]:
+    """(the dtype `oneshot` calibrates in, why): the checkpoint's own, except on a CPU that lacks native arithmetic
+    for it (`native`: the 16-bit dtypes this CPU computes in, e.g. {"bfloat16"} with AVX512-BF16 or AMX), where FP32
+    is both exact and much faster than emulation. The caller casts the model back to `checkpoint_dtype` to save."""
+    if device != "cpu" or checkpoint_dtype not in HALF:
+        return checkpoint_dtype, "the checkpoint's dtype"
+    if checkpoint_dtype in native:
+        return checkpoint_dtype, f"the checkpoint's dtype: this CPU computes in {checkpoint_dtype} natively"
+    return "float32", (f"float32 on a CPU without native {checkpoint_dtype} arithmetic (emulated is slower); "
+                       f"saved as {checkpoint_dtype}")

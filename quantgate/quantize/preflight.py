@@ -88,6 +88,15 @@ def read_safetensors_header(path: Path, *, whole: bool = False) -> dict[str, Any
     return header
 
 
+def checkpoint_dtype(model_dir: Path | str) -> str | None:
+    """The dtype config.json names (`dtype`, or `torch_dtype` in older files); None when it names none."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return (cfg.get("dtype") or cfg.get("torch_dtype")) if isinstance(cfg, dict) else None
+
+
 def read_layout(model_dir: Path) -> ModelLayout:
     """Scan a Hugging Face checkpoint folder without loading weights."""
     model_dir = Path(model_dir)

@@ -46,7 +46,8 @@ from quantgate.target.hardware import get_profile, load_catalogue
 
 MANIFEST = "quantgate-quant.json"
 LOCKS = ".locks"  # beside the output folders: one lock file per output folder
-FORMAT = 1  # bump when the runner's output changes, so old artifacts are not reused
+FORMAT = 2  # bump when the runner's output changes, so old artifacts are not reused (2: FP32 calibration on a CPU
+# without native arithmetic for the checkpoint's 16-bit dtype)
 
 
 class QuantizeRequest(BaseModel):

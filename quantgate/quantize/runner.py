@@ -9,6 +9,9 @@ Device: the model is loaded on the CPU in its checkpoint's dtype, as llmcompress
 (`device_map=None`); `oneshot` then onloads one layer at a time to the first visible GPU (its sequential and data-free
 pipelines use `torch.accelerator`), and calibrates on the CPU where none is visible. `quantize.devices.choose_device` states
 the same rule; the result's `device` records what it said, the GPU's name and the peak GPU memory of `oneshot`.
+Calibrating on a CPU without native arithmetic for the checkpoint's 16-bit dtype, the model is loaded in FP32 and
+cast back to its own dtype before saving (`quantize.devices.calibration_dtype`; the record's `load_dtype` and
+`calibration_dtype_reason` say which).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from quantgate.quantize.devices import choose_device
+from quantgate.quantize.devices import calibration_dtype, choose_device, torch_dtype_name
+from quantgate.quantize.preflight import checkpoint_dtype
 
 EXIT_REFUSED = 3
 # Upstream version whose AWQ path pins CPU memory unconditionally (see pin_memory_workaround below).
@@ -79,6 +83,14 @@ def device_record(torch: Any) -> dict[str, Any]:
     return out
 
 
+def native_half(torch: Any) -> set[str]:
+    """The 16-bit float dtypes this CPU computes in natively, as torch itself detects them (AVX512-BF16 or AMX for
+    bfloat16, AMX-FP16 for float16)."""
+    cpu = torch.cpu
+    native = {"bfloat16"} if cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported() else set()
+    return native | {"float16"} if cpu._is_amx_fp16_supported() else native
+
+
 def render(records: list[dict[str, Any]], tokenizer: Any, max_len: int) -> dict[str, list]:
     """Token ids for each record; chat records go through the model's chat template."""
     ids, masks = [], []
@@ -125,9 +137,12 @@ def run(job: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
     torch.manual_seed(job.get("seed", 0))
     t1 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype="auto", device_map=None)  # on the CPU: see above
+    device = device_record(torch)
+    own = torch_dtype_name(checkpoint_dtype(job["model"]), "torch_dtype", where="config.json: torch_dtype") or "float32"
+    dtype, why = calibration_dtype(device["device"], own, native_half(torch))
+    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=getattr(torch, dtype), device_map=None)  # see above
     result["load_s"] = round(time.perf_counter() - t1, 2)
-    result["device"] = device_record(torch) | {"load_dtype": str(model.dtype).removeprefix("torch.")}
+    result["device"] = device | {"load_dtype": str(model.dtype).removeprefix("torch."), "calibration_dtype_reason": why}
     t2 = time.perf_counter()
     kwargs: dict[str, Any] = {"model": model, "recipe": job["recipe"], "processor": tokenizer}
     if dataset is not None:
@@ -138,6 +153,8 @@ def run(job: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     if result["device"]["device"].startswith("cuda"):
         result["device"]["peak_memory_bytes"] = torch.cuda.max_memory_allocated(0)
     t3 = time.perf_counter()
+    if dtype != own:  # calibrated in FP32: saved in the checkpoint's own dtype (same tensors, same bytes)
+        model.to(getattr(torch, own))
     model.save_pretrained(job["out"], save_compressed=True)
     tokenizer.save_pretrained(job["out"])
     result["save_s"] = round(time.perf_counter() - t3, 2)
