@@ -45,7 +45,7 @@ def test_a_candidate_far_beyond_its_kl_limit_fails_the_gates_own_early_check(tmp
                                                                        "int8-w8a8"))
 
 
-def _steps(tmp_path: Path, early: EarlyDecision | None, baseline: bool = False) -> list:
+def _steps(tmp_path: Path, early: EarlyDecision | None, baseline: bool = False, parts: int = 1) -> list:
     """The registry's steps for a variant with every kind pending (quantgate.release.measurements)."""
     spec = load_spec(_spec(tmp_path))
     variant = Variant(name="baseline" if baseline else "int8-w8a8", path=tmp_path, content_hash="0" * 64,
@@ -53,7 +53,7 @@ def _steps(tmp_path: Path, early: EarlyDecision | None, baseline: bool = False) 
     fid = {"main": tmp_path / "main", **({"alt": tmp_path / "alt"} if baseline else {})}
     ref = {"default": tmp_path / "cache" / "evals" / "default"}
     job = VariantJob(spec=spec, variant=variant, run=tmp_path, folder=tmp_path, cache=tmp_path / "cache",
-                     tokenizer=tmp_path, reference=ref, baseline=baseline, log=lambda _: None)
+                     tokenizer=tmp_path, reference=ref, baseline=baseline, log=lambda _: None, parts=parts)
     folders = {"evals": {"default": tmp_path / "ev"}, "recall": {"recall": tmp_path / "recall"},
                "perf": {"perf": tmp_path / "perf"}, "fidelity": fid}
     return ordered_steps(job, folders, {k: list(v) for k, v in folders.items()}, early)
@@ -86,6 +86,34 @@ def test_a_decided_reject_skips_the_recall_grid_and_the_perf_probe_and_says_why(
     by_name["perf"].run(None)
     assert set(early.skipped) == {"recall", "perf"} and "REJECT by fidelity" in early.skipped["recall"]
     assert not early.skips("eval default")  # only what cannot change a decided REJECT is skipped
+
+
+def test_scored_in_parts_the_skips_wait_for_the_part_that_decides(tmp_path):
+    """A candidate whose slots may be lent scores its fidelity in parts; a server done with its part that takes the
+    recall grid waits until no part is in flight, so the REJECT decided by the last part still skips it."""
+    import threading
+
+    spec = load_spec(_spec(tmp_path))
+    cand = Variant(name="int8-w8a8", path=tmp_path, scheme="int8-w8a8", content_hash="0" * 64, size_bytes=1)
+    early = early_decision(spec, tmp_path, cand, {"default": tmp_path / "ev"}, None, log=lambda _: None)
+    assert early is not None
+    names = [s.name for s in _steps(tmp_path, early, parts=3)]
+    assert names == ["eval default", "fidelity (main, part 1/3)", "fidelity (main, part 2/3)",
+                     "fidelity (main, part 3/3)", "recall", "perf"]
+    assert [s.name for s in _steps(tmp_path, None, baseline=True, parts=3)][:3] == [  # the baseline: whole
+        "fidelity (samples)", "fidelity (main)", "fidelity (alt)"]
+    answers: list[bool] = []
+    with early.scoring():  # the last part is still being scored elsewhere
+        asking = threading.Thread(target=lambda: answers.append(early.skips("recall")))
+        asking.start()
+        asking.join(0.3)
+        assert asking.is_alive() and answers == []  # the recall grid waits for the decision
+        early.reason = "fidelity:kl: KL 0.3 > limit 0.02"  # that part's judge() decided
+    asking.join(5)
+    assert answers == [True] and "recall" in early.skipped
+    with early.scoring():
+        pass
+    assert early.skips("perf") and not early.skips("eval default")  # nothing in flight: no wait
 
 
 def test_the_gate_says_which_evidence_was_not_measured_and_why(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 from _fake_openai import FakeServer
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.paths import EVAL_SETS
-from quantgate.fidelity import run
+from quantgate.fidelity import parts, run
 from quantgate.fidelity.core import (FidelityStats, Interval, SampleFidelity, ScoredSample, compare_sample, kl_topk,
                                      merge_draws, needed_samples, score_position, summarize)
 
@@ -308,6 +308,18 @@ def test_the_floor_scores_a_stratified_subset_and_is_compared_on_it(tmp_path):
         run.compare_dumps(alt, main, subset=True)
 
 
+def test_parts_cover_every_sequence_once_with_the_same_mix():
+    ids = [f"context:2048-{k}" for k in range(12)] + [f"qa-{k:03d}" for k in range(101)]
+    seqs = [run.Sequence(id=i, category=i.split("-")[0], token_ids=[1, 2, 3]) for i in ids]
+    shares = [parts.part(seqs, i, 4) for i in range(4)]
+    assert sorted(s.id for share in shares for s in share) == sorted(ids)
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    assert all(sum(s.category.startswith("context") for s in share) == 3 for share in shares)  # long ones spread
+    assert parts.part(list(reversed(seqs)), 1, 4) == shares[1]  # by id, whatever the order given
+    with pytest.raises(ValueError):
+        parts.part(seqs, 4, 4)
+
+
 def test_load_dump_refuses_a_partial_dump(tmp_path):
     with pytest.raises(QuantgateError, match="manifest"):
         run.load_dump(tmp_path)
@@ -411,6 +423,37 @@ def test_real_scoring_shape_floor_and_cache(demo_model, demo_server, greedy_reco
     assert floor.n_tokens == sum(len(s.token_ids) - 1 for s in sequences)
     assert floor.kl.mean < 1e-4 and floor.top1.mean >= 0.99 and abs(floor.dnll.mean) < 1e-3
     assert path == tmp_path / "a" / run.DUMP
+
+
+@pytest.mark.slow
+def test_real_scoring_in_parts_merges_into_the_whole_dump(demo_server, sequences, tmp_path):
+    """Three parts on the real server, as a variant's replicas score them: one alone, then two at once in threads.
+    The dump is complete only when the last part is in, and then holds what scoring it whole gives."""
+    import threading
+
+    srv, out, n = demo_server, tmp_path / "parted", 3
+    run.score_sequences(srv.base_url, "demo", srv.api_key, sequences, tmp_path / "whole")
+
+    def score(i: int) -> bool:
+        run.score_sequences(srv.base_url, "demo", srv.api_key, parts.part(sequences, i, n), parts.part_dir(out, i, n))
+        return parts.merge_parts(out, sequences, n, top_k=10)
+
+    assert score(0) is False and not run.is_complete(out, run.sequences_hash(sequences), top_k=10)
+    merged: list[bool] = []
+    threads = [threading.Thread(target=lambda i=i: merged.append(score(i))) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert merged[-1] is True  # the part that finished last merged (the other: True too if it found it merged)
+    assert run.is_complete(out, run.sequences_hash(sequences), top_k=10) and not (out / parts.PARTS).exists()
+    manifest = json.loads((out / run.MANIFEST).read_text())
+    assert manifest["parts"] == n and manifest["n"] == len(sequences)
+    whole, parted = run.load_dump(tmp_path / "whole"), run.load_dump(out)
+    assert parted.keys() == whole.keys()
+    for i, s in parted.items():
+        assert s.ids == whole[i].ids and s.lp == pytest.approx(whole[i].lp, abs=1e-4)
+    assert parts.merge_parts(out, sequences, n, top_k=10)  # merged already: nothing to do
 
 
 @pytest.mark.slow

@@ -11,6 +11,10 @@ Widened rounds (`adaptive`) measure in full: their candidates were INCONCLUSIVE,
     early.judge(cand_dump)        # after its fidelity dump: waits for the baseline's dumps, then the gate's checks
     early.skips("recall")         # True (logged, recorded) when the REJECT is decided; the step does not run
 
+A dump scored in parts on several servers (quantgate.fidelity.parts) is judged by the part that completes it. A
+server that finished its own part while others still score theirs would take the recall grid next: `skips` waits
+until no part is in flight (`with early.scoring():` around each), so the decision comes first there too.
+
 What was skipped and why goes into the candidate's evidence.json (`skipped`), the summary's notes and the report.
 `decide_early: false` in the spec measures everything.
 """
@@ -18,7 +22,8 @@ What was skipped and why goes into the candidate's evidence.json (`skipped`), th
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from quantgate.base.errors import QuantgateError
@@ -44,6 +49,8 @@ class EarlyDecision:
         self.reason: str | None = None   # why the REJECT is decided (the failed checks), None while it is not
         self.skipped: dict[str, str] = {}  # step -> why it did not run
         self._lock = threading.Lock()
+        self._in_flight = 0  # fidelity parts being scored now (scoring())
+        self._idle = threading.Condition(self._lock)
 
     def judge(self, cand_dump: Path) -> None:
         """The gate's fidelity checks on this candidate's dump against the baseline's (waiting for those); a failed
@@ -72,11 +79,27 @@ class EarlyDecision:
             self.log(f"{self.variant.name}: REJECT decided by fidelity ({len(failed)} failed check(s)); skipping "
                      f"{', '.join(SKIPPABLE)} (decide_early: false measures them): {self.reason}")
 
+    @contextmanager
+    def scoring(self) -> Iterator[None]:
+        """Around a part of the candidate's fidelity scoring: `skips` waits while any part is in flight."""
+        with self._lock:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
     def skips(self, step: str) -> bool:
-        """Whether `step` is skipped because the REJECT is decided (recorded once per step)."""
-        if self.reason is None or step not in SKIPPABLE:
+        """Whether `step` is skipped because the REJECT is decided (recorded once per step); decided once no part of
+        the fidelity scoring is in flight (a step is handed out only after every part was)."""
+        if step not in SKIPPABLE:
             return False
         with self._lock:
+            self._idle.wait_for(lambda: self._in_flight == 0)
+            if self.reason is None:
+                return False
             self.skipped[step] = f"decided early: REJECT by fidelity ({self.reason})"
         return True
 

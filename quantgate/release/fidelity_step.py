@@ -21,6 +21,7 @@ KL includes its activation dtype (stated in the summary's notes).
 Files:
     <baseline cache>/fidelity/<key>-samples/                           samples.jsonl + manifest.json
     <variant cache>/fidelity/<key>-main/  and (baseline) <key>-alt/   logprobs.jsonl + manifest.json
+    <candidate cache>/fidelity/<key>-main/parts/<i>-of-<n>/          while it is scored in parts (measure_part)
     <run>/fidelity/<candidate>.json, <run>/fidelity/floor.json      {"summary", "samples", "dumps", "estimator"}
 """
 
@@ -37,6 +38,7 @@ from quantgate.base.fileio import lock, write_json
 from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.fidelity import sampling
 from quantgate.fidelity.core import SampleFidelity, merge_draws, summarize
+from quantgate.fidelity.parts import merge_parts, part, part_dir
 from quantgate.fidelity.run import CONTEXT_PREFIX, Sequence, compare_dumps, is_complete, score_sequences, stratified
 from quantgate.recall.run import build_checked_grid, load_needle_data
 from quantgate.release.spec import ReleaseSpec
@@ -192,6 +194,28 @@ def measure(spec: ReleaseSpec, srv, dirs: Mapping[str, Path], samples: Path, log
 
         score_sequences(srv.base_url, name, srv.api_key, scored, folder, top_k=f.top_k, concurrency=f.concurrency,
                         progress=progress)
+
+
+def measure_part(spec: ReleaseSpec, srv, out: Path, samples: Path, log: Log, which: tuple[int, int]) -> bool:
+    """Score part `which` = (index, count) of a candidate's main dump on `srv` (quantgate.fidelity.parts), then
+    merge the dump if every part is in; True when `out` is complete."""
+    index, count = which
+    f = spec.fidelity
+    assert f is not None
+    seqs = sampling.load_sequences(samples)
+    scored = part(seqs, index, count)
+    tokens, every = sum(len(s.token_ids) - s.score_from for s in scored), max(1, len(scored) // 5)
+    label = f"{srv.config.name}: fidelity (main, part {index + 1}/{count})"
+    log(f"{label}: {len(scored)} of {len(seqs)} sequences, {tokens} scored tokens, top-{f.top_k}, "
+        f"concurrency {f.concurrency}")
+
+    def progress(n: int, total: int) -> None:
+        if n % every == 0 or n == total:
+            log(f"{label} {n}/{total}")
+
+    score_sequences(srv.base_url, srv.config.name, srv.api_key, scored, part_dir(out, index, count), top_k=f.top_k,
+                    concurrency=f.concurrency, progress=progress)
+    return merge_parts(out, seqs, count, f.top_k)
 
 
 def floor_subset(seqs: list[Sequence], limit: int | None) -> list[Sequence]:

@@ -27,6 +27,7 @@ fidelity comes last.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -73,6 +74,7 @@ class VariantJob:
     baseline: bool                  # it is the baseline: it samples the fidelity continuations and scores the floor
     log: Log
     reference_ready: Callable[..., None] | None = None  # blocks until the baseline's samples (or dumps=True) exist
+    parts: int = 1                  # a candidate's fidelity scoring in this many steps, for replicas to share
 
 
 class Measurement(Protocol):
@@ -217,6 +219,9 @@ class Fidelity:
         if not pending:
             return []
         samples = self._sampling(job)
+        if job.parts > 1 and not job.baseline:  # only "main": its parts, each on whichever server is free
+            return [Step(f"fidelity (main, part {i + 1}/{job.parts})",
+                         self._part(job, samples, folders["main"], early, i)) for i in range(job.parts)]
         scoring = [Step(f"fidelity ({p})", self._scorer(job, samples, p, folders[p], early)) for p in pending]
         return [samples, *scoring] if job.baseline else scoring
 
@@ -241,6 +246,20 @@ class Fidelity:
                                       baseline=job.baseline)
             if early is not None and path == "main":
                 early.judge(out)
+        return score
+
+    @staticmethod
+    def _part(job: VariantJob, samples: Step, out: Path, early: EarlyDecision | None, index: int
+              ) -> Callable[[Any], None]:
+        def score(srv: Any) -> None:
+            with early.scoring() if early is not None else nullcontext():  # the steps after it wait for the decision
+                samples.run(srv)  # waits for the baseline's samples
+                with progress.reporting(f"{job.variant.name}: fidelity (main, part {index + 1}/{job.parts})",
+                                        job.log):
+                    merged = fidelity_step.measure_part(job.spec, srv, out, fidelity_step.samples_dir(
+                        job.spec, job.reference), job.log, (index, job.parts))
+                if merged and early is not None:  # the part that completed the dump decides
+                    early.judge(out)
         return score
 
     def compare(self, run: Path, base: Evidence, cand: Evidence) -> None:

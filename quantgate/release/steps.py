@@ -67,6 +67,12 @@ from quantgate.report.page import write_report
 from quantgate.report.store import Store, default_path
 from quantgate.target.catalogue import resolve_model
 
+# A candidate's fidelity scoring in this many steps when slots may be lent to it (quantgate.fidelity.parts): a slot
+# that falls free (the baseline's, once it is done) takes parts. Four, not two, so that a slot freed late still
+# takes a share: on the AVX2 CPU, the demo candidate's scoring took 25 minutes on one core, 21 of them after the
+# baseline's slot was free.
+FIDELITY_PARTS = 4
+
 __all__ = ["MeasureRequest", "baseline_for", "baseline_variant", "external_variant", "quantize_variant", "resolve_model"]  # the flow calls them as steps
 
 
@@ -158,9 +164,11 @@ def serve_and_evaluate(req: MeasureRequest, *, log: Log = print, slot: Slot | No
         h = lock_holder(cache) or {}
         log(f"{variant.name}: waiting for pid {h.get('pid')} on {h.get('host')} ({h.get('what')}) to finish {cache}")
     try:
+        lends = lender is not None and slot is not None and variant.endpoint is None  # replicas may join it
         job = VariantJob(spec=spec, variant=variant, run=run, folder=folder, cache=cache,
                          tokenizer=req.tokenizer or variant.path, reference=req.reference or eval_dirs(cache, spec),
-                         baseline=req.reference is None, log=log, reference_ready=reference_ready)
+                         baseline=req.reference is None, log=log, reference_ready=reference_ready,
+                         parts=FIDELITY_PARTS if lends else 1)
         with lock(cache, timeout=None, what=f"measure {variant.name} for run {run.name}"):
             return _measure_cached(job, config, parity=req.parity, replicas=(slot, lender))
     except ServingFailure as exc:  # a candidate's server that cannot start or dies: its failure, the others go on
