@@ -18,6 +18,26 @@ def test_line_counts_rate_and_eta():
     assert progress.line("x", 10, 1000, 5.0).endswith("ETA 8.2 min")  # 990 left at 2/s: 495 s
 
 
+def test_a_loop_counted_in_units_says_them():
+    assert progress.line("c: fidelity", 41200, 87300, 400.0, "tokens") == \
+        "c: fidelity: 41200/87300 tokens (47%), 103.00 tokens/s, ETA 7.5 min"
+
+
+def test_items_of_unequal_cost_advance_by_their_cost():
+    """A few long items among many short ones (haystacks among eval prompts): counted by cost, the share done and
+    the ETA follow the work, not the item count."""
+    lines: list[str] = []
+    sizes = [1] * 9 + [91]  # the long one last (for_each takes them in order)
+
+    async def handle(client, item) -> None:
+        return None
+
+    with progress.reporting("x", log=lines.append, every_s=0.0):
+        asyncio.run(for_each(sizes, handle, concurrency=1, cost=("tokens", lambda n: n)))
+    assert lines[-2].startswith("x: 9/100 tokens (9%)")  # 9 of 10 items, but 9% of the work
+    assert lines[-1].startswith("x: 100/100 tokens (100%)") and lines[-1].endswith("done")
+
+
 def _loop(n: int, delay: float = 0.0) -> None:
     async def handle(client, item) -> None:
         await asyncio.sleep(delay)

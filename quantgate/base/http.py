@@ -147,20 +147,25 @@ async def post_json(client: httpx.AsyncClient, url: str, payload: Any, retry: Re
 
 
 async def for_each(items: Sequence[T], handle: Callable[[httpx.AsyncClient, T], Awaitable[None]], *,
-                   concurrency: int, api_key: str | None = None) -> None:
+                   concurrency: int, api_key: str | None = None, cost: tuple[str, Callable[[T], int]] | None = None
+                   ) -> None:
     """handle(client, item) for every item, in order, at most `concurrency` at once; the first exception a handler
     raises stops every worker and is raised here. Deadlines are post_json's: the client itself has none. Finished
-    items count towards the caller's progress display (quantgate.base.progress; nothing without one)."""
+    items count towards the caller's progress display (quantgate.base.progress; nothing without one), or with
+    `cost` = (unit, cost of an item) their cost: items of very different sizes (a haystack prompt and a short one)
+    then get an honest rate and ETA."""
     queue = list(reversed(items))
     width = max(1, concurrency)
     limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
+    unit, of = cost if cost is not None else ("", lambda _: 1)
 
-    with progress.loop(len(queue)) as advance:
+    with progress.loop(sum(of(it) for it in queue), unit) as advance:
         async with httpx.AsyncClient(timeout=None, limits=limits, headers=auth_headers(api_key)) as client:
             async def worker() -> None:
                 while queue:
-                    await handle(client, queue.pop())
-                    advance()
+                    item = queue.pop()
+                    await handle(client, item)
+                    advance(of(item))
 
             tasks = [asyncio.create_task(worker()) for _ in range(min(width, len(queue)))]
             try:

@@ -44,15 +44,17 @@ _BAR_LOCK = threading.Lock()
 _BAR: dict[str, Any] = {"progress": None, "tasks": 0}
 
 
-def line(label: str, done: int, total: int, elapsed_s: float) -> str:
-    """'LABEL: 120/300 (40%), 3.1/s, ETA 58 s' (pure: the text every display shows)."""
+def line(label: str, done: int, total: int, elapsed_s: float, unit: str = "") -> str:
+    """'LABEL: 120/300 (40%), 3.1/s, ETA 58 s' (pure: the text every display shows); with a unit (work counted in
+    tokens, say) 'LABEL: 41200/87300 tokens (47%), 152.30 tokens/s, ETA 5.0 min'."""
     rate = done / elapsed_s if elapsed_s > 0 and done else 0.0
     share = f" ({100 * done / total:.0f}%)" if total else ""
     if rate and total > done:
         eta = f", ETA {_duration((total - done) / rate)}"
     else:
         eta = ", done" if total and done >= total else ""
-    return f"{label}: {done}/{total}{share}, {rate:.2f}/s{eta}"
+    of = f" {unit}" if unit else ""
+    return f"{label}: {done}/{total}{of}{share}, {rate:.2f}{of}/s{eta}"
 
 
 def _duration(s: float) -> str:
@@ -64,6 +66,7 @@ class Counter:
     """One loop's count under a sink; `advance` is safe from several threads and asyncio tasks."""
     sink: _Sink
     total: int
+    unit: str = ""
     start: float = field(default_factory=time.monotonic)
     done: int = 0
     last_said: float = field(default_factory=time.monotonic)
@@ -79,7 +82,7 @@ class Counter:
                 self.last_said = now
         if say:
             assert self.sink.log is not None  # `say` holds only with a log
-            self.sink.log(line(self.sink.label, self.done, self.total, now - self.start))
+            self.sink.log(line(self.sink.label, self.done, self.total, now - self.start, self.unit))
         if self.task is not None:
             elapsed = now - self.start
             _BAR["progress"].update(self.task, completed=self.done, rate=f"{self.done / elapsed:.2f}/s" if elapsed else "")
@@ -120,13 +123,14 @@ def _bar_remove(task: int) -> None:
 
 
 @contextmanager
-def loop(total: int) -> Iterator[Advance]:
-    """A loop of `total` items: yields advance(n=1). A no-op outside a `reporting` block or for an empty loop."""
+def loop(total: int, unit: str = "") -> Iterator[Advance]:
+    """A loop of `total` items (or units of work, named by `unit`): yields advance(n=1). A no-op outside a
+    `reporting` block or for an empty loop."""
     sink = _SINK.get()
     if sink is None or total <= 0:
         yield lambda n=1: None
         return
-    counter = Counter(sink, total)
+    counter = Counter(sink, total, unit)
     counter.task = _bar_add(sink.label, total)
     try:
         yield counter.advance
@@ -134,7 +138,7 @@ def loop(total: int) -> Iterator[Advance]:
         if counter.task is not None:
             _bar_remove(counter.task)
         if sink.log is not None:
-            sink.log(line(sink.label, counter.done, total, time.monotonic() - counter.start))
+            sink.log(line(sink.label, counter.done, total, time.monotonic() - counter.start, unit))
 
 
 @contextmanager

@@ -239,7 +239,8 @@ async def _score_all(url: str, model: str, api_key: str | None, todo: list[Seque
         tick()
 
     with JsonlAppender(path) as writer:
-        await for_each(todo, score, concurrency=concurrency, api_key=api_key)
+        await for_each(todo, score, concurrency=concurrency, api_key=api_key,
+                       cost=("tokens", lambda s: len(s.token_ids)))  # a haystack costs 20 short sequences
     return failed
 
 

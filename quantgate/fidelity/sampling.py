@@ -213,7 +213,8 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
 
     if todo:
         with JsonlAppender(path) as writer:
-            asyncio.run(for_each(todo, one, concurrency=max(1, concurrency), api_key=api_key))
+            asyncio.run(for_each(todo, one, concurrency=max(1, concurrency), api_key=api_key,
+                                 cost=("tokens", lambda p: len(p.token_ids) + (p.max_tokens or max_tokens))))
     first = f"{failed[0][0]}: {failed[0][1]}" if failed else None
     write_json(out / MANIFEST, {
         "schema": SCHEMA, "status": "partial" if failed else "complete", "n": len(prompts),
