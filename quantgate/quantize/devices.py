@@ -18,7 +18,7 @@ dtype with the reason. The adapters call it and record the answer (the quantize 
 Calibration has a rule of its own (`calibration_dtype`): on a CPU without native arithmetic for the checkpoint's
 16-bit dtype, llmcompressor calibrates in FP32 and the quantized model is cast back before it is saved, so the
 checkpoint holds the same dtypes and bytes as one calibrated in its own dtype. BF16 arithmetic emulated on an
-AVX2-only CPU made the demo's INT8 calibration several times slower than FP32 (docs/quantization.md).
+AVX2-only CPU made the demo's INT8 calibration several times slower than FP32 (README, "Where models run").
 """
 
 from __future__ import annotations
@@ -124,7 +124,8 @@ def place(cuda_available: bool, device_count: int, served_dtype: str | None, cud
 def calibration_dtype(device: str, checkpoint_dtype: str, native: set[str]) -> tuple[str, str]:
     """(the dtype `oneshot` calibrates in, why): the checkpoint's own, except on a CPU that lacks native arithmetic
     for it (`native`: the 16-bit dtypes this CPU computes in, e.g. {"bfloat16"} with AVX512-BF16 or AMX), where FP32
-    is both exact and much faster than emulation. The caller casts the model back to `checkpoint_dtype` to save."""
+    is more precise and much faster than emulated 16-bit arithmetic. The caller casts the model back to
+    `checkpoint_dtype` to save it."""
     if device != "cpu" or checkpoint_dtype not in HALF:
         return checkpoint_dtype, "the checkpoint's dtype"
     if checkpoint_dtype in native:

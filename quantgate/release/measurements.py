@@ -192,7 +192,8 @@ class PerfProbe(_Single):
 
 class Fidelity:
     """Teacher-forced fidelity of the continuations the baseline sampled (quantgate.release.fidelity_step): one
-    folder and one step per scoring path ("main"; the baseline also "alt", the noise floor's)."""
+    folder and one step per scoring path ("main"; the baseline also "alt", the noise floor's). A candidate that
+    may be lent slots scores "main" in `job.parts` steps instead (quantgate.fidelity.parts), for its replicas."""
     name = "fidelity"
 
     def folders(self, job: VariantJob) -> dict[str, Path]:
