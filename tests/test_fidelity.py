@@ -320,6 +320,22 @@ def test_parts_cover_every_sequence_once_with_the_same_mix():
         parts.part(seqs, 4, 4)
 
 
+def test_a_dump_manifest_is_written_and_read_through_its_model(tmp_path):
+    seqs = [run.Sequence(id="a", category="c", token_ids=[1, 2, 3])]
+    _dump(tmp_path / "d", ["a"])
+    run.DumpManifest(schema=run.SCHEMA, status="complete", n=1, n_scored=1, top_k=2, model="m", endpoint="e",
+                     sequences_hash=run.sequences_hash(seqs), elapsed_s=1.5, error=None, parts=4).write(tmp_path / "d")
+    raw = json.loads((tmp_path / "d" / run.MANIFEST).read_text())
+    assert list(raw) == ["schema", "status", "n", "n_scored", "top_k", "model", "endpoint", "sequences_hash",
+                         "elapsed_s", "error", "parts"]  # what its writer set, in order; `source` left out
+    assert run.is_complete(tmp_path / "d", run.sequences_hash(seqs), top_k=2)
+    assert not run.is_complete(tmp_path / "d", run.sequences_hash(seqs), top_k=3)
+    (tmp_path / "d" / run.MANIFEST).write_text('["not", "a", "manifest"]')
+    assert run.DumpManifest.read(tmp_path / "d") is None and not run.is_complete(tmp_path / "d", None)
+    with pytest.raises(QuantgateError, match="no readable manifest"):
+        run.load_dump(tmp_path / "d")
+
+
 def test_load_dump_refuses_a_partial_dump(tmp_path):
     with pytest.raises(QuantgateError, match="manifest"):
         run.load_dump(tmp_path)

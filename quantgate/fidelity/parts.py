@@ -18,15 +18,13 @@ its manifest is written.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
 from pathlib import Path
 
-from quantgate.base.fileio import write_json
 from quantgate.base.runfiles import MANIFEST
-from quantgate.fidelity.run import DUMP, SCHEMA, Sequence, is_complete, sequences_hash
+from quantgate.fidelity.run import DUMP, SCHEMA, DumpManifest, Sequence, is_complete, sequences_hash
 
 PARTS = "parts"
 _MERGING = threading.Lock()  # parts of one dump finish in threads of one process: one merges, the others see it done
@@ -53,7 +51,7 @@ def merge_parts(out_dir: Path | str, sequences: list[Sequence], count: int, top_
         dirs = [part_dir(out, i, count) for i in range(count)]
         if not all(is_complete(d, sequences_hash(part(sequences, i, count)), top_k) for i, d in enumerate(dirs)):
             return False
-        manifests = [json.loads((d / MANIFEST).read_text(encoding="utf-8")) for d in dirs]
+        manifests = [m for d in dirs if (m := DumpManifest.read(d)) is not None]  # complete, so all readable
         (out / MANIFEST).unlink(missing_ok=True)
         tmp = out / f".{DUMP}.merging"
         with open(tmp, "wb") as f:
@@ -62,10 +60,9 @@ def merge_parts(out_dir: Path | str, sequences: list[Sequence], count: int, top_
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(out / DUMP)
-        write_json(out / MANIFEST, {
-            "schema": SCHEMA, "status": "complete", "n": len(sequences), "n_scored": len(sequences), "top_k": top_k,
-            "model": manifests[0]["model"], "endpoint": ", ".join(sorted({m["endpoint"] for m in manifests})),
-            "sequences_hash": sequences_hash(sequences),
-            "elapsed_s": round(sum(m["elapsed_s"] for m in manifests), 3), "error": None, "parts": count})
+        DumpManifest(schema=SCHEMA, status="complete", n=len(sequences), n_scored=len(sequences), top_k=top_k,
+                     model=manifests[0].model, endpoint=", ".join(sorted({m.endpoint or "" for m in manifests})),
+                     sequences_hash=sequences_hash(sequences),
+                     elapsed_s=round(sum(m.elapsed_s or 0.0 for m in manifests), 3), error=None, parts=count).write(out)
         shutil.rmtree(out / PARTS, ignore_errors=True)
         return True

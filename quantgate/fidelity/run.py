@@ -13,7 +13,8 @@ Layout of a dump folder:
                   append-only, one os.write per line (quantgate.base.http.JsonlAppender): a re-run keeps the
                   complete lines and scores the rest
   manifest.json   {"schema", "status": "complete"|"partial", "n", "n_scored", "top_k", "model", "endpoint",
-                  "sequences_hash", "elapsed_s", "error"}; written atomically at the end of every run
+                  "sequences_hash", "elapsed_s", "error"} (+ "source" or "parts" from the other two writers);
+                  written atomically at the end of every run, through DumpManifest
 """
 
 from __future__ import annotations
@@ -49,6 +50,38 @@ class Sequence(BaseModel):
     category: str
     token_ids: list[int] = Field(min_length=2)
     score_from: int = Field(1, ge=1)
+
+
+class DumpManifest(BaseModel):
+    """A dump folder's manifest.json, written last (atomically) by whoever fills the folder: `score_sequences`,
+    `sampling.write_dump` (the baseline's own, `source: sampling`) and `parts.merge_parts` (`parts`: how many). Read
+    leniently (only `status` is required), so that a manifest of an older or newer writer still says what it can."""
+    model_config = ConfigDict(extra="allow")
+
+    schema_: int | None = Field(None, alias="schema")
+    status: str
+    n: int | None = None
+    n_scored: int | None = None
+    top_k: int | None = None
+    model: str | None = None
+    endpoint: str | None = None
+    sequences_hash: str | None = None
+    elapsed_s: float | None = None
+    error: str | None = None
+    source: str | None = None  # "sampling": the baseline's dump, read from its sampling answers
+    parts: int | None = None   # merged from this many parts
+
+    def write(self, folder: Path) -> None:
+        """Every field its writer set (None included), in the file's order."""
+        write_json(folder / MANIFEST, self.model_dump(mode="json", by_alias=True, exclude_unset=True))
+
+    @classmethod
+    def read(cls, folder: Path | str) -> DumpManifest | None:
+        """The folder's manifest, or None when it is missing or unreadable (the dump is then not complete)."""
+        try:
+            return cls.model_validate_json((Path(folder) / MANIFEST).read_bytes())
+        except (OSError, ValidationError):
+            return None
 
 
 def stratified(items: list[dict], limit: int | None) -> list[dict]:
@@ -177,12 +210,9 @@ def _kept(path: Path, sequences: list[Sequence], top_k: int) -> set[str]:
 def is_complete(out_dir: Path | str, sequences_hash: str | None, top_k: int | None = None) -> bool:
     """True when the folder holds a complete dump of exactly this sequence set (any set for None; this k, when
     given)."""
-    try:
-        m = json.loads((Path(out_dir) / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return (m.get("status") == "complete" and sequences_hash in (None, m.get("sequences_hash"))
-            and (top_k is None or m.get("top_k") == top_k) and (Path(out_dir) / DUMP).is_file())
+    m = DumpManifest.read(out_dir)
+    return (m is not None and m.status == "complete" and sequences_hash in (None, m.sequences_hash)
+            and (top_k is None or m.top_k == top_k) and (Path(out_dir) / DUMP).is_file())
 
 
 def _parse(body: dict, seq: Sequence, top_k: int) -> dict:
@@ -275,10 +305,9 @@ def score_sequences(endpoint: str, model: str, api_key: str | None, sequences: l
     failed = asyncio.run(_score_all(api_base(endpoint) + "/completions", model, api_key, todo, path, top_k,
                                     max(1, concurrency), retry, tick)) if todo else []
     first = f"{failed[0][0]}: {failed[0][1]}" if failed else None
-    write_json(out / MANIFEST, {
-        "schema": SCHEMA, "status": "partial" if failed else "complete", "n": len(sequences),
-        "n_scored": len(sequences) - len(failed), "top_k": top_k, "model": model, "endpoint": endpoint,
-        "sequences_hash": digest, "elapsed_s": round(time.monotonic() - t0, 3), "error": first})
+    DumpManifest(schema=SCHEMA, status="partial" if failed else "complete", n=len(sequences),
+                 n_scored=len(sequences) - len(failed), top_k=top_k, model=model, endpoint=endpoint,
+                 sequences_hash=digest, elapsed_s=round(time.monotonic() - t0, 3), error=first).write(out)
     if failed:
         raise QuantgateError(f"{len(failed)} of {len(sequences)} sequences were not scored; first: {first}",
                              where=str(path), fix="check the server; re-run to score the rest (scored lines are kept)")
@@ -288,13 +317,12 @@ def score_sequences(endpoint: str, model: str, api_key: str | None, sequences: l
 def load_dump(out_dir: Path | str) -> dict[str, ScoredSample]:
     """id -> ScoredSample of a complete dump folder."""
     out = Path(out_dir)
-    try:
-        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    manifest = DumpManifest.read(out)
+    if manifest is None:
         raise QuantgateError("no readable manifest.json: the dump is missing or was interrupted", where=str(out),
-                             fix="score the sequences into this folder (a re-run resumes)") from None
-    if manifest.get("status") != "complete":
-        raise QuantgateError(f"dump status is {manifest.get('status')!r}, not 'complete'", where=str(out / MANIFEST),
+                             fix="score the sequences into this folder (a re-run resumes)")
+    if manifest.status != "complete":
+        raise QuantgateError(f"dump status is {manifest.status!r}, not 'complete'", where=str(out / MANIFEST),
                              fix="re-run the scoring into this folder to finish it")
     samples: dict[str, ScoredSample] = {}
     for no, rec in enumerate(read_lines(out / DUMP), start=1):

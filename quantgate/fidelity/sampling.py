@@ -49,7 +49,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json
 from quantgate.base.runfiles import MANIFEST
-from quantgate.fidelity.run import DUMP, SCHEMA as DUMP_SCHEMA, Sequence, items_of, prompt_ids, read_lines, sequences_hash, stratified
+from quantgate.fidelity.run import DUMP, SCHEMA as DUMP_SCHEMA, DumpManifest, Sequence, items_of, prompt_ids, read_lines, sequences_hash, stratified
 
 SCHEMA = 2  # 2: the sampled positions' logprobs and top-k (the baseline's dump) come with the samples
 SAMPLES = "samples.jsonl"
@@ -267,8 +267,7 @@ def write_dump(samples_dir: Path | str, out_dir: Path | str) -> Path:
             fh.write(json.dumps({"id": s.id, "category": s.category, "ids": s.token_ids, "score_from": s.score_from,
                                  "lp": rec["lp"], "top": rec["top"]}, separators=(",", ":")) + "\n")
     tmp.replace(out / DUMP)
-    write_json(out / MANIFEST, {
-        "schema": DUMP_SCHEMA, "status": "complete", "n": len(seqs), "n_scored": len(seqs), "top_k": top_k,
-        "model": manifest.get("model"), "endpoint": manifest.get("endpoint"), "sequences_hash": sequences_hash(seqs),
-        "elapsed_s": 0.0, "error": None, "source": "sampling"})
+    DumpManifest(schema=DUMP_SCHEMA, status="complete", n=len(seqs), n_scored=len(seqs), top_k=top_k,
+                 model=manifest.get("model"), endpoint=manifest.get("endpoint"), sequences_hash=sequences_hash(seqs),
+                 elapsed_s=0.0, error=None, source="sampling").write(out)
     return out / DUMP
