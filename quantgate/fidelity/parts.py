@@ -18,11 +18,11 @@ its manifest is written.
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 from pathlib import Path
 
+from quantgate.base.fileio import write_text
 from quantgate.base.runfiles import MANIFEST
 from quantgate.fidelity.run import DUMP, SCHEMA, DumpManifest, Sequence, is_complete, sequences_hash
 
@@ -45,24 +45,19 @@ def merge_parts(out_dir: Path | str, sequences: list[Sequence], count: int, top_
     """Write out_dir's complete dump of `sequences` from its `count` parts; False while a part is not complete.
     True at once when out_dir already holds it (another part's thread merged it)."""
     out = Path(out_dir)
+    digest = sequences_hash(sequences)
     with _MERGING:
-        if is_complete(out, sequences_hash(sequences), top_k):
+        if is_complete(out, digest, top_k):
             return True
         dirs = [part_dir(out, i, count) for i in range(count)]
         if not all(is_complete(d, sequences_hash(part(sequences, i, count)), top_k) for i, d in enumerate(dirs)):
             return False
         manifests = [m for d in dirs if (m := DumpManifest.read(d)) is not None]  # complete, so all readable
         (out / MANIFEST).unlink(missing_ok=True)
-        tmp = out / f".{DUMP}.merging"
-        with open(tmp, "wb") as f:
-            for d in dirs:
-                f.write((d / DUMP).read_bytes())
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(out / DUMP)
+        write_text(out / DUMP, "".join((d / DUMP).read_text(encoding="utf-8") for d in dirs))  # atomic, durable
         DumpManifest(schema=SCHEMA, status="complete", n=len(sequences), n_scored=len(sequences), top_k=top_k,
                      model=manifests[0].model, endpoint=", ".join(sorted({m.endpoint or "" for m in manifests})),
-                     sequences_hash=sequences_hash(sequences),
-                     elapsed_s=round(sum(m.elapsed_s or 0.0 for m in manifests), 3), error=None, parts=count).write(out)
+                     sequences_hash=digest, elapsed_s=round(sum(m.elapsed_s or 0.0 for m in manifests), 3),
+                     error=None, parts=count).write(out)
         shutil.rmtree(out / PARTS, ignore_errors=True)
         return True

@@ -184,38 +184,33 @@ def measure(spec: ReleaseSpec, srv, dirs: Mapping[str, Path], samples: Path, log
             log(f"{name}: fidelity (main): the sampling answers' own logprobs of {len(seqs)} sequences")
             continue
         scored = floor_subset(seqs, f.floor_samples) if path_name == "alt" else seqs
-        tokens, every = sum(len(s.token_ids) - s.score_from for s in scored), max(1, len(scored) // 5)
-        log(f"{name}: fidelity ({path_name} path): {len(scored)} sequences, {tokens} scored tokens, top-{f.top_k}, "
-            f"concurrency {f.concurrency}")
-
-        def progress(n: int, total: int, _p: str = path_name, every: int = every) -> None:
-            if n % every == 0 or n == total:
-                log(f"{name}: fidelity ({_p}) {n}/{total}")
-
-        score_sequences(srv.base_url, name, srv.api_key, scored, folder, top_k=f.top_k, concurrency=f.concurrency,
-                        progress=progress)
+        _score(spec, srv, scored, folder, f"{name}: fidelity ({path_name})", log)
 
 
 def measure_part(spec: ReleaseSpec, srv, out: Path, samples: Path, log: Log, which: tuple[int, int]) -> bool:
     """Score part `which` = (index, count) of a candidate's main dump on `srv` (quantgate.fidelity.parts), then
     merge the dump if every part is in; True when `out` is complete."""
     index, count = which
+    assert spec.fidelity is not None
+    seqs = sampling.load_sequences(samples)
+    _score(spec, srv, part(seqs, index, count), part_dir(out, index, count),
+           f"{srv.config.name}: fidelity (main, part {index + 1}/{count})", log)
+    return merge_parts(out, seqs, count, spec.fidelity.top_k)
+
+
+def _score(spec: ReleaseSpec, srv, scored: list[Sequence], folder: Path, label: str, log: Log) -> None:
+    """Score `scored` into the dump folder on `srv` under the name it serves, saying how much and how far."""
     f = spec.fidelity
     assert f is not None
-    seqs = sampling.load_sequences(samples)
-    scored = part(seqs, index, count)
     tokens, every = sum(len(s.token_ids) - s.score_from for s in scored), max(1, len(scored) // 5)
-    label = f"{srv.config.name}: fidelity (main, part {index + 1}/{count})"
-    log(f"{label}: {len(scored)} of {len(seqs)} sequences, {tokens} scored tokens, top-{f.top_k}, "
-        f"concurrency {f.concurrency}")
+    log(f"{label}: {len(scored)} sequences, {tokens} scored tokens, top-{f.top_k}, concurrency {f.concurrency}")
 
     def progress(n: int, total: int) -> None:
         if n % every == 0 or n == total:
             log(f"{label} {n}/{total}")
 
-    score_sequences(srv.base_url, srv.config.name, srv.api_key, scored, part_dir(out, index, count), top_k=f.top_k,
+    score_sequences(srv.base_url, srv.config.name, srv.api_key, scored, folder, top_k=f.top_k,
                     concurrency=f.concurrency, progress=progress)
-    return merge_parts(out, seqs, count, f.top_k)
 
 
 def floor_subset(seqs: list[Sequence], limit: int | None) -> list[Sequence]:

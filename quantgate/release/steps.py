@@ -164,11 +164,10 @@ def serve_and_evaluate(req: MeasureRequest, *, log: Log = print, slot: Slot | No
         h = lock_holder(cache) or {}
         log(f"{variant.name}: waiting for pid {h.get('pid')} on {h.get('host')} ({h.get('what')}) to finish {cache}")
     try:
-        lends = lender is not None and slot is not None and variant.endpoint is None  # replicas may join it
         job = VariantJob(spec=spec, variant=variant, run=run, folder=folder, cache=cache,
                          tokenizer=req.tokenizer or variant.path, reference=req.reference or eval_dirs(cache, spec),
                          baseline=req.reference is None, log=log, reference_ready=reference_ready,
-                         parts=FIDELITY_PARTS if lends else 1)
+                         parts=FIDELITY_PARTS if _lends(slot, lender, variant) else 1)
         with lock(cache, timeout=None, what=f"measure {variant.name} for run {run.name}"):
             return _measure_cached(job, config, parity=req.parity, replicas=(slot, lender))
     except ServingFailure as exc:  # a candidate's server that cannot start or dies: its failure, the others go on
@@ -207,7 +206,7 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
         steps = measurements.ordered_steps(job, folders, todo, early)
         slot, lender = replicas  # slots that fall free take extra servers of this variant, from its start on
         lending = (Lending(lender, replica_starter(job.spec, variant, job.folder), pinned)
-                   if lender is not None and slot is not None and variant.endpoint is None else None)
+                   if lender is not None and _lends(slot, lender, variant) else None)
         runner = StepRunner(steps, name=variant.name, lending=lending, log=log)
         with runner, server as srv:
             try:
@@ -234,6 +233,11 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
                   not_applicable=not_applicable(variant, baseline=job.baseline))
     ev.write()
     return ev
+
+
+def _lends(slot: Slot | None, lender: Lender | None, variant: Variant) -> bool:
+    """Whether slots that fall free may take extra servers of this variant (a served variant on a slot of its own)."""
+    return lender is not None and slot is not None and variant.endpoint is None
 
 
 def _log_serving(variant: Variant, config, server, log: Log) -> None:
