@@ -23,7 +23,7 @@ from quantgate.evals.dataset import load_evalset
 from quantgate.gate.policy import load_policy
 from quantgate.judge.review import check_csv, load_key
 from quantgate.release.external import checkpoint_problems
-from quantgate.release.spec import load_spec
+from quantgate.release.resolve import load_spec
 
 META = "name: t\nversion: 1\nmetrics:\n  exact_match: {higher_is_better: true, aggregation: mean}\n"
 SAMPLE = {"id": "s", "category": "factual_qa", "prompt": "Capital of France?", "references": ["Paris"],

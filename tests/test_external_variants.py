@@ -27,7 +27,7 @@ from quantgate.gate.policy import load_policy
 from quantgate.release import schedule, steps
 from quantgate.release.cachelayout import variant_cache
 from quantgate.release.external import EXTERNAL, detect_scheme
-from quantgate.release.spec import load_spec
+from quantgate.release.resolve import load_spec
 from quantgate.release.variants import baseline_for, endpoint_keys, external_variant, server_config
 from quantgate.serving.endpoint import EndpointConfig, EndpointServer, fingerprint
 

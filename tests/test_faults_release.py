@@ -38,7 +38,7 @@ from quantgate.evals.run import is_complete, is_scored, load_run, run_eval
 from quantgate.gate.evidence import _eval_error_rate
 from quantgate.parity.engine import passed
 from quantgate.release import steps as rel
-from quantgate.release.spec import load_spec
+from quantgate.release.resolve import load_spec
 from quantgate.release.stopping import descendants
 from quantgate.serving.server import free_port
 from tests._procs import live

@@ -12,7 +12,7 @@ from quantgate.fidelity.core import SampleFidelity
 from quantgate.gate.fidelityevidence import fidelity_evidence
 from quantgate.gate.looks import plan, shares, spend
 from quantgate.base.paths import RELEASES
-from quantgate.release.spec import load_spec
+from quantgate.release.resolve import load_spec
 
 
 @pytest.mark.parametrize("planned,expected", [

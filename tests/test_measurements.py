@@ -15,7 +15,7 @@ from quantgate.base.runfiles import MANIFEST, PERF
 from quantgate.release import measurements
 from quantgate.release.measurements import KINDS, VariantJob, ordered_steps, plan, recorded
 from quantgate.release.replicas import Step
-from quantgate.release.spec import load_spec
+from quantgate.release.resolve import load_spec
 from quantgate.release.variants import Evidence, Variant
 
 

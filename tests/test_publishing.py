@@ -30,7 +30,7 @@ from quantgate.cli.main import app
 from quantgate.gate.models import EXIT_CODES
 from quantgate.release import publishing, registry, targets, webhook
 from quantgate.release.publishing import NotifySpec, PublishTarget
-from quantgate.release.spec import load_spec
+from quantgate.release.resolve import load_spec
 
 GOOD = """\
 version: 1

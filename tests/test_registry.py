@@ -21,7 +21,8 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import REPO
 from quantgate.quantize.recipes import RecipeOverrides
 from quantgate.release import registry
-from quantgate.release.spec import QuantizationSpec, load_spec
+from quantgate.release.resolve import load_spec
+from quantgate.release.spec import QuantizationSpec
 from quantgate.release.variants import quantize_variant
 from quantgate.target import catalogue
 from quantgate.target.catalogue import checkpoint_hash

@@ -35,7 +35,7 @@ from _shared import CHECKPOINTS
 from quantgate.base.paths import REPO
 from quantgate.gate.evidence import CANDIDATE_ERROR
 from quantgate.release import registry, schedule
-from quantgate.release.spec import load_spec
+from quantgate.release.resolve import load_spec
 from quantgate.target.catalogue import resolve_model
 from quantgate.serving.server import kill_tree
 

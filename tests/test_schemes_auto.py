@@ -15,7 +15,7 @@ from quantgate.quantize.preflight import read_layout
 from quantgate.quantize.schemes import WORKLOADS, load_schemes, rank_schemes, size_from_shape, top_schemes
 from quantgate.release.autoschemes import at_flow_start, auto_count
 from quantgate.release.ladder import next_rung
-from quantgate.release.spec import load_spec
+from quantgate.release.resolve import load_spec
 from quantgate.target.hardware import get_profile
 from quantgate.target.modelshape import load_model_spec
 

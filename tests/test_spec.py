@@ -8,7 +8,8 @@ import pytest
 
 from quantgate.base.errors import ConfigError
 from quantgate.base.paths import EVAL_SETS, JUDGES, RELEASES
-from quantgate.release.spec import load_spec
+from quantgate.release.resolve import load_spec, resolve
+from quantgate.release.spec import load_written_spec
 
 GOOD = """\
 version: 1
@@ -182,3 +183,29 @@ def test_haystack_continuations_must_fit_the_context(tmp_path):
     assert "4096 + 600 sampled tokens = 4696 do not fit context 4608" in out, out
     assert load_spec(write(tmp_path, text.replace("600", "256"))).fidelity.context_new_tokens == 256
     assert load_spec(write(tmp_path, text.replace("context_new_tokens: 600", "context_prompts: 0"))).fidelity
+
+
+def test_the_written_spec_does_not_look_at_the_machine_and_resolve_does(tmp_path):
+    """`hardware: auto` and `schemes: auto` stay as written in the spec model: no serving interpreter is started
+    (here one that leaves a mark and fails). Resolving starts it, and its failure names the field and line."""
+    marks = tmp_path / "started"
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho started >> {marks}\nexit 3\n")
+    python.chmod(0o755)
+    path = write(tmp_path, GOOD.replace("hardware: x86-cpu", "hardware: auto").replace("schemes: [w4a16-gptq]",
+                 f"schemes: auto\nserving: {{python: {python}}}"))
+    written = load_written_spec(path)
+    assert (written.hardware, written.schemes, written.auto_schemes) == ("auto", [], 1)
+    assert not marks.exists()
+    with pytest.raises(ConfigError) as err:
+        resolve(written, path)
+    assert marks.exists() and f"{path}:4 field 'hardware'" in err.value.render()
+
+
+def test_resolving_fills_in_what_the_machine_decided_and_keeps_what_was_written():
+    written = load_written_spec(RELEASES / "demo.yaml")
+    spec = resolve(written, RELEASES / "demo.yaml")
+    record = spec.resolved(None)
+    assert written.hardware == "auto" and spec.hardware == record.hardware in ("x86-avx512", "x86-avx2")
+    assert record.hardware_written == "auto" and record.schemes == spec.schemes == written.schemes
+    assert spec.machine_notes[0].startswith(f"hardware auto -> {spec.hardware}")

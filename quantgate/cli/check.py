@@ -47,8 +47,8 @@ from quantgate.gate.policy import CHECK_SECTIONS, DEFAULT_POLICY, GatePolicy, lo
 from quantgate.judge.review import check_csv, key_path_for, load_key
 from quantgate.release.autoschemes import local_config
 from quantgate.release.external import checkpoint_problems, read_config
-from quantgate.release.spec import ReleaseSpec, load_spec
-from quantgate.serving.cpu_kernels import split_schemes
+from quantgate.release.resolve import load_spec, refuse_unservable
+from quantgate.release.spec import ReleaseSpec
 from quantgate.target.catalogue import load_catalogue
 
 
@@ -176,23 +176,6 @@ def _check_evalset(path: Path, max_context: int | None = None) -> None:
     load_evalset(path, max_context=max_context)
 
 
-def _check_machine(path: Path, spec: ReleaseSpec) -> None:
-    """Refuse the spec's schemes that this machine's serving build cannot run (CPU profiles: the kernel probe)."""
-    _, why = split_schemes(spec.hardware, spec.schemes, spec.serving.python)
-    if not why:
-        return
-    first = next(s for s in spec.schemes if s in why)
-    data, lines = read_yaml(path)
-    raw = data.get("schemes") if isinstance(data, dict) else None
-    index = raw.index(first) if isinstance(raw, list) and first in raw else None
-    line = lines.get(("schemes", index)) or lines.get(("schemes",)) or 1
-    item = f" (list item {index + 1})" if index is not None else ""
-    raise QuantgateError(f"{', '.join(why)} cannot be served here: " + "; ".join(f"{s}: {r}" for s, r in why.items()),
-                         where=f"{path}:{line} field 'schemes'{item}",
-                         fix="remove it, release on a machine whose vLLM build has the kernel, or set "
-                             "`skip_unsupported: true` to drop it with a logged note")
-
-
 def _model_folders(spec: ReleaseSpec) -> list[tuple[tuple, Path, str | None, bool, str]]:
     """(key path, folder, scheme, weights needed, fix) of every checkpoint folder the spec names: `model` and a
     `judge.serve` when they are no catalogue id (taken from the current directory, as `resolve_model` does), each
@@ -239,7 +222,7 @@ def _load_spec(path: Path) -> ReleaseSpec:
     """The spec, its schemes checked against this machine, its model and checkpoint folders looked at; the notes
     of `hardware: auto` / skip_unsupported."""
     spec = load_spec(path)
-    _check_machine(path, spec)
+    refuse_unservable(spec, path)
     _check_folders(path, spec)
     for note in spec.machine_notes:
         print(f"note spec {_show(path)}: {note}", file=sys.stderr, flush=True)

