@@ -202,7 +202,7 @@ PROMOTE_AND_PAUSE = textwrap.dedent("""
     registry._after_step = hook
     e = registry.promote(registry.Promotion(json.loads(Path(decision).read_text()),
                          model="demo", version="v1", checkpoint=ckpt), root=root)
-    print(json.dumps({"reused": e["reused"], "path": e["path"]}))
+    print(json.dumps({"reused": e.reused, "path": e.path}))
 """)
 
 
@@ -240,7 +240,7 @@ def test_promotions_in_two_processes_exclude_each_other_and_stale_temps_are_judg
         assert is_locked(registry.version_lock(model_dir, "v1"))
         # another version meanwhile: it clears the orphan, and keeps the live promotion's folder
         e2 = registry.promote(registry.Promotion(DECISION, model="demo", version="v2", checkpoint=ckpt), root=root)
-        assert e2["reused"] is False and building.is_dir() and not orphan.exists()
+        assert e2.reused is False and building.is_dir() and not orphan.exists()
         # the same version waits for the lock; past its timeout the error names the holder
         monkeypatch.setattr(registry, "LOCK_TIMEOUT_S", 0.5)
         with pytest.raises(QuantgateError) as err:
@@ -255,7 +255,7 @@ def test_promotions_in_two_processes_exclude_each_other_and_stale_temps_are_judg
             child.kill()
             child.wait()
     again = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt), root=root)
-    assert again["reused"] is True  # the other process's entry, not a second one
+    assert again.reused is True  # the other process's entry, not a second one
     assert sorted(d.name for d in model_dir.iterdir()) == ["v1", "v2"]  # no temporary folder left
     print(f"\nregistry: v1 built by pid {child.pid} while v2 was promoted here; orphan {orphan.name} removed")
 

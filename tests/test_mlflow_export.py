@@ -113,7 +113,7 @@ def release(tmp_path_factory) -> Path:
         rows[d.candidate] = {"scheme": d.scheme, "size_bytes": 400, "size_ratio": 0.4, "decision": d.decision,
                              "metrics": metrics,
                              "regressions": sum(len(r["regressions"]) for r in cmp_.values()), "reasons": d.reasons,
-                             "registry": entry["path"] if d.promoted else None}
+                             "registry": entry.path if d.promoted else None}
     _dump(run / "summary.json", {"release": "demo", "run": "r-mlflow", "model": "demo", "hardware": "x86-cpu",
                                  "baseline": {"size_bytes": 1000, "parity": {"verdict": "pass", "reason": "ok"}},
                                  "candidates": rows, "decision": "PROMOTE", "promoted": [CAND],

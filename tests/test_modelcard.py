@@ -103,14 +103,14 @@ def test_the_registry_entry_holds_the_card_and_verify_covers_it(run, tmp_path):
     folder, ckpt, (d,) = run
     e = registry.promote(registry.Promotion(d, model="demo", version="v1", checkpoint=ckpt, run=folder),
                          root=tmp_path / "registry")
-    entry = Path(e["path"])
+    entry = Path(e.path)
     card = (entry / CARD).read_text()
     assert card == render_card(card_inputs(folder, CAND, model="demo", version="v1", decision=d.model_dump(mode="json"),
                                            sha256=checkpoint_hash(ckpt)))
     assert checkpoint_hash(ckpt) in card
     man = json.loads((entry / "manifest.json").read_text())
     assert man["card"] == CARD and set(man["files"]) == {"decision.json", CARD}
-    assert registry.verify_entry(entry)["version"] == "v1"
+    assert registry.verify_entry(entry).version == "v1"
     (entry / CARD).write_text(card.replace("PROMOTE", "PROMOTE (edited)"))
     with pytest.raises(QuantgateError, match="README.md is modified since promotion"):
         registry.verify_entry(entry)

@@ -97,7 +97,7 @@ def entry(tmp_path):
     run, ckpt, (d,) = gated_run(tmp_path / "work")
     e = registry.promote(registry.Promotion(d, model="demo", version="v1", checkpoint=ckpt, run=run),
                          root=tmp_path / "registry")
-    return Path(e["path"])
+    return Path(e.path)
 
 
 def tree(folder: Path) -> dict[str, bytes]:
@@ -107,13 +107,13 @@ def tree(folder: Path) -> dict[str, bytes]:
 def test_folder_publish_copies_the_verified_entry_and_reads_it_back(entry, tmp_path):
     rec = registry.publish_entry(entry, str(tmp_path / "shelf"))
     dest = tmp_path / "shelf" / "demo" / "v1"
-    assert rec["status"] == "published" and rec["where"] == str(dest) and rec["verified"] is True
+    assert rec.status == "published" and rec.where == str(dest) and rec.verified is True
     assert tree(dest) == {k: v for k, v in tree(entry).items() if k != "publish.json"}
-    assert registry.verify_entry(dest)["version"] == "v1"  # the copy is itself a verifiable entry, card included
+    assert registry.verify_entry(dest).version == "v1"  # the copy is itself a verifiable entry, card included
     assert [p.name for p in (tmp_path / "shelf" / "demo").iterdir()] == ["v1"]  # no temporary folder left
     assert (dest / "checkpoint" / "model.safetensors").stat().st_ino != (entry / "checkpoint" / "model.safetensors").stat().st_ino
     again = registry.publish_entry(entry, f"file://{tmp_path / 'shelf'}")
-    assert again["status"] == "exists" and again["verified"] is True
+    assert again.status == "exists" and again.verified is True
     history = json.loads((entry / "publish.json").read_text())["published"]
     assert [h["status"] for h in history] == ["published", "exists"]
 
@@ -147,8 +147,8 @@ def test_memory_url_publish_writes_the_manifest_last_and_verifies(entry, monkeyp
     monkeypatch.setattr(type(fs), "put_file", lambda self, lpath, rpath, **k: order.append(Path(rpath).name) or real(lpath, rpath, **k))
     rec = registry.publish_entry(entry, "memory://shelf-a")
     try:
-        assert rec["status"] == "published" and rec["where"] == "memory:///shelf-a/demo/v1"
-        assert order[-1] == "manifest.json" and len(order) == rec["files"]
+        assert rec.status == "published" and rec.where == "memory:///shelf-a/demo/v1"
+        assert order[-1] == "manifest.json" and len(order) == rec.files
         assert fs.cat_file("/shelf-a/demo/v1/README.md") == (entry / "README.md").read_bytes()
     finally:
         fs.rm("/shelf-a", recursive=True)
@@ -298,10 +298,10 @@ def test_promoted_entry_with_card_published_to_a_folder_and_the_receiver_told(tm
     spec = load_spec(spec_file(tmp_path, f"publish:\n  - folder: shelf\n  - {{hf_repo: org/demo, token_env: QG_TEST_HF}}\n"
                                          f"notify:\n  - url: {rx.url}\n"))
     e = registry.promote(registry.Promotion(d, model="demo", version="v1", checkpoint=ckpt, run=run))
-    records = publishing.publish_run(spec.publish, run, {CAND: Path(e["path"])})
+    records = publishing.publish_run(spec.publish, run, {CAND: Path(e.path)})
     assert [r.status for r in records] == ["published", "failed"]  # the Hub target has no token
     copy = tmp_path / "shelf" / "demo" / "v1"
-    assert (copy / "README.md").read_text() == (Path(e["path"]) / "README.md").read_text()
+    assert (copy / "README.md").read_text() == (Path(e.path) / "README.md").read_text()
     assert "## Serving with vLLM" in (copy / "README.md").read_text() and registry.verify_entry(copy)
     assert json.loads((run / "publish.json").read_text())["records"] == [as_json(r) for r in records]
     summary = publishing.with_records(_summary(run), "publish", records)
@@ -324,7 +324,7 @@ def test_a_failed_publish_is_reported_and_keeps_the_promotion(tmp_path, entry):
     assert publishing.exit_code(summary, 0) == publishing.OUTBOUND_FAILED
     assert publishing.exit_code(summary, 3) == 3  # a REJECT keeps its code; the failure is still in the record
     assert summary.notes[0] == "kept" and summary.notes[1].startswith(f"publish of {CAND} to {blocker} failed")
-    assert registry.verify_entry(entry)["version"] == "v1"  # still promoted, unchanged
+    assert registry.verify_entry(entry).version == "v1"  # still promoted, unchanged
 
 
 def test_registry_publish_command(entry, tmp_path, monkeypatch):

@@ -45,7 +45,7 @@ def test_promote_writes_a_complete_entry(setup):
     e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report, run="runs/r1"),
                          root=root)
     entry = root / "demo" / "v1"
-    assert e["path"] == str(entry) and e["reused"] is False
+    assert e.path == str(entry) and e.reused is False
     assert sorted(p.name for p in entry.iterdir()) == ["README.md", "checkpoint", "decision.json", "manifest.json", "report.md"]
     man = json.loads((entry / "manifest.json").read_text())
     assert man["candidate"] == "w4a16-gptq" and man["checkpoint"]["copied"] is True  # the entry holds the files
@@ -54,7 +54,7 @@ def test_promote_writes_a_complete_entry(setup):
     assert (entry / "checkpoint" / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
     assert man["checks"] == {"passed": 1, "skipped": 1} and man["run"] == "runs/r1"
     assert json.loads((entry / "decision.json").read_text()) == DECISION
-    assert [x["version"] for x in registry.list_entries(root)] == ["v1"]
+    assert [x.version for x in registry.list_entries(root)] == ["v1"]
     assert [p.name for p in (root / "demo").iterdir()] == ["v1"]  # no temporary folder left
 
 
@@ -64,7 +64,7 @@ def test_promoting_twice_gives_one_entry(setup):
                              root=root)
     again = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report),
                              root=root)
-    assert again["reused"] is True and again["created"] == first["created"]
+    assert again.reused is True and again.created == first.created
     assert len(registry.list_entries(root)) == 1
 
 
@@ -75,7 +75,7 @@ def test_a_taken_version_refuses_another_checkpoint(setup, tmp_path):
     with pytest.raises(QuantgateError, match="already registered for another checkpoint"):
         registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=other), root=root)
     assert registry.promote(registry.Promotion(DECISION, model="demo", version="v2", checkpoint=other),
-                            root=root)["reused"] is False
+                            root=root).reused is False
 
 
 @pytest.mark.parametrize("decision, kwargs, words", [
@@ -97,7 +97,7 @@ def test_copy_checkpoint(setup):
     e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt),
                          root=root, copy_checkpoint=True)
     copied = root / "demo" / "v1" / "checkpoint" / "model.safetensors"
-    assert copied.read_bytes() == (ckpt / "model.safetensors").read_bytes() and e["checkpoint"]["path"] == "checkpoint"
+    assert copied.read_bytes() == (ckpt / "model.safetensors").read_bytes() and e.checkpoint.path == "checkpoint"
 
 
 KILL_SCRIPT = textwrap.dedent("""
@@ -129,7 +129,7 @@ def test_killed_between_steps_leaves_no_partial_entry(setup, tmp_path, step):
     # the next promotion completes and clears the dead process's leftovers
     e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report),
                          root=root)
-    assert e["reused"] is False and [d.name for d in (root / "demo").iterdir()] == ["v1"]
+    assert e.reused is False and [d.name for d in (root / "demo").iterdir()] == ["v1"]
 
 
 def test_killed_after_the_rename_leaves_the_complete_entry(setup, tmp_path):
@@ -140,7 +140,7 @@ def test_killed_after_the_rename_leaves_the_complete_entry(setup, tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == -9
     (entry,) = registry.list_entries(root)
-    assert entry["version"] == "v1" and (root / "demo" / "v1" / "checkpoint" / "model.safetensors").is_file()
+    assert entry.version == "v1" and (root / "demo" / "v1" / "checkpoint" / "model.safetensors").is_file()
 
 
 def test_an_error_part_way_cleans_up(setup, monkeypatch):
@@ -165,11 +165,11 @@ def test_a_concurrent_promotion_that_wins_the_rename_is_kept(setup, tmp_path, mo
         if step == "manifest":
             import shutil
 
-            shutil.copytree(winner["path"], root / "demo" / "v1")
+            shutil.copytree(winner.path, root / "demo" / "v1")
     monkeypatch.setattr(registry, "_after_step", other_process_finishes_first)
     e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, report=report),
                          root=root)
-    assert e["reused"] is True and e["created"] == winner["created"]
+    assert e.reused is True and e.created == winner.created
     assert [d.name for d in (root / "demo").iterdir()] == ["v1"]
 
 
@@ -192,7 +192,7 @@ def test_publish_to_a_uri(setup, tmp_path):
     dest = target / "demo" / "v1"
     assert (dest / "manifest.json").read_text() == (root / "demo" / "v1" / "manifest.json").read_text()
     assert (dest / "checkpoint" / "model.safetensors").is_file()
-    assert e["published"]["where"] == str(dest)
+    assert e.published.where == str(dest)
     (record,) = json.loads((root / "demo" / "v1" / "publish.json").read_text())["published"]
     assert record["target"] == f"file://{target}" and record["status"] == "published" and record["verified"] is True
     assert not (dest / "publish.json").exists()  # the record of where it went is not part of the copy
@@ -297,14 +297,14 @@ def test_the_evaluated_hash_comes_from_the_runs_evidence(setup, tmp_path, own_ca
     ckpt, report, root = setup
     run = evidence(tmp_path / "runs" / "r1", "w4a16-gptq", checkpoint_hash(ckpt))
     e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt, run=run), root=root)
-    assert e["checkpoint"]["evaluated_sha256"] == e["checkpoint"]["sha256"] == checkpoint_hash(ckpt)
+    assert e.checkpoint.evaluated_sha256 == e.checkpoint.sha256 == checkpoint_hash(ckpt)
     evidence(run, "w4a16-gptq", "0" * 64)  # the weights evaluated were others
     with pytest.raises(QuantgateError, match="not evaluated"):
         registry.promote(registry.Promotion(DECISION, model="demo", version="v2", checkpoint=ckpt, run=run), root=root)
     with pytest.raises(QuantgateError, match="no evaluated content hash"):  # a run folder without evidence
         registry.promote(registry.Promotion(DECISION, model="demo", version="v3", checkpoint=ckpt, run=tmp_path / "runs"),
                          root=root)
-    assert [x["version"] for x in registry.list_entries(root)] == ["v1"]
+    assert [x.version for x in registry.list_entries(root)] == ["v1"]
     assert [d.name for d in (root / "demo").iterdir()] == ["v1"]
 
 
@@ -334,7 +334,7 @@ def test_a_later_release_cannot_change_what_an_earlier_promote_entry_serves(tmp_
     evidence(run, scheme, first.content_hash)
     e = registry.promote(registry.Promotion({**DECISION, "candidate": scheme}, model="demo", version="v1", checkpoint=first.path, run=run),
                          root=root)
-    entry = Path(e["path"]) / "checkpoint"
+    entry = Path(e.path) / "checkpoint"
     served = {f.name: f.read_bytes() for f in entry.iterdir()}
 
     # a later release with another recipe for the same scheme
@@ -345,10 +345,10 @@ def test_a_later_release_cannot_change_what_an_earlier_promote_entry_serves(tmp_
     assert second.path != first.path and second.content_hash != first.content_hash
     assert checkpoint_hash(first.path) == first.content_hash  # the evaluated folder was not overwritten
     assert {f.name: f.read_bytes() for f in entry.iterdir()} == served
-    assert registry.verify_entry(e["path"])["checkpoint"]["sha256"] == first.content_hash
+    assert registry.verify_entry(e.path).checkpoint.sha256 == first.content_hash
     # even with the quantized folder gone, the entry still holds the evaluated weights
     shutil.rmtree(first.path)
-    assert registry.verify_entry(e["path"])["checkpoint"]["sha256"] == first.content_hash
+    assert registry.verify_entry(e.path).checkpoint.sha256 == first.content_hash
     assert {f.name: f.read_bytes() for f in entry.iterdir()} == served
 
 
@@ -356,7 +356,7 @@ def test_verify_entry_notices_a_modified_entry(setup, own_cache):
     ckpt, _, root = setup
     e = registry.promote(registry.Promotion(DECISION, model="demo", version="v1", checkpoint=ckpt),
                          root=root, copy_checkpoint=True)
-    assert registry.verify_entry(e["path"])["version"] == "v1"
+    assert registry.verify_entry(e.path).version == "v1"
     (root / "demo" / "v1" / "checkpoint" / "model.safetensors").write_bytes(b"tampered")
     with pytest.raises(QuantgateError, match="modified since promotion"):
-        registry.verify_entry(e["path"])
+        registry.verify_entry(e.path)

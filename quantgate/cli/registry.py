@@ -33,14 +33,14 @@ def list_cmd(model: Annotated[str | None, typer.Option(help="only this model")] 
     if not entries:
         print(f"no promoted entries{f' of {model}' if model else ''} in {registry.registry_root(root)}")
     for e in entries:
-        print(f"{e.get('model')}  {e.get('version')}  {e.get('candidate')}  {e.get('scheme')}  {e['path']}")
+        print(f"{e.model}  {e.version}  {e.candidate}  {e.scheme}  {e.path}")
 
 
 @registry_app.command("verify")
 def verify_cmd(entry: Annotated[Path, typer.Argument(help="results/registry/<model>/<version>")]) -> None:
     """Re-hash the entry's checkpoint and files (its card included) from their bytes against its manifest."""
     man = registry.verify_entry(entry)
-    print(f"ok {entry}: checkpoint sha256 {man['checkpoint']['sha256']}, {len(man.get('files') or {})} other files")
+    print(f"ok {entry}: checkpoint sha256 {man.checkpoint.sha256}, {len(man.files or {})} other files")
 
 
 def _target(target: str, token_env: str, public: bool) -> PublishTarget:
@@ -73,6 +73,6 @@ def publish_cmd(
         print(f"error: {where.token_env or HF_TOKEN} is not set: a Hub upload needs a token with write access "
               f"(export it, or name another variable with --token-env)", file=sys.stderr)
         raise typer.Exit(2)
-    rec = publish_one(entry, where, candidate=str(man.get("candidate")))  # verifies the entry from its bytes first
+    rec = publish_one(entry, where, candidate=str(man.candidate))  # verifies the entry from its bytes first
     print(json.dumps(as_json(rec), indent=2))
     raise typer.Exit(1 if rec.status == "failed" else 0)

@@ -13,8 +13,8 @@
         timeout_s: 10                      # per attempt
         attempts: 5                        # retried on connection errors, timeouts, HTTP 5xx and 429
 
-Each publish is recorded in <run>/publish.json (candidate, entry, target, status, where, error) and each
-notification in <run>/notify.json (quantgate.release.webhook); both are copied into <run>/summary.json with a note per
+Each publish is recorded in <run>/publish.json (PublishLog: candidate, entry, target, status, where, error) and each
+notification in <run>/notify.json (quantgate.release.webhook.NotifyLog); both are copied into <run>/summary.json with a note per
 failure. A failure never un-does a promotion (the entry stays in the registry; `quantgate registry publish ENTRY
 TARGET` retries it by hand) and is never swallowed: the release exits OUTBOUND_FAILED (5) instead of 0, and the
 Prefect flow run ends Failed, named "Publish failed". A notify `secret_env` that is not set stops the release at its
@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from quantgate.base.runfiles import NOTIFY, PUBLISH
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
+from quantgate.base.typedfile import read_model
 from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, Summary, as_json
 from quantgate.release import registry, targets
 
@@ -100,6 +101,23 @@ class PublishTarget(BaseModel):
         return str(self.folder) if self.folder is not None else str(self.url)
 
 
+class PublishLog(BaseModel):
+    """<run>/publish.json: every publish of the run's promoted entries, in order."""
+    model_config = ConfigDict(extra="allow")
+
+    run: str = Field(description="the run id (its folder's name)")
+    records: list[PublishRecord] = Field(default_factory=list)
+
+    def write(self, run: Path) -> None:
+        """The records as as_json gives them (the fields each was given)."""
+        write_json(Path(run) / PUBLISH_FILE, self.model_dump(mode="json", exclude_unset=True))
+
+    @classmethod
+    def load(cls, run: Path | str) -> PublishLog:
+        return read_model(Path(run) / PUBLISH_FILE, cls, "publish records",
+                          fix="it is written by a release whose spec has `publish:` targets; re-run the release")
+
+
 class NotifySpec(BaseModel):
     """A webhook told of the decision after the gate (quantgate.release.webhook)."""
 
@@ -149,7 +167,8 @@ def publish_one(entry: Path | str, target: PublishTarget, *, candidate: str, api
     except Exception as exc:  # noqa: BLE001 - recorded and reported (exit code, flow state), never swallowed
         return PublishRecord(**rec | {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
                                       "seconds": round(time.monotonic() - t0, 2)})
-    return PublishRecord(**rec | {k: v for k, v in out.items() if k != "target"} | {"seconds": round(time.monotonic() - t0, 2)})
+    return PublishRecord(**rec | {k: v for k, v in as_json(out).items() if k != "target"}
+                         | {"seconds": round(time.monotonic() - t0, 2)})
 
 
 def publish_run(targets_: list[PublishTarget], run: Path, promotions: Mapping[str, Path], *,
@@ -158,7 +177,7 @@ def publish_run(targets_: list[PublishTarget], run: Path, promotions: Mapping[st
     the records go to <run>/publish.json. `api`: a Hub client to use instead of huggingface_hub's HfApi (tests)."""
     records = [publish_one(str(entry), t, candidate=cand, api=api)
                for cand, entry in promotions.items() for t in targets_]
-    write_json(Path(run) / PUBLISH_FILE, {"run": Path(run).name, "records": [as_json(r) for r in records]})
+    PublishLog(run=Path(run).name, records=records).write(run)
     return records
 
 

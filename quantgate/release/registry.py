@@ -1,7 +1,7 @@
 """Local registry of promoted variants (adapter): results/registry/<model>/<version>/, written atomically.
 
 An entry holds:
-    manifest.json    model, version, candidate, scheme, checkpoint (source, sha256 of the entry's files, the
+    manifest.json    (quantgate.release.registryfile.RegistryEntry) model, version, candidate, scheme, checkpoint (source, sha256 of the entry's files, the
                      evaluated sha256, how the files came in), `files` (sha256 of the entry's other files: the
                      decision, the card, the report copy), run, report, decision summary, created; written last,
                      so a folder with a manifest is complete
@@ -11,8 +11,8 @@ An entry holds:
     report.<ext>     a copy of the release report file, when one is given (its original path is in the manifest)
     checkpoint/      the evaluated checkpoint's files: hard links where the registry shares the checkpoint's
                      filesystem (no second copy of the weights), else copies; copies always with copy_checkpoint=True
-    publish.json     where the entry was published (a list, appended per publish): a record about the entry, not
-                     part of it (not hashed, not copied)
+    publish.json     where the entry was published (registryfile.EntryPublishLog, appended per publish): a record
+                     about the entry, not part of it (not hashed, not copied)
 
 What an entry serves is what was evaluated: the evaluated hash (`expected_sha256`, else the Variant's content_hash in
 <run>/<candidate>/evidence.json) must equal the checkpoint's hash before anything is written, and the hash of the
@@ -58,6 +58,8 @@ from quantgate.base.fileio import is_locked, lock, write_json
 from quantgate.base.paths import results_dir
 from quantgate.gate.models import Decision
 from quantgate.release import targets
+from quantgate.release.registryfile import (SCHEMA_VERSION, EntryCheckpoint, EntryChecks, EntryPublishLog,
+                                            EntryPublishRecord, EntryReport, LocatedEntry, PromotedEntry, RegistryEntry)
 from quantgate.report.modelcard import CARD, card_inputs, render_card
 from quantgate.target.catalogue import checkpoint_hash, sha256_file
 
@@ -94,15 +96,13 @@ def _clean_stale(model_dir: Path, held: str) -> list[str]:
     return removed
 
 
-def read_entry(folder: Path) -> dict[str, Any] | None:
-    """An entry's manifest, or None when the folder is not a complete entry."""
-    try:
-        return json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
+def read_entry(folder: Path | str) -> RegistryEntry | None:
+    """An entry's manifest, or None when the folder is not a complete entry (no manifest, or one that is unreadable
+    or does not fit RegistryEntry)."""
+    return RegistryEntry.read(folder)
 
 
-def list_entries(root: Path | str | None = None, model: str | None = None) -> list[dict[str, Any]]:
+def list_entries(root: Path | str | None = None, model: str | None = None) -> list[LocatedEntry]:
     """Manifests of every complete entry (hidden temporary folders are not entries)."""
     base = registry_root(root)
     models = [base / model] if model else sorted(p for p in base.glob("*") if p.is_dir() and not p.name.startswith("."))
@@ -111,7 +111,7 @@ def list_entries(root: Path | str | None = None, model: str | None = None) -> li
         for v in sorted(p for p in m.glob("*") if p.is_dir() and not p.name.startswith(".")):
             man = read_entry(v)
             if man is not None:
-                out.append(man | {"path": str(v)})
+                out.append(man.located(v))
     return out
 
 
@@ -123,8 +123,8 @@ def _decision_dict(decision: Decision | Mapping[str, Any]) -> dict[str, Any]:
     return d
 
 
-def _same(existing: dict[str, Any], sha: str, candidate: str | None) -> bool:
-    return existing.get("checkpoint", {}).get("sha256") == sha and existing.get("candidate") == candidate
+def _same(existing: RegistryEntry, sha: str, candidate: str | None) -> bool:
+    return existing.checkpoint.sha256 == sha and existing.candidate == candidate
 
 
 def evaluated_hash(run: Path | str | None, candidate: str | None) -> str | None:
@@ -204,20 +204,20 @@ class _Entry:
     copy_checkpoint: bool
 
 
-def _manifest(e: _Entry, got: str, how: str, report_copy: str | None, files: dict[str, str]) -> dict[str, Any]:
+def _manifest(e: _Entry, got: str, how: str, report_copy: str | None, files: dict[str, str]) -> RegistryEntry:
     d = e.decision
-    return {
-        "schema_version": 3, "model": e.model, "version": e.version, "candidate": d.get("candidate"),
-        "scheme": d.get("scheme"), "family": d.get("family"),
-        "checkpoint": {"source": str(e.checkpoint.resolve()), "sha256": got, "evaluated_sha256": e.evaluated,
-                       "copied": True, "how": how, "path": "checkpoint"},
-        "report": {"source": str(e.report) if e.report else None, "copy": report_copy},
-        "card": CARD, "files": files,
-        "run": str(e.run) if e.run else None, "policy": d.get("policy"),
-        "checks": {"passed": sum(c.get("passed") is True for c in d.get("checks", [])),
-                   "skipped": sum(c.get("passed") is None for c in d.get("checks", []))},
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-    }
+    return RegistryEntry(
+        schema_version=SCHEMA_VERSION, model=e.model, version=e.version, candidate=d.get("candidate"),
+        scheme=d.get("scheme"), family=d.get("family"),
+        checkpoint=EntryCheckpoint(source=str(e.checkpoint.resolve()), sha256=got, evaluated_sha256=e.evaluated,
+                                   copied=True, how=how, path="checkpoint"),
+        report=EntryReport(source=str(e.report) if e.report else None, copy_name=report_copy),
+        card=CARD, files=files,
+        run=str(e.run) if e.run else None, policy=d.get("policy"),
+        checks=EntryChecks(passed=sum(c.get("passed") is True for c in d.get("checks", [])),
+                           skipped=sum(c.get("passed") is None for c in d.get("checks", []))),
+        created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,7 @@ class Promotion:
 
 
 def promote(p: Promotion, *, copy_checkpoint: bool = False, root: Path | str | None = None,
-            publish: str | None = None) -> dict[str, Any]:
+            publish: str | None = None) -> PromotedEntry:
     """Register a promoted candidate; returns its manifest plus `path` and `reused` (True when it was there).
 
     The checkpoint's files go into the entry (<entry>/checkpoint): hard-linked, or copied where linking fails;
@@ -280,13 +280,13 @@ def promote(p: Promotion, *, copy_checkpoint: bool = False, root: Path | str | N
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    result = manifest | {"path": str(target), "reused": False}
+    result = manifest.promoted(target, reused=False)
     if publish:
-        result["published"] = publish_entry(target, publish)
+        result = result.model_copy(update={"published": publish_entry(target, publish)})
     return result
 
 
-def _build(tmp: Path, e: _Entry) -> dict[str, Any]:
+def _build(tmp: Path, e: _Entry) -> RegistryEntry:
     """Fill the hidden folder `tmp` with the entry: decision, report copy, checkpoint files (verified), manifest."""
     write_json(tmp / DECISION, e.decision)
     _after_step("decision")
@@ -306,27 +306,28 @@ def _build(tmp: Path, e: _Entry) -> dict[str, Any]:
     _after_step("card")
     files = {name: sha256_file(tmp / name) for name in (DECISION, CARD, report_copy) if name}
     manifest = _manifest(e, got, how, report_copy, files)
-    write_json(tmp / MANIFEST, manifest)
+    manifest.write(tmp)
     _after_step("manifest")
     return manifest
 
 
-def verify_entry(entry: Path | str) -> dict[str, Any]:
+def verify_entry(entry: Path | str) -> RegistryEntry:
     """Re-hash an entry's checkpoint from its bytes against its manifest; returns the manifest or raises."""
     entry = Path(entry)
     man = read_entry(entry)
     if man is None:
         raise QuantgateError("not a complete registry entry", where=str(entry), fix="give results/registry/<model>/<version>")
-    ck = man.get("checkpoint", {})
-    folder = entry / ck["path"] if ck.get("copied") else Path(ck.get("path", ""))
-    if not folder.is_dir():
-        raise QuantgateError("the entry's checkpoint folder is missing", where=str(folder), fix="promote it again")
+    ck = man.checkpoint
+    folder = (entry / ck.path if ck.copied else Path(ck.path)) if ck.path else None
+    if folder is None or not folder.is_dir():
+        raise QuantgateError("the entry's checkpoint folder is missing", where=str(folder or entry / MANIFEST),
+                             fix="promote it again")
     got = checkpoint_hash(folder, use_cache=False)
-    if got != ck.get("sha256"):
+    if got != ck.sha256:
         raise QuantgateError(f"the entry's checkpoint has content hash {got[:12]}..., its manifest says "
-                             f"{str(ck.get('sha256'))[:12]}... (modified since promotion)", where=str(folder),
+                             f"{str(ck.sha256)[:12]}... (modified since promotion)", where=str(folder),
                              fix="promote the evaluated checkpoint again under a new version")
-    for name, sha in (man.get("files") or {}).items():  # the decision, the card, the report copy
+    for name, sha in (man.files or {}).items():  # the decision, the card, the report copy
         path = entry / name
         now = sha256_file(path) if path.is_file() else "missing"
         if now != sha:
@@ -336,30 +337,31 @@ def verify_entry(entry: Path | str) -> dict[str, Any]:
     return man
 
 
-def _reuse(existing: dict[str, Any], target: Path, sha: str, d: dict[str, Any]) -> dict[str, Any]:
+def _reuse(existing: RegistryEntry, target: Path, sha: str, d: dict[str, Any]) -> PromotedEntry:
     if not _same(existing, sha, d.get("candidate")):
-        raise QuantgateError(f"version already registered for another checkpoint ({existing.get('candidate')}, "
-                             f"sha256 {str(existing.get('checkpoint', {}).get('sha256'))[:12]})", where=str(target),
+        raise QuantgateError(f"version already registered for another checkpoint ({existing.candidate}, "
+                             f"sha256 {str(existing.checkpoint.sha256)[:12]})", where=str(target),
                              fix="promote under a new version")
-    return existing | {"path": str(target), "reused": True}
+    return existing.promoted(target, reused=True)
 
 
 def publish_entry(entry: Path | str, target: str, *, token: str | None = None, private: bool = True,
-                  api: Any = None) -> dict[str, Any]:
+                  api: Any = None) -> EntryPublishRecord:
     """Verify the entry from its bytes, then copy it to `target`: a folder or fsspec URL (<target>/<model>/<version>,
     its manifest's model and version,
     read back and compared), or `hf://<owner>/<repo>` (uploaded with huggingface_hub; `api`: an HfApi or a stand-in,
     `token` for a new HfApi). Appends the outcome to <entry>/publish.json and returns it; raises on failure."""
     entry = Path(entry)
     man = verify_entry(entry)
-    model, version = man["model"], man["version"]
+    model, version = man.model, man.version
     if target.startswith(targets.HUB):
         out = targets.upload_to_hub(entry, target.removeprefix(targets.HUB), token=token, private=private, api=api,
                                     message=f"quantgate: promote {model} {version}")
     else:
         out = targets.copy_to(entry, target, model=model, version=version)
-    record = {"target": target, **out, "published": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    record = EntryPublishRecord.model_validate({"target": target, **out,
+                                                "published": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")})
     with lock(version_lock(entry.parent, f"{entry.name}.publish"), timeout=60.0, what=f"record publish of {entry}"):
-        done = (json.loads((entry / PUBLISHED).read_text(encoding="utf-8")) if (entry / PUBLISHED).is_file() else {})
-        write_json(entry / PUBLISHED, {"published": [*done.get("published", []), record]})
+        done = EntryPublishLog.load(entry)
+        EntryPublishLog(published=[*done.published, record]).write(entry)
     return record

@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from quantgate.base.runfiles import PARITY, PROMOTION
+from quantgate.base.runfiles import PARITY
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import is_locked, lock, lock_holder, write_json
+from quantgate.base.fileio import is_locked, lock, lock_holder
 from quantgate.evals.dataset import Sample, load_evalset, stratified_subset
 from quantgate.evals.comparefile import Comparison
 from quantgate.gate.decisionfile import overall, write_decision
@@ -45,6 +45,7 @@ from quantgate.parity.engine import passed as parity_passed
 from quantgate.plan.slots import Slot
 from quantgate.recall import run as recall
 from quantgate.release import registry
+from quantgate.release.registryfile import NoEntry
 from quantgate.release.adaptive import fidelity_size
 from quantgate.release.early import SKIPPABLE, early_decision
 from quantgate.release.cachelayout import engine_of, eval_dirs, variant_cache
@@ -335,14 +336,14 @@ def promote(spec: ReleaseSpec, run: Path, decision: Decision, variant: Variant) 
     folder. The version is its content hash, so promoting twice gives one entry. An endpoint candidate has no
     checkpoint to register: promotion.json says so, and None is returned."""
     if variant.endpoint is not None:
-        write_json(run / variant.name / PROMOTION, {"registry": None, "reason": "not applicable: endpoint: "
-                   f"{variant.endpoint.endpoint} serves it; there is no checkpoint here to register"})
+        NoEntry(reason=f"not applicable: endpoint: {variant.endpoint.endpoint} serves it; there is no checkpoint "
+                "here to register").write_promotion(run / variant.name)
         return None
     model = spec.model if "/" not in spec.model else Path(spec.model).name
     entry = registry.promote(registry.Promotion(decision, model=model, version=f"{variant.name}-{variant.content_hash[:12]}",
                                                 checkpoint=variant.path, run=run, expected_sha256=variant.content_hash))
-    write_json(run / variant.name / PROMOTION, entry)
-    return Path(entry["path"])
+    entry.write_promotion(run / variant.name)
+    return Path(entry.path)
 
 
 def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, measured: list[tuple[Evidence, Comparison]],

@@ -14,7 +14,7 @@ body bytes under the secret>`. A receiver recomputes it over the raw body and co
 
 Delivery goes through quantgate.base.http's client (post_json): one whole-request deadline per attempt, retries
 with doubling delays on connection errors, timeouts, HTTP 5xx and 429. Any 2xx answer is delivered; other
-statuses are not retried. Every outcome goes to <run>/notify.json (url, status delivered | failed, attempts, HTTP
+statuses are not retried. Every outcome goes to <run>/notify.json (NotifyLog: url, status delivered | failed, attempts, HTTP
 status, error); a failure is reported by the release (quantgate.release.publishing), never raised here.
 It is sent before the report is written (the summary, written once, holds its records), so the body's report
 paths exist once the run has ended.
@@ -34,16 +34,35 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.runfiles import DECISION, REPORT_HTML, REPORT_MD
 from quantgate.base.fileio import write_json
 from quantgate.base.http import Retry, post_json
+from quantgate.base.typedfile import read_model
 from quantgate.gate.summaryfile import NotifyRecord, Summary, as_json
 from quantgate.release.publishing import NOTIFY_FILE, NotifySpec
 
 EVENT = "quantgate.decision"
 SIGNATURE = "X-Quantgate-Signature-256"
 SCORE_FIELDS = ("n", "base_mean", "cand_mean", "delta", "ci_low", "ci_high")
+
+
+class NotifyLog(BaseModel):
+    """<run>/notify.json: every webhook told of the run's decision, in the spec's order."""
+    model_config = ConfigDict(extra="allow")
+
+    run: str = Field(description="the run id (its folder's name)")
+    records: list[NotifyRecord] = Field(default_factory=list)
+
+    def write(self, run: Path) -> None:
+        """The records as as_json gives them (the fields each was given)."""
+        write_json(Path(run) / NOTIFY_FILE, self.model_dump(mode="json", exclude_unset=True))
+
+    @classmethod
+    def load(cls, run: Path | str) -> NotifyLog:
+        return read_model(Path(run) / NOTIFY_FILE, cls, "notification records",
+                          fix="it is written by a release whose spec has `notify:` webhooks; re-run the release")
 
 
 def payload(summary: Mapping[str, Any], decision: Mapping[str, Any], run: Path, *, report_url: str | None,
@@ -122,5 +141,5 @@ def notify_run(notify: list[NotifySpec], run: Path, summary: Summary) -> list[No
         body = payload(as_json(summary), decision, run, report_url=n.report_url, delivery=str(uuid.uuid4()),
                        sent=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
         records.append(send(n, body))
-    write_json(run / NOTIFY_FILE, {"run": run.name, "records": [as_json(r) for r in records]})
+    NotifyLog(run=run.name, records=records).write(run)
     return records
