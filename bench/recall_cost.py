@@ -78,15 +78,15 @@ def packed(srv, model: Path, lengths: list[int], ctx: int, out: Path, samples: i
     cells = run_recall(prompts, out, endpoint=srv.base_url, model="demo", api_key=srv.api_key, grid=grid,
                        concurrency=concurrency, log=lambda line: print("  " + line, flush=True))
     wall = time.monotonic() - t0
-    c, r = cells["cost"], cells["cost"]["run"]
+    c, r = cells.cost, cells.cost["run"]
     u = _usage(read_jsonl(out / "answers.jsonl"))
     hits = r["prefix_cache_hits"]
-    clustered = cells["observations"]["recall_within_haystack"]
+    clustered = cells.observations["recall_within_haystack"]
     return {"grid": f"packed: turns, {samples} haystacks per length and kind", "requests": c["requests"],
             "needles": c["needles"], "haystacks": c["haystacks"], "sent": u["sent"],
             "computed": u["sent"] - hits if hits is not None else None, "hit_rate": r["prefix_cache_hit_rate"],
             "wall_s": wall, "timeouts": u["timeouts"], "resent": u["resent"], "failed": u["failed"],
-            "design_effect": clustered["design_effect"] or 1.0, "icc": clustered["icc"], "recall": cells["overall"]["recall"],
+            "design_effect": clustered["design_effect"] or 1.0, "icc": clustered["icc"], "recall": cells.overall.recall,
             "most_in_flight": r.get("most_in_flight"), "rate": r.get("rate")}
 
 

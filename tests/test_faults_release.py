@@ -36,7 +36,8 @@ from quantgate.base.paths import EVAL_SETS, REPO
 from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.evals.run import is_complete, is_scored, load_run, run_eval
 from quantgate.gate.evidence import _eval_error_rate
-from quantgate.parity.engine import passed
+from quantgate.parity.core import ParityPolicy, check_parity
+from quantgate.parity.engine import ParityRecord, passed
 from quantgate.release import steps as rel
 from quantgate.release.resolve import load_spec
 from quantgate.release.stopping import descendants
@@ -84,6 +85,9 @@ def test_a_failed_parity_check_is_not_reused(tmp_path):
     (tmp_path / "parity.json").write_text('{"verdict": "pa')  # torn
     assert not passed(tmp_path)
     write_json(tmp_path / "parity.json", {"verdict": "pass", "reason": "ok"})
+    assert not passed(tmp_path)  # a pass that is no parity record (quantgate.parity.engine.ParityRecord)
+    report = check_parity([[1, 2]], [[1, 2]], ParityPolicy(agree_prefix_tokens=1, min_agree_share=1.0))
+    ParityRecord(**dict(report), dtype="float32", served_dtype="auto").write(tmp_path)
     assert passed(tmp_path)
 
 

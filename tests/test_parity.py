@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import write_json
 from quantgate.base.yamlconfig import load_model
 from quantgate.parity.core import POLICY_FILE, ParityPolicy, check_parity, compare_sequences
+from quantgate.parity.engine import ParityRecord, PromptTexts, load_parity, passed
 
 POLICY = ParityPolicy(agree_prefix_tokens=4, min_agree_share=0.9)
 REF = [list(range(i, i + 10)) for i in range(10)]
@@ -63,3 +67,26 @@ def test_bad_input():
 def test_policy_file_loads():
     p = load_model(POLICY_FILE, ParityPolicy)
     assert 0 < p.min_agree_share <= 1 and p.agree_prefix_tokens >= 1
+
+
+def test_parity_json_is_written_and_read_through_its_record(tmp_path):
+    """parity.json: the report's keys, then dtype, served_dtype, device, template_mismatch and texts, in that order,
+    None kept; read back through ParityRecord; a pass that is no record is not reused."""
+    report = check_parity([[1, 2, 3], [1, 9]], [[1, 2, 3], [1, 2]], POLICY, ["a", "b"])
+    device = {"device": "cpu", "dtype": "float32", "physical_gpu": None, "reason": "no GPU"}
+    texts = {"a": {"served": "Paris.", "reference": "Paris."}, "b": {"served": "x", "reference": "ü"}}
+    ParityRecord(**dict(report), dtype="float32", served_dtype="auto", device=device, template_mismatch=["b"],
+                 texts={k: PromptTexts(**v) for k, v in texts.items()}).write(tmp_path)
+    write_json(tmp_path / "old.json", {**report.model_dump(), "dtype": "float32", "served_dtype": "auto",
+                                       "device": device, "template_mismatch": ["b"], "texts": texts})
+    assert (tmp_path / "parity.json").read_bytes() == (tmp_path / "old.json").read_bytes()  # the dict it replaced
+    record = load_parity(tmp_path)
+    assert record.verdict == report.verdict == "fail" and record.texts["b"].reference == "ü"
+    assert record.model_dump(exclude_unset=True) == json.loads((tmp_path / "parity.json").read_text())
+    assert not passed(tmp_path)
+    write_json(tmp_path / "parity.json", {**record.model_dump(), "verdict": "pass", "later": 1})
+    assert passed(tmp_path) and load_parity(tmp_path).model_extra == {"later": 1}  # a newer writer's key is kept
+    write_json(tmp_path / "parity.json", {"verdict": "pass"})
+    assert not passed(tmp_path)
+    with pytest.raises(QuantgateError, match="engine parity record: unexpected content in field prompts"):
+        load_parity(tmp_path)

@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 from quantgate.cli.recall import recall
 from quantgate.recall import haystack as hs, needle as nd
 from quantgate.recall.client import queues
+from quantgate.recall import score as recall_score
+from quantgate.recall.resultfile import RecallCells, RecallDelta, load_recall_cells, load_recall_delta
 from quantgate.recall.run import is_complete, jobs_of, load_filler, load_needle_data, read_jsonl, run_recall
 
 
@@ -53,19 +55,19 @@ def test_run_writes_requests_cells_and_heatmaps_and_deltas(demo_model, tmp_path)
         caps = {p.messages[-1]["content"]: p.max_tokens for p in prompts}
         assert all(r["max_tokens"] == caps[r["messages"][-1]["content"]] <= 20 and r["temperature"] == 0.0
                    for r in server.requests)
-        assert base["status"] == "complete" and is_complete(tmp_path / "base")
-        assert base["overall"]["recall"] == 1.0 and check_run_dir(tmp_path / "base")["overall"]["n"] == len(prompts)
+        assert base.status == "complete" and is_complete(tmp_path / "base")
+        assert base.overall.recall == 1.0 and check_run_dir(tmp_path / "base")["overall"]["n"] == len(prompts)
         # a baseline that missed the first prompt: the candidate improves exactly there
         recs = read_jsonl(tmp_path / "base" / "requests.jsonl")
         recs[0].update(recall=0.0, exact=False)
         (tmp_path / "base" / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-        cand = run_recall(prompts, tmp_path / "cand", baseline=tmp_path / "base", **kw)
+        run_recall(prompts, tmp_path / "cand", baseline=tmp_path / "base", **kw)
     check_run_dir(tmp_path / "cand", delta=True)
-    d = cand["delta"]
-    assert d["improvements"] == [prompts[0].id] and d["regressions"] == []
-    assert d["overall"]["delta"] == pytest.approx(1 / len(prompts))
-    first = next(c for c in d["cells"] if (c["length"], c["depth"], c["kind"]) == (256, 0, "number"))
-    assert (first["base"], first["cand"], first["delta"]) == (0.0, 1.0, 1.0)
+    d = load_recall_delta(tmp_path / "cand" / "delta.json")
+    assert d.improvements == [prompts[0].id] and d.regressions == []
+    assert d.overall.delta == pytest.approx(1 / len(prompts)) and d.baseline == str(tmp_path / "base")
+    first = next(c for c in d.cells if (c.length, c.depth, c.kind) == (256, 0, "number"))
+    assert (first.base, first.cand, first.delta) == (0.0, 1.0, 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +99,7 @@ def test_each_haystacks_other_questions_wait_until_its_first_is_answered(kit, tm
         server.answer = lambda prompt: log.append(("answer", prompt)) or f"echo: {prompt}"
         out = run_recall(prompts, tmp_path / "r", endpoint=server.url, model="fake-model", api_key=None, grid={},
                          concurrency=8)
-    assert out["status"] == "complete" and out["overall"]["recall"] == 1.0
+    assert out.status == "complete" and out.overall.recall == 1.0
     for hay in {p.haystack for p in prompts}:
         events = [(e, m) for e, m in log if haystack_of[m] == hay]
         first = events[0][1]
@@ -105,7 +107,7 @@ def test_each_haystacks_other_questions_wait_until_its_first_is_answered(kit, tm
         assert [e for e, _ in events[:answered]] == ["arrive"]  # nothing else of this haystack was sent before
         assert sum(e == "arrive" for e, _ in events) == 3
     assert len({haystack_of[m] for e, m in log[:8] if e == "arrive"}) > 1  # haystacks still overlap one another
-    cost = out["cost"]
+    cost = out.cost
     assert (cost["haystacks"], cost["requests"], cost["needles"], cost["cells"]) == (4, 12, 12, 12)
     assert cost["run"]["answered"] == 12 and cost["run"]["prefix_cache_hit_rate"] is None  # the fake has no /metrics
 
@@ -120,7 +122,7 @@ def test_together_scores_every_needle_of_one_answer_on_its_own(kit, tmp_path):
         out = run_recall(prompts, tmp_path / "r", endpoint=server.url, model="fake-model", api_key=None, grid={})
         assert len(server.requests) == 4
     recs = read_jsonl(tmp_path / "r" / "requests.jsonl")
-    assert len(recs) == 12 and out["cost"]["needles"] == 12 and out["cost"]["requests"] == 4
+    assert len(recs) == 12 and out.cost["needles"] == 12 and out.cost["requests"] == 4
     first = {p.request: p.id for p in reversed(prompts)}  # the needle whose values the fake gives
     assert all(r["recall"] == (1.0 if first[r["request"]] == r["id"] else 0.0) for r in recs)
     # the other needles of the request see that answer as values of another needle: reported, not scored
@@ -134,13 +136,13 @@ def test_failed_requests_leave_the_run_partial_and_only_they_are_asked_again(kit
         server.script[broken.messages[-1]["content"]] = ["400"]  # not retried: an error at once, then answers
         kw = dict(endpoint=server.url, model="fake-model", api_key=None, grid={}, max_error_rate=0.5)
         first = run_recall(prompts, tmp_path / "r", **kw)
-        assert first["status"] == "partial" and not is_complete(tmp_path / "r")
-        assert (first["overall"]["n"], first["overall"]["n_error"]) == (11, 1)
+        assert first.status == "partial" and not is_complete(tmp_path / "r")
+        assert (first.overall.n, first.overall.n_error) == (11, 1)
         sent = len(server.requests)
         second = run_recall(prompts, tmp_path / "r", **kw)
         assert [r["messages"][-1]["content"] for r in server.requests[sent:]] == [broken.messages[-1]["content"]]
-    assert second["status"] == "complete" and is_complete(tmp_path / "r")
-    assert second["cost"]["run"]["skipped"] == 11 and second["overall"]["n"] == 12
+    assert second.status == "complete" and is_complete(tmp_path / "r")
+    assert second.cost["run"]["skipped"] == 11 and second.overall.n == 12
 
 
 def test_too_many_failures_stop_the_run_and_leave_it_partial(kit, tmp_path):
@@ -195,8 +197,8 @@ def test_long_prompts_are_held_back_when_the_server_cannot_finish_them_within_th
     with FakeServer(delay_s=1.0) as server:
         out = run_recall(prompts, tmp_path / "r", endpoint=server.url, model="fake-model", api_key=None, grid={},
                          concurrency=8, deadline_s=deadline_s)
-    run = out["cost"]["run"]
-    assert run["most_in_flight"] == most and run["timeouts"] == 0 and out["status"] == "complete"
+    run = out.cost["run"]
+    assert run["most_in_flight"] == most and run["timeouts"] == 0 and out.status == "complete"
     answers = read_jsonl(tmp_path / "r" / "answers.jsonl")
     assert all(a["attempts"] == 1 and a["deadline_s"] >= deadline_s for a in answers)
 
@@ -236,3 +238,23 @@ def test_real_grid_on_the_demo_model_served_by_vllm(demo_model, demo_server, tmp
         assert r["served_prompt_tokens"] == r["prompt_tokens"] <= r["length"]  # our count is the server's count
     if os.environ.get("QG_RECALL_REPORT"):
         Path(os.environ["QG_RECALL_REPORT"]).write_text(json.dumps({"a": cells, "delta": delta}, indent=1))
+
+
+def test_cells_and_delta_are_written_through_their_models_in_the_scorers_order(tmp_path):
+    """cells.json and delta.json byte for byte the scorer's dicts (key order, None means of a kind nothing answered,
+    a fractional depth), written by RecallCells and RecallDelta and read back through them."""
+    recs = [{"id": f"n{i}", "request": f"q{i // 2}", "haystack": f"h{i // 4}", "length": length, "depth": depth,
+             "kind": kind, "lang": "en", "error": "HTTP 500" if kind == "name" else None,
+             "recall": None if kind == "name" else (i % 3) / 2, "exact": None if kind == "name" else i % 3 == 2}
+            for i, (length, depth, kind) in enumerate([(256, 0, "number"), (256, 12.5, "multi"), (384, 0, "name")] * 3)]
+    base = [{**r, "recall": 1.0, "exact": True} if r["error"] is None else r for r in recs]
+    cells = {"status": "partial", "model": "m", "endpoint": "http://x", "grid": {"lengths": [256, 384]},
+             "cost": {"needles": 9, "run": {"wall_s": 1.5, "prefix_cache_hit_rate": None}}, **recall_score.cells(recs)}
+    delta = {**recall_score.compare(base, recs), "baseline": str(tmp_path / "base")}
+    RecallCells.model_validate(cells).write(tmp_path / "cells.json")
+    RecallDelta.model_validate(delta).write(tmp_path / "delta.json")
+    for name, doc in (("cells.json", cells), ("delta.json", delta)):
+        assert (tmp_path / name).read_text() == json.dumps(doc, indent=2, ensure_ascii=False) + "\n", name
+    read = load_recall_cells(tmp_path / "cells.json")
+    assert read.by_kind["name"].recall is None and [c.depth for c in read.cells][:2] == [0, 12.5]
+    assert [c.n for c in load_recall_delta(tmp_path / "delta.json").cells] == [3, 3]  # the failed kind is not paired

@@ -30,7 +30,7 @@ Layout of a samples folder:
                  continuation; lp and top, with `top_k`: its logprobs and top-k as a dump line has them);
                  append-only and resumable, as the logprob dumps (quantgate.base.http.JsonlAppender)
   manifest.json  {"schema", "status": "complete"|"partial", "n", "n_sampled", "prompts_hash", "max_tokens",
-                 "top_k", "model", "endpoint", "elapsed_s", "error"}
+                 "top_k", "model", "endpoint", "elapsed_s", "error"}: SamplesManifest, written last
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
@@ -58,6 +58,36 @@ Progress = Callable[[int, int], None]
 # generation_config defaults would otherwise apply).
 UNTRUNCATED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
                "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+class SamplesManifest(BaseModel):
+    """A samples folder's manifest.json, written last (atomically) by `sample_continuations`. Read leniently (only
+    `status` is required): a manifest that cannot be read means the samples are not complete."""
+    model_config = ConfigDict(extra="allow")
+
+    schema_: int | None = Field(None, alias="schema")
+    status: str = Field(description="complete: every prompt has its line; partial: some failed (a re-run fills them)")
+    n: int | None = Field(None, description="prompts to continue")
+    n_sampled: int | None = Field(None, description="prompts with a sampled continuation")
+    prompts_hash: str | None = None
+    max_tokens: int | None = None
+    top_k: int | None = Field(None, description="top-k logprobs kept per sampled position (None: none kept)")
+    model: str | None = None
+    endpoint: str | None = None
+    elapsed_s: float | None = None
+    error: str | None = Field(None, description="the first failure, as '<prompt id>: <error>'")
+
+    def write(self, folder: Path) -> None:
+        """Every field its writer set (None included), in the file's order."""
+        write_json(folder / MANIFEST, self.model_dump(mode="json", by_alias=True, exclude_unset=True))
+
+    @classmethod
+    def read(cls, folder: Path | str) -> SamplesManifest | None:
+        """The folder's manifest, or None when it is missing or unreadable (the samples are then not complete)."""
+        try:
+            return cls.model_validate_json((Path(folder) / MANIFEST).read_bytes())
+        except (OSError, ValidationError):
+            return None
 
 
 class Prompt(BaseModel):
@@ -169,11 +199,8 @@ def _kept(path: Path, prompts: list[Prompt], top_k: int | None) -> set[str]:
 
 
 def is_complete(out_dir: Path | str) -> bool:
-    try:
-        m = json.loads((Path(out_dir) / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return m.get("status") == "complete" and (Path(out_dir) / SAMPLES).is_file()
+    m = SamplesManifest.read(out_dir)
+    return m is not None and m.status == "complete" and (Path(out_dir) / SAMPLES).is_file()
 
 
 def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts: list[Prompt], out_dir: Path | str,
@@ -216,10 +243,9 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
             asyncio.run(for_each(todo, one, concurrency=max(1, concurrency), api_key=api_key,
                                  cost=("tokens", lambda p: len(p.token_ids) + (p.max_tokens or max_tokens))))
     first = f"{failed[0][0]}: {failed[0][1]}" if failed else None
-    write_json(out / MANIFEST, {
-        "schema": SCHEMA, "status": "partial" if failed else "complete", "n": len(prompts),
-        "n_sampled": len(prompts) - len(failed), "prompts_hash": digest, "max_tokens": max_tokens,
-        "top_k": top_k, "model": model, "endpoint": endpoint, "elapsed_s": round(time.monotonic() - t0, 3), "error": first})
+    SamplesManifest(schema=SCHEMA, status="partial" if failed else "complete", n=len(prompts),
+                    n_sampled=len(prompts) - len(failed), prompts_hash=digest, max_tokens=max_tokens, top_k=top_k,
+                    model=model, endpoint=endpoint, elapsed_s=round(time.monotonic() - t0, 3), error=first).write(out)
     if failed:
         raise QuantgateError(f"{len(failed)} of {len(prompts)} prompts got no sampled continuation; first: {first}",
                              where=str(path), fix="check the server; re-run to sample the rest (sampled lines are kept)")
@@ -252,9 +278,9 @@ def write_dump(samples_dir: Path | str, out_dir: Path | str) -> Path:
     teacher-forced scoring of them would hold, read from the sampling answers. Returns the dump file."""
     src, out = Path(samples_dir), Path(out_dir)
     read = _complete_lines(src)  # read once: the sequences and their logprobs
-    manifest = json.loads((src / MANIFEST).read_text(encoding="utf-8"))
-    top_k = manifest.get("top_k")
-    if top_k is None:
+    manifest = SamplesManifest.read(src)  # complete, so readable
+    top_k = manifest.top_k if manifest is not None else None
+    if manifest is None or top_k is None:
         raise QuantgateError("the samples hold no logprobs of their own", where=str(src),
                              fix="sample again with top_k (delete the folder; the release does this with its settings)")
     seqs, lines = _sequences(read), {r["id"]: r for r in read}
@@ -268,6 +294,6 @@ def write_dump(samples_dir: Path | str, out_dir: Path | str) -> Path:
                                  "lp": rec["lp"], "top": rec["top"]}, separators=(",", ":")) + "\n")
     tmp.replace(out / DUMP)
     DumpManifest(schema=DUMP_SCHEMA, status="complete", n=len(seqs), n_scored=len(seqs), top_k=top_k,
-                 model=manifest.get("model"), endpoint=manifest.get("endpoint"), sequences_hash=sequences_hash(seqs),
+                 model=manifest.model, endpoint=manifest.endpoint, sequences_hash=sequences_hash(seqs),
                  elapsed_s=0.0, error=None, source="sampling").write(out)
     return out / DUMP

@@ -41,7 +41,7 @@ from quantgate.base.stats import num as _num
 from quantgate.base.typedfile import RunFileError
 from quantgate.evals.compare import paired_stats
 from quantgate.evals.comparefile import Comparison, PairedStat, load_comparison
-from quantgate.fidelity.core import SampleFidelity
+from quantgate.fidelity.record import load_fidelity_record
 from quantgate.gate.checks import evaluate
 from quantgate.gate.decisionfile import policy_ref, write_decision
 from quantgate.gate.failurefile import CANDIDATE_ERROR, load_candidate_error
@@ -273,11 +273,10 @@ def _judge(path: Path, ev: dict) -> None:
 
 
 def _fidelity(path: Path, level: float) -> FidelityEvidence:
-    data = _read(path)
-    samples = [SampleFidelity.model_validate(x) for x in data["samples"]]
-    if not samples:
+    rec = load_fidelity_record(path)
+    if not rec.samples:
         raise _Bad(f"{path} holds no scored sample")
-    return fidelity_evidence(samples, level, str(path), estimator=str(data.get("estimator") or "topk"))
+    return fidelity_evidence(rec.samples, level, str(path), estimator=rec.kl_estimator)
 
 
 def _fidelity_pair(run: Path, cand: str, level: float, ev: dict) -> None:

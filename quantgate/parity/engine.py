@@ -10,23 +10,25 @@ resolved as vLLM resolves it), on the CPU in the served dtype or FP32 (CPU basel
 records the device and dtype it used.
 
 `parity.json` is written whatever the verdict (the gate reads the current result), but only a pass is finished
-work: `passed(folder)` is what a cache asks, so a failed check is run again next time instead of being kept.
+work: `passed(folder)` is what a cache asks, so a failed check is run again next time instead of being kept. It is
+written and read through `ParityRecord` (the ParityReport, then how and where the reference ran, and the texts).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quantgate.base.runfiles import PARITY
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.http import Retry, for_each, post_json
 from quantgate.base.paths import EVAL_SETS
+from quantgate.base.typedfile import read_model
 from quantgate.base.yamlconfig import load_model
 from quantgate.parity.core import POLICY_FILE, ParityPolicy, ParityReport, check_parity
 from quantgate.quantize.devices import Placement, place
@@ -47,6 +49,37 @@ class ParityPrompts(BaseModel):
     version: int
     max_tokens: int = Field(ge=1, le=512)
     prompts: list[ParityPrompt] = Field(min_length=1)
+
+
+class PromptTexts(BaseModel):
+    """A prompt's two greedy answers as text (special tokens skipped)."""
+    model_config = ConfigDict(extra="allow")
+
+    served: str
+    reference: str
+
+
+class ParityRecord(ParityReport):
+    """parity.json: the ParityReport's fields, then how the reference ran and what each side answered. The fields
+    after the report's are optional for a record of an older quantgate; a newer writer's keys are kept."""
+    model_config = ConfigDict(extra="allow")
+
+    dtype: str | None = Field(None, description="the dtype the reference ran in")
+    served_dtype: str | None = Field(None, description="the server's --dtype (auto: vLLM's choice)")
+    device: dict[str, Any] | None = Field(None, description="where the reference ran (quantize.devices.Placement)")
+    template_mismatch: list[str] = Field(default_factory=list, description="prompts whose served prompt tokens are "
+                                                                           "not the chat template's")
+    texts: dict[str, PromptTexts] = Field(default_factory=dict, description="prompt id -> both answers as text")
+
+    def write(self, folder: Path) -> None:
+        """Every field, None included, in the file's order."""
+        write_json(Path(folder) / REPORT, self.model_dump())
+
+
+def load_parity(folder: Path | str) -> ParityRecord:
+    """The folder's parity.json, validated; RunFileError naming the file and field when it does not fit."""
+    return read_model(Path(folder) / REPORT, ParityRecord, "engine parity record",
+                      "it is written by the engine parity check; re-run the release to check the engine again")
 
 
 def _token_ids(body: dict) -> tuple[list[int], list[int]]:
@@ -107,10 +140,11 @@ def _strip_end(tokens: list[int], end_ids: set[int]) -> list[int]:
 
 
 def passed(out_dir: Path) -> bool:
-    """True when `out_dir`/parity.json holds a passing verdict (reusable); a fail, a torn or missing file: False."""
+    """True when `out_dir`/parity.json holds a passing verdict (reusable); a fail, a torn, missing or unreadable
+    file: False."""
     try:
-        return json.loads((Path(out_dir) / REPORT).read_text(encoding="utf-8")).get("verdict") == "pass"
-    except (OSError, ValueError, AttributeError):
+        return ParityRecord.model_validate_json((Path(out_dir) / REPORT).read_bytes()).verdict == "pass"
+    except (OSError, ValidationError):
         return False
 
 
@@ -136,10 +170,10 @@ def run_parity(model_dir: Path, base_url: str, api_key: str, served_name: str, o
         report = report.model_copy(update={"verdict": "fail", "reason": f"engine problem: the server's prompt tokens differ from the "
                                            f"model's chat template for {template_mismatch}; {report.reason}"})
     decode = tok.decode
-    write_json(out_dir / REPORT, {
-        **report.model_dump(), "dtype": where.dtype, "served_dtype": dtype or "auto", "device": where.as_record(),
-        "template_mismatch": template_mismatch,
-        "texts": {p.id: {"served": decode(o, skip_special_tokens=True), "reference": decode(r, skip_special_tokens=True)}
-                  for p, (_, o), r in zip(prompts.prompts, served, reference)},
-    })
+    ParityRecord(
+        **dict(report), dtype=where.dtype, served_dtype=dtype or "auto", device=where.as_record(),
+        template_mismatch=template_mismatch,
+        texts={p.id: PromptTexts(served=decode(o, skip_special_tokens=True), reference=decode(r, skip_special_tokens=True))
+               for p, (_, o), r in zip(prompts.prompts, served, reference)},
+    ).write(out_dir)
     return report

@@ -1,8 +1,10 @@
-"""The typed forms of a recall run's `cells.json` and a candidate's `delta.json` (quantgate.recall.run writes
-them from quantgate.recall.score's `cells` and `compare`). Read back through `load_recall_cells` and
-`load_recall_delta` by the recall cache test, the release summary's costs, the CLI and the gate.
+"""The typed forms of a recall run's `cells.json` and a candidate's `delta.json`: quantgate.recall.run writes them
+through `RecallCells.write` and `RecallDelta.write` (from quantgate.recall.score's `cells` and `compare`), and they
+are read back through `load_recall_cells` and `load_recall_delta` by the recall cache test, the release summary's
+costs, the CLI and the gate.
 
-Means over no answered needle are null in the files and None here. Keys a later writer adds are kept.
+Means over no answered needle are null in the files and None here. Fields are declared in the files' order, so a
+model writes the keys in the order the scorer makes them. Keys a later writer adds are kept.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantgate.base.fileio import write_json
 from quantgate.base.typedfile import read_model
 
 _OPEN = ConfigDict(extra="allow")
@@ -27,10 +30,17 @@ class Outcome(BaseModel):
     exact: float | None = None
 
 
-class Cell(Outcome):
+class Cell(BaseModel):
+    """One (length, depth, kind) cell: where it is, then its outcome (an Outcome's fields, after the cell's place)."""
+    model_config = _OPEN
+
     length: int
     depth: int | float
     kind: str
+    n: int = 0
+    n_error: int = 0
+    recall: float | None = None
+    exact: float | None = None
 
 
 class RecallCells(BaseModel):
@@ -48,6 +58,10 @@ class RecallCells(BaseModel):
     by_language: dict[str, Outcome] = Field(default_factory=dict)
     cells: list[Cell] = Field(default_factory=list)
 
+    def write(self, path: Path) -> None:
+        """Every field, None included, in the file's order (quantgate.base.fileio.write_json)."""
+        write_json(path, self.model_dump())
+
 
 class KindDelta(BaseModel):
     model_config = _OPEN
@@ -63,11 +77,20 @@ class OverallDelta(KindDelta):
     delta_exact: float | None = None
 
 
-class CellDelta(OverallDelta):
+class CellDelta(BaseModel):
+    """One cell's delta: where it is and how many needles both answered, then an OverallDelta's fields."""
+    model_config = _OPEN
+
     length: int
     depth: int | float
     kind: str
     n: int = 0
+    base: float | None = None
+    cand: float | None = None
+    delta: float | None = None
+    base_exact: float | None = None
+    cand_exact: float | None = None
+    delta_exact: float | None = None
 
 
 class RecallDelta(BaseModel):
@@ -86,7 +109,11 @@ class RecallDelta(BaseModel):
     cells: list[CellDelta] = Field(default_factory=list)
     regressions: list[str] = Field(default_factory=list)
     improvements: list[str] = Field(default_factory=list)
-    baseline: str | None = None
+    baseline: str | None = Field(None, description="the baseline's recall folder")
+
+    def write(self, path: Path) -> None:
+        """Every field, None included, in the file's order (quantgate.base.fileio.write_json)."""
+        write_json(path, self.model_dump())
 
 
 def load_recall_cells(path: Path | str) -> RecallCells:

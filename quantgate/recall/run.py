@@ -24,7 +24,7 @@ from pathlib import Path
 
 from quantgate.base.runfiles import CELLS, DELTA, REQUESTS
 from quantgate.base.errors import QuantgateError, SettingError
-from quantgate.base.fileio import write_json, write_text
+from quantgate.base.fileio import write_text
 from quantgate.base.http import EndpointError, get, model_entry, read_results
 from quantgate.base.paths import EVAL_SETS
 from quantgate.base.yamlconfig import load_model
@@ -33,7 +33,7 @@ from quantgate.recall import client as sender, haystack as hs, needle as nd, sco
 from quantgate.recall.haystack import Ask
 from quantgate.recall.needle import NeedleData, RecallPrompt, TokenCounter
 from quantgate.recall.pace import Pacer
-from quantgate.recall.resultfile import load_recall_cells
+from quantgate.recall.resultfile import RecallCells, RecallDelta, load_recall_cells
 
 NEEDLES = EVAL_SETS / "recall_needles.yaml"
 FILLER = EVAL_SETS / "recall_filler.txt"
@@ -177,7 +177,7 @@ def build_checked_grid(tokenizer: Path, lengths: Sequence[int], depths: Sequence
     return prompts, grid
 
 
-def compare_dirs(baseline: Path, candidate: Path, out: Path, model: str) -> dict:
+def compare_dirs(baseline: Path, candidate: Path, out: Path, model: str) -> RecallDelta:
     """Baseline vs candidate of two finished recall runs: copies the candidate's records into `out` with delta.json
     and the delta heatmap (the layout `quantgate recall --baseline` writes)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -189,11 +189,11 @@ def compare_dirs(baseline: Path, candidate: Path, out: Path, model: str) -> dict
     return delta
 
 
-def _delta(base_records: list[dict], records: list[dict], baseline: Path, out: Path, model: str) -> dict:
-    delta = recall_score.compare(base_records, records)
-    delta["baseline"] = str(baseline)
-    write_json(out / DELTA, delta)
-    heatmap(delta["cells"], out / "delta_heatmap.png", f"recall delta: {model} minus baseline", value="delta", delta=True)
+def _delta(base_records: list[dict], records: list[dict], baseline: Path, out: Path, model: str) -> RecallDelta:
+    scored = recall_score.compare(base_records, records)
+    delta = RecallDelta.model_validate({**scored, "baseline": str(baseline)})
+    delta.write(out / DELTA)
+    heatmap(scored["cells"], out / "delta_heatmap.png", f"recall delta: {model} minus baseline", value="delta", delta=True)
     return delta
 
 
@@ -247,9 +247,10 @@ def jobs_of(prompts: Sequence[RecallPrompt]) -> list[sender.Job]:
 
 def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: str, model: str, api_key: str | None,
                grid: dict, concurrency: int = 8, deadline_s: float = 300.0, max_error_rate: float = 0.05,
-               baseline: Path | None = None, log: Callable[[str], None] | None = None) -> dict:
+               baseline: Path | None = None, log: Callable[[str], None] | None = None) -> RecallCells:
     """Ask every request (temperature 0, paced: quantgate.recall.pace), score each needle, write the files above;
-    returns cells.json's content. Failed requests leave the run "partial": a re-run asks them again."""
+    returns cells.json's content (with a baseline, delta.json is beside it: load_recall_delta). Failed requests leave
+    the run "partial": a re-run asks them again."""
     base_records = None
     if baseline is not None:  # read before sending anything: a wrong path is bad input
         if not (Path(baseline) / REQUESTS).is_file():
@@ -275,24 +276,26 @@ def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: str, mod
     summary = _finish(prompts, out, model, endpoint, grid, run_cost)
     if base_records is not None:
         assert baseline is not None  # base_records are read from it
-        summary["delta"] = _delta(base_records, read_jsonl(out / REQUESTS), Path(baseline), out, model)
+        _delta(base_records, read_jsonl(out / REQUESTS), Path(baseline), out, model)
     if failure is not None:
         raise failure
     return summary
 
 
-def _finish(prompts: Sequence[RecallPrompt], out: Path, model: str, endpoint: str, grid: dict, run_cost: dict) -> dict:
+def _finish(prompts: Sequence[RecallPrompt], out: Path, model: str, endpoint: str, grid: dict,
+            run_cost: dict) -> RecallCells:
     records = score_answers(prompts, read_results(out / "answers.jsonl"))
     _write_jsonl(out / REQUESTS, records)
     scored = recall_score.cells(records)
     status = "complete" if scored["overall"]["n_error"] == 0 else "partial"
-    summary = {"status": status, "model": model, "endpoint": endpoint, "grid": grid,
-               "cost": {**hs.cost(prompts), "run": run_cost,
-                        "completion_tokens": sum(((r.get("usage") or {}).get("completion_tokens") or 0)
-                                                 for r in read_results(out / "answers.jsonl").values())},
-               **scored}
-    write_json(out / CELLS, summary)
-    heatmap(summary["cells"], out / "heatmap.png", f"recall: {model}")
+    summary = RecallCells.model_validate({
+        "status": status, "model": model, "endpoint": endpoint, "grid": grid,
+        "cost": {**hs.cost(prompts), "run": run_cost,
+                 "completion_tokens": sum(((r.get("usage") or {}).get("completion_tokens") or 0)
+                                          for r in read_results(out / "answers.jsonl").values())},
+        **scored})
+    summary.write(out / CELLS)
+    heatmap(scored["cells"], out / "heatmap.png", f"recall: {model}")
     return summary
 
 

@@ -34,11 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from quantgate.base.errors import QuantgateError, SettingError
-from quantgate.base.fileio import lock, write_json
+from quantgate.base.fileio import lock
 from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.fidelity import sampling
 from quantgate.fidelity.core import SampleFidelity, merge_draws, summarize
 from quantgate.fidelity.parts import merge_parts, part, part_dir
+from quantgate.fidelity.record import FidelityRecord
 from quantgate.fidelity.run import CONTEXT_PREFIX, Sequence, compare_dumps, is_complete, score_sequences, stratified
 from quantgate.recall.run import build_checked_grid, load_needle_data
 from quantgate.release.spec import ReleaseSpec
@@ -230,8 +231,7 @@ def floor_subset(seqs: list[Sequence], limit: int | None) -> list[Sequence]:
 
 def _write(path: Path, draws: list[SampleFidelity], dumps: dict[str, str]) -> None:
     samples = merge_draws(draws, DRAW)  # a prompt's draws are one sample (cluster) in the intervals
-    write_json(path, {"summary": summarize(samples).model_dump(mode="json"), "estimator": ESTIMATOR,
-                      "samples": [s.model_dump(mode="json") for s in samples], "dumps": dumps})
+    FidelityRecord(summary=summarize(samples), estimator=ESTIMATOR, samples=samples, dumps=dumps).write(path)
 
 
 def compare(run: Path, base_dirs: Mapping[str, Path], cand_name: str, cand_dirs: Mapping[str, Path]) -> None:

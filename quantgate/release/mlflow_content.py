@@ -20,7 +20,7 @@ from typing import Any
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.runfiles import DECISION, PLAN, QUANTIZATION, REPORT_HTML, REPORT_MD, RUN, SUMMARY
-from quantgate.fidelity.core import SampleFidelity
+from quantgate.fidelity.record import load_fidelity_record
 from quantgate.gate.fidelityevidence import fidelity_evidence
 from quantgate.gate.models import Interval
 from quantgate.release.mlflow_read import BASELINE, Decision, Release, Variant
@@ -97,9 +97,8 @@ def fidelity_bounds(folder: Path, d: Decision, log: Callable[[str], None]) -> di
     if alpha is None or not path.is_file() or not any(c.name.startswith("fidelity:") for c in d.checks):
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        samples = [SampleFidelity.model_validate(x) for x in data["samples"]]
-        ev = fidelity_evidence(samples, 1 - 2 * alpha, str(path), estimator=str(data.get("estimator") or "topk"))
+        rec = load_fidelity_record(path)
+        ev = fidelity_evidence(rec.samples, 1 - 2 * alpha, str(path), estimator=rec.kl_estimator)
     except (OSError, ValueError, KeyError, TypeError, QuantgateError) as exc:
         log(f"mlflow: {d.candidate}: fidelity bounds left out: cannot read {path}: {type(exc).__name__}: {exc}")
         return {}

@@ -19,7 +19,6 @@ promoted (quantgate.release.ladder); schemes never reached have no folder and ar
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -41,7 +40,7 @@ from quantgate.gate.sizing import sizing
 from quantgate.gate.sizing import warnings as size_warnings
 from quantgate.gate.summaryfile import Summary
 from quantgate.base.runinfo import write_run_record
-from quantgate.parity.engine import passed as parity_passed
+from quantgate.parity.engine import load_parity, passed as parity_passed
 from quantgate.plan.slots import Slot
 from quantgate.recall import run as recall
 from quantgate.release import registry
@@ -222,12 +221,13 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
     else:
         log(f"{variant.name}: every result is cached in {job.cache}; not serving")
     skipped = early.skipped if early is not None else {}
-    parity_report = json.loads(parity_file.read_text()) if parity else None
-    if parity_report is not None and parity_report["verdict"] != "pass":
-        raise QuantgateError(f"engine parity failed for the baseline: {parity_report['reason']}", where=str(parity_file),
+    parity_record = load_parity(job.cache) if parity else None
+    if parity_record is not None and parity_record.verdict != "pass":
+        raise QuantgateError(f"engine parity failed for the baseline: {parity_record.reason}", where=str(parity_file),
                              fix="the serving engine, not quantization, is wrong: change serving.dtype or the engine version")
     ev = Evidence(variant=variant, folder=job.folder, cache=job.cache, serve_command=server.command,
-                  parity=parity_report, node_commands=getattr(server, "commands", []),
+                  parity=parity_record.model_dump(exclude_unset=True) if parity_record else None,  # the file's keys
+                  node_commands=getattr(server, "commands", []),
                   dtype=_arg(config.args, "--dtype", None), served=served, skipped=dict(skipped),
                   **measurements.recorded(folders, skipped),
                   decided=early.reason if early is not None else None,

@@ -1,0 +1,42 @@
+"""The typed form of a release's fidelity comparison files: `<run>/fidelity/<candidate>.json` (the candidate against
+the baseline) and `<run>/fidelity/floor.json` (the baseline against itself on another execution path, the noise
+floor). quantgate.release.fidelity_step writes them through `FidelityRecord.write`; the gate
+(quantgate.gate.evidence) and the MLflow export read them through `load_fidelity_record`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantgate.base.fileio import write_json
+from quantgate.base.typedfile import read_model
+from quantgate.fidelity.core import FidelitySummary, SampleFidelity
+
+TOPK = "topk"  # the estimator of a record that names none (written before the sampled estimator existed)
+
+
+class FidelityRecord(BaseModel):
+    """A fidelity comparison: its summary, the KL estimator, the per-sample sums the gate bounds, and the dump
+    folders it was computed from. Fields in the file's order; a newer writer's keys are kept."""
+    model_config = ConfigDict(extra="allow")
+
+    summary: FidelitySummary = Field(description="pooled means with intervals, by category, worst samples")
+    estimator: str | None = Field(None, description="what the KL figures estimate (None: top-k, an older file)")
+    samples: list[SampleFidelity] = Field(description="one per prompt, its draws merged")
+    dumps: dict[str, str] = Field(default_factory=dict, description="path name -> the dump folder compared")
+
+    @property
+    def kl_estimator(self) -> str:
+        return self.estimator or TOPK
+
+    def write(self, path: Path) -> None:
+        """Every field, None included, in the file's order (quantgate.base.fileio.write_json)."""
+        write_json(path, self.model_dump(mode="json"))
+
+
+def load_fidelity_record(path: Path | str) -> FidelityRecord:
+    """A fidelity comparison file, validated; RunFileError naming the file and field when it does not fit."""
+    return read_model(path, FidelityRecord, "fidelity record",
+                      "re-run the release (its fidelity step rewrites the comparison from the cached dumps)")
