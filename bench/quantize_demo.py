@@ -38,7 +38,7 @@ def main() -> int:
     src = None
     for scheme in args.schemes.split(","):
         res = quantize(QuantizeRequest(model=model, scheme=scheme, out=root / scheme, calibration=cal))
-        m = res.manifest
+        m = res.manifest.dump()
         src = m["source"]["weights_bytes"]
         c = m["calibration"]
         calib = f"{c['samples']}x{c['max_seq_length']}" if c else "none"

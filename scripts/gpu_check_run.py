@@ -112,7 +112,7 @@ def step_quantize(base: Path, out: Path, scheme: str, synthetic: bool, calib_siz
         calib = CalibrationSpec(path=path, samples=samples, max_seq_length=length)
     res = quantize(QuantizeRequest(model=base, scheme=scheme, out=out / scheme, calibration=calib),
                    log=lambda s: print(f"    {s}"), timeout_s=timeout_s)
-    m = res.manifest
+    m = res.manifest.dump()  # the quantize manifest (quantgate.quantize.manifest.QuantManifest) as a dict
     dev = m.get("device") or {}
     figs.add({"step": f"quantize {scheme}", "device": f"{dev.get('device')} {dev.get('name', '')}".strip(),
               "dtype": dev.get("load_dtype"), "seconds": m["timings_s"]["oneshot_s"],

@@ -353,7 +353,7 @@ def test_quantize_manifest_records_the_device(tiny_demo_shape, tmp_path):
     from quantgate.quantize.run import QuantizeRequest, quantize
 
     res = quantize(QuantizeRequest(model=tiny_demo_shape, scheme="fp8-dynamic", out=tmp_path / "fp8"), timeout_s=900)
-    dev = res.manifest["device"]
+    dev = res.manifest.dump()["device"]
     assert dev["device"] == "cpu" and dev["reason"] == "no CUDA device visible to torch"
     assert dev["load_dtype"] == "float32" and "peak_memory_bytes" not in dev
 
@@ -371,7 +371,7 @@ def test_a_bf16_checkpoint_calibrated_in_fp32_is_saved_in_bf16(tmp_path):
     gpu_check.build_model(model, layers=2, device="cpu", dtype="bfloat16")
     res = quantize(QuantizeRequest(model=model, scheme="fp8-dynamic", out=tmp_path / "fp8"), timeout_s=900)
     expected = "bfloat16" if "bfloat16" in native_half(torch) else "float32"
-    assert res.manifest["device"]["load_dtype"] == expected, res.manifest["device"]
+    assert res.manifest.device is not None and res.manifest.device.load_dtype == expected, res.manifest.device
     with safe_open(str(res.out / "model.safetensors"), "pt") as f:
         kept = {f.get_slice(k).get_dtype() for k in f.keys() if k.endswith("norm.weight") or "embed" in k}
     assert kept == {"BF16"}

@@ -108,7 +108,7 @@ def test_reuse_only_for_a_complete_output_with_the_same_key(tmp_path):
     (out / "model.safetensors").write_bytes(b"x" * 10)
     assert reusable(out, "k") is None  # no manifest: not finished
     (out / MANIFEST).write_text(json.dumps({"key": "k", "files": {"model.safetensors": 10}}))
-    assert reusable(out, "k")["key"] == "k"
+    assert reusable(out, "k").key == "k"
     assert reusable(out, "other") is None
     (out / "model.safetensors").write_bytes(b"x" * 9)
     assert reusable(out, "k") is None  # a file changed since
@@ -178,10 +178,10 @@ def test_two_quantization_keys_give_two_folders_and_the_same_key_reuses(tiny, tm
     prefix = tmp_path / "checkpoints" / "abcdef012345-w4a16-gptq"
     first = quantize(keyed_req(tiny, prefix))
     before = {f.name: f.read_bytes() for f in first.out.iterdir()}
-    assert first.out == keyed_folder(prefix, first.manifest["key"])
-    assert first.out.name == f"abcdef012345-w4a16-gptq-{first.manifest['key'][:12]}"
+    assert first.out == keyed_folder(prefix, first.manifest.key)
+    assert first.out.name == f"abcdef012345-w4a16-gptq-{first.manifest.key[:12]}"
     other = quantize(keyed_req(tiny, prefix, calibration=CalibrationSpec(samples=8)))  # another calibration: another key
-    assert other.manifest["key"] != first.manifest["key"] and other.out != first.out
+    assert other.manifest.key != first.manifest.key and other.out != first.out
     assert {f.name: f.read_bytes() for f in first.out.iterdir()} == before  # the first folder is untouched
     again = quantize(keyed_req(tiny, prefix))
     assert again.reused and again.out == first.out and len(calls) == 2  # same key: reused, not recomputed
@@ -346,5 +346,5 @@ def test_same_inputs_reuse_the_artifact(demo_model, tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("recomputed instead of reused"))
     t = time.perf_counter()
     again = quantize(req)
-    assert again.reused and again.manifest["key"] == first.manifest["key"]
+    assert again.reused and again.manifest.key == first.manifest.key
     assert time.perf_counter() - t < 10

@@ -117,8 +117,8 @@ def quantize(
     con = Console(stderr=True)
     result = run(req, log=lambda s: con.print(f"[dim]{s}[/]"), timeout_s=timeout)
     m = result.manifest
-    t = m["timings_s"]
+    t = m.timings_s or {}
     print(f"{'reused' if result.reused else 'wrote'} {result.out}")
-    print(f"  scheme {m['scheme']}  hardware {m['hardware'] or '-'}  wall {t['wall']} s (oneshot {t.get('oneshot_s')} s)")
-    print(f"  size {m['size_on_disk_bytes'] / 1e6:.1f} MB on disk, weights {m['weights_bytes'] / 1e6:.1f} MB, "
-          f"compression x{m['compression_ratio']}  manifest {result.out / MANIFEST}")
+    print(f"  scheme {m.scheme}  hardware {m.hardware or '-'}  wall {t.get('wall')} s (oneshot {t.get('oneshot_s')} s)")
+    print(f"  size {(m.size_on_disk_bytes or 0) / 1e6:.1f} MB on disk, weights {(m.weights_bytes or 0) / 1e6:.1f} MB, "
+          f"compression x{m.compression_ratio}  manifest {result.out / MANIFEST}")

@@ -43,6 +43,7 @@ from quantgate.base.http import api_base
 from quantgate.base.paths import REPO, home
 from quantgate.base.procs import guarded
 from quantgate.evals.compare import cache_key, summarize
+from quantgate.evals.manifestfile import LmEvalManifest, LmEvalTaskRef, read_manifest
 from quantgate.evals.lmeval_tasks import (NO_ANSWER, LmEvalSpec, answered_in_log, convert, data_files, read_task,
                                           set_name, task_digest, task_of, task_problem)
 from quantgate.evals.run import probe_server
@@ -134,24 +135,24 @@ def _run_child(argv: list[str], cwd: Path, api_key: str | None, log_file: Path, 
             raise
 
 
-def _claim(out: Path, manifest: dict[str, Any]) -> Path:
+def _claim(out: Path, manifest: LmEvalManifest) -> Path:
     """Write the manifest into `out`; refuse a folder holding a run of something else. A partial run's response
     cache is dropped: it holds the empty answers, which must be asked again."""
     path = out / MANIFEST
     if path.is_file():
-        prev = json.loads(path.read_text(encoding="utf-8"))
-        if prev.get("cache_key") != manifest["cache_key"]:
+        prev = read_manifest(path)
+        if prev.cache_key != manifest.cache_key:
             raise QuantgateError("this directory holds a run of something else", where=str(path),
                                  fix="use a new output folder, or delete this one")
-        if prev.get("status") == "partial":
+        if prev.status == "partial":
             shutil.rmtree(out / "lm_eval_cache", ignore_errors=True)
     shutil.rmtree(out / "lm_eval", ignore_errors=True)  # lm-eval's files of an earlier attempt
-    write_json(path, manifest)
+    manifest.write(path)
     return path
 
 
-def _fail(path: Path, manifest: dict[str, Any], message: str, where: str, **extra: Any) -> QuantgateError:
-    write_json(path, {**manifest, "status": "failed", "error": message, **extra})
+def _fail(path: Path, manifest: LmEvalManifest, message: str, where: str, **extra: Any) -> QuantgateError:
+    manifest.model_copy(update={"status": "failed", "error": message, **extra}).write(path)
     return QuantgateError(message, where=where, fix="read the log named here; a re-run asks only what is missing")
 
 
@@ -182,12 +183,13 @@ def run_lm_eval(task_file: Path, task: str, endpoint: str, model: str, out: Path
     digest = task_digest(task_file, settings(limit, num_fewshot))
     decoding = {"generation_kwargs": config.get("generation_kwargs"), "num_fewshot": num_fewshot,
                 "apply_chat_template": True, "seed": 0}
-    manifest = {"schema": MANIFEST_SCHEMA, "kind": "lm_eval", "status": "running",
-                "cache_key": cache_key(model_hash or f"name:{model}", digest, decoding, server["engine_version"]),
-                "evalset": {"path": str(task_file), "name": set_name(task), "task": task, "sha256": digest,
-                            "version": (config.get("metadata") or {}).get("version")},
-                "model": model, "model_hash": model_hash, "endpoint": endpoint, "engine_version": server["engine_version"],
-                "decoding": decoding, "limit": limit, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    manifest = LmEvalManifest(
+        schema=MANIFEST_SCHEMA, kind="lm_eval", status="running",
+        cache_key=cache_key(model_hash or f"name:{model}", digest, decoding, server["engine_version"]),
+        evalset=LmEvalTaskRef(path=str(task_file), name=set_name(task), task=task, sha256=digest,
+                              version=(config.get("metadata") or {}).get("version")),
+        model=model, model_hash=model_hash, endpoint=endpoint, engine_version=server["engine_version"],
+        decoding=decoding, limit=limit, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     out.mkdir(parents=True, exist_ok=True)
     path = _claim(out, manifest)
     argv = lm_eval_argv(python, task, task_file.parent, endpoint, model, out, concurrency=concurrency, limit=limit,
@@ -201,14 +203,15 @@ def run_lm_eval(task_file: Path, task: str, endpoint: str, model: str, out: Path
                     str(out / "lm_eval.log"))
     metrics = [m["metric"] for m in config.get("metric_list") or []]
     summary, used = write_scored(out, task, metrics, found[-1])
-    done = {**manifest, "n_samples": summary["n_samples"], "n_failed": summary["n_failed"], "filter": used,
-            "samples_file": str(found[-1]), "elapsed_s": round(time.monotonic() - t0, 3)}
+    done = manifest.model_copy(update={"n_samples": summary["n_samples"], "n_failed": summary["n_failed"],
+                                       "filter": used, "samples_file": str(found[-1]),
+                                       "elapsed_s": round(time.monotonic() - t0, 3)})
     if summary["error_rate"] > max_error_rate:
         raise _fail(path, done, f"{summary['n_failed']} of {summary['n_samples']} samples got no answer "
                     f"({summary['error_rate']:.1%} > max_error_rate {max_error_rate:.1%})", str(found[-1]),
                     error_rate=summary["error_rate"])
-    write_json(path, {**done, "status": "complete" if summary["n_failed"] == 0 else "partial",
-                      "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    done.model_copy(update={"status": "complete" if summary["n_failed"] == 0 else "partial",
+                            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).write(path)
     return summary
 
 

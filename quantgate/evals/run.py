@@ -30,19 +30,11 @@ from quantgate.evals import scoring
 from quantgate.evals.client import ClientConfig, ErrorRateExceeded, Request, run
 from quantgate.evals.compare import cache_key, compare_runs, summarize
 from quantgate.evals.dataset import load_evalset, stratified_subset
+from quantgate.evals.manifestfile import ClientStats, EvalManifest, EvalsetRef, read_manifest, read_status
 from quantgate.evals.metrics import load_table
 
 MANIFEST_SCHEMA = 1
 USABLE = ("complete", "partial")  # statuses whose scores can be read; only "complete" is finished work
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise QuantgateError("missing file", where=str(path), fix="give a directory written by `quantgate eval`") from None
-    except json.JSONDecodeError as exc:
-        raise QuantgateError(f"invalid JSON: {exc}", where=str(path)) from None
 
 
 class _Background:
@@ -79,28 +71,28 @@ def probe_server(endpoint: str, model: str, api_key: str | None, timeout_s: floa
 
 
 def _manifest(es, cfg: ClientConfig, server: dict[str, Any], *, model_hash: str | None, limit: int | None,
-              n_samples: int) -> dict[str, Any]:
+              n_samples: int) -> EvalManifest:
     """What a run is (the cache key says it in one string), as manifest.json records it while running."""
     key = cache_key(model_hash or f"name:{cfg.model}", es.sha256, cfg.decoding(), server["engine_version"])
-    return {
-        "schema": MANIFEST_SCHEMA, "status": "running", "cache_key": key,
-        "evalset": {"path": str(es.path), "name": es.meta.name, "version": es.meta.version, "sha256": es.sha256},
-        "model": cfg.model, "model_hash": model_hash, "endpoint": cfg.endpoint, "engine_version": server["engine_version"],
-        "decoding": cfg.decoding(), "default_max_tokens": es.meta.default_max_tokens, "limit": limit,
-        "n_samples": n_samples, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    return EvalManifest(
+        schema=MANIFEST_SCHEMA, status="running", cache_key=key,
+        evalset=EvalsetRef(path=str(es.path), name=es.meta.name, version=es.meta.version, sha256=es.sha256),
+        model=cfg.model, model_hash=model_hash, endpoint=cfg.endpoint, engine_version=server["engine_version"],
+        decoding=cfg.decoding(), default_max_tokens=es.meta.default_max_tokens, limit=limit,
+        n_samples=n_samples, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
 
 
-def _claim(out: Path, manifest: dict[str, Any]) -> Path:
+def _claim(out: Path, manifest: EvalManifest) -> Path:
     """Write the manifest into `out` (new or resumed run); refuse a directory that holds a run of something else."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / MANIFEST
-    if path.is_file() and _read_json(path).get("cache_key") != manifest["cache_key"]:
-        prev = _read_json(path)
-        diff = [k for k in ("evalset", "model", "model_hash", "decoding", "engine_version") if prev.get(k) != manifest.get(k)]
+    if path.is_file() and (prev := read_manifest(path)).cache_key != manifest.cache_key:
+        was, now = prev.dump(), manifest.dump()
+        diff = [k for k in ("evalset", "model", "model_hash", "decoding", "engine_version") if was.get(k) != now.get(k)]
         raise QuantgateError(f"this directory holds a run of something else (differs in: {', '.join(diff) or 'key'})",
                              where=str(path), fix="use a new output folder, or delete this one")
-    write_json(path, manifest)
+    manifest.write(path)
     return path
 
 
@@ -149,45 +141,40 @@ def run_eval(
     try:
         stats = run(requests, out / RESULTS, cfg)
     except ErrorRateExceeded as exc:
-        write_json(manifest_path, {**manifest, "status": "failed", "error": exc.message, "error_rate": exc.share})
+        failed = {"status": "failed", "error": exc.message, "error_rate": exc.share}
+        manifest.model_copy(update=failed).write(manifest_path)
         raise
     loader.result()
     summary = _score(out, samples, metrics)
     status = "complete" if summary["n_failed"] == 0 else "partial"  # partial: the failed ids are asked again next run
-    write_json(manifest_path, {**manifest, "status": status, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                               "n_failed": summary["n_failed"],
-                               "client": {"answered_now": stats.answered, "failed_now": stats.failed,
-                                          "skipped": stats.skipped, "elapsed_s": round(stats.elapsed_s, 3)}})
+    client = ClientStats(answered_now=stats.answered, failed_now=stats.failed, skipped=stats.skipped,
+                         elapsed_s=round(stats.elapsed_s, 3))
+    manifest.model_copy(update={"status": status, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                "n_failed": summary["n_failed"], "client": client}).write(manifest_path)
     return summary
-
-
-def _status(run_dir: Path | str) -> str | None:
-    try:
-        return json.loads((Path(run_dir) / MANIFEST).read_text(encoding="utf-8")).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def is_complete(run_dir: Path | str) -> bool:
     """True when the run directory holds finished work: every sample answered (status "complete"). A cache asks
     this: anything else is run again."""
-    return _status(run_dir) == "complete"
+    return read_status(run_dir) == "complete"
 
 
 def is_scored(run_dir: Path | str) -> bool:
     """True when the run's answers are scored and can be read (load_run): complete, or partial (some requests
     failed; the gate counts them). Whoever waits for another run's answers asks this, not is_complete: a partial
     run is final for the release that made it."""
-    return _status(run_dir) in USABLE
+    return read_status(run_dir) in USABLE
 
 
 def load_run(run_dir: Path | str) -> tuple[dict, list[dict]]:
     """(manifest, records with id, category, output, scores) of a scored run directory: complete, or partial (some
-    requests failed; their samples have no output and count in summary.json's n_failed)."""
+    requests failed; their samples have no output and count in summary.json's n_failed). The manifest is read
+    through its model (evals.manifestfile) and handed on as a dict (the judge and compare_dirs index it)."""
     run_dir = Path(run_dir)
-    manifest = _read_json(run_dir / MANIFEST)
-    if manifest.get("status") not in USABLE:
-        raise QuantgateError(f"run status is {manifest.get('status')!r}, not 'complete' or 'partial'",
+    manifest = read_manifest(run_dir / MANIFEST)
+    if manifest.status not in USABLE:
+        raise QuantgateError(f"run status is {manifest.status!r}, not 'complete' or 'partial'",
                              where=str(run_dir / MANIFEST),
                              fix="re-run `quantgate eval` with the same --out to finish it")
 
@@ -202,7 +189,7 @@ def load_run(run_dir: Path | str) -> tuple[dict, list[dict]]:
         except json.JSONDecodeError as exc:
             raise QuantgateError(f"invalid JSON: {exc.msg}", where=f"{path}:{no}") from None
         records.append({**rec, "output": results.get(rec["id"], {}).get("output")})
-    return manifest, records
+    return manifest.dump(), records
 
 
 def compare_dirs(base_dir: Path | str, cand_dir: Path | str, *, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from quantgate.base.stats import num as _num
 from quantgate.base.typedfile import RunFileError
 from quantgate.evals.compare import paired_stats
 from quantgate.evals.comparefile import Comparison, PairedStat, load_comparison
+from quantgate.evals.manifestfile import parse_manifest
 from quantgate.fidelity.record import load_fidelity_record
 from quantgate.gate.checks import evaluate
 from quantgate.gate.decisionfile import policy_ref, write_decision
@@ -54,6 +55,7 @@ from quantgate.gate.sizeratio import size_ratio
 from quantgate.gate.summaryfile import load_summary
 from quantgate.judge.reportfile import load_judge_report
 from quantgate.perf.payofffile import PayOff, load_pay_off
+from quantgate.quantize.manifest import read_quantization
 from quantgate.recall.resultfile import load_recall_delta
 
 BASELINE = "baseline"
@@ -119,11 +121,11 @@ def _eval_error_rate(variant: str, set_name: str, folder: Path) -> RateEvidence:
         s = _read(summary)
         return RateEvidence(name=f"{variant}/{set_name}", rate=_num(s.get("error_rate")), n=int(s.get("n_samples") or 0),
                             file=str(summary))
-    manifest = _read(folder / MANIFEST)
-    if manifest.get("status") == "failed" and _num(manifest.get("error_rate")) is not None:
-        return RateEvidence(name=f"{variant}/{set_name}", rate=_num(manifest["error_rate"]),
-                            n=int(manifest.get("n_samples") or 0), file=str(folder / MANIFEST))
-    raise _Bad(f"eval run {folder} has no summary.json (status {manifest.get('status')!r})")
+    manifest = parse_manifest(_read(folder / MANIFEST))  # content that does not fit its model: a gap (_try)
+    if manifest.status == "failed" and _num(manifest.error_rate) is not None:
+        return RateEvidence(name=f"{variant}/{set_name}", rate=_num(manifest.error_rate),
+                            n=int(manifest.n_samples or 0), file=str(folder / MANIFEST))
+    raise _Bad(f"eval run {folder} has no summary.json (status {manifest.status!r})")
 
 
 def _variant(run: Path, name: str, ev: dict) -> dict:
@@ -183,15 +185,15 @@ def _try(ev: dict, slot: str, fn, *args) -> Any:
 def _scheme_and_size(run: Path, cand: str, base_ev: dict | None, cand_ev: dict | None, ev: dict) -> None:
     cv = (cand_ev or {}).get("variant") or {}
     bv = (base_ev or {}).get("variant") or {}
-    quant = _try(ev, "scheme", _read, run / cand / QUANTIZATION) if not cv.get("scheme") else None
-    ev["scheme"] = cv.get("scheme") or (quant or {}).get("scheme")
+    quant = _try(ev, "scheme", read_quantization, run / cand / QUANTIZATION) if not cv.get("scheme") else None
+    ev["scheme"] = cv.get("scheme") or (quant.scheme if quant else None)
     if ev["scheme"]:
         ev["gaps"].pop("scheme", None)
     try:
         stated = load_summary(run / SUMMARY).candidates[cand].size_ratio
     except (QuantgateError, KeyError):
         stated = None
-    found = size_ratio(cv.get("size_bytes"), bv.get("size_bytes"), stated, (quant or {}).get("compression_ratio"))
+    found = size_ratio(cv.get("size_bytes"), bv.get("size_bytes"), stated, quant.compression_ratio if quant else None)
     if found is not None:
         files = {"sizes": run / cand / EVIDENCE, "stated": run / SUMMARY,
                  "compression": run / cand / QUANTIZATION}

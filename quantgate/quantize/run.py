@@ -39,12 +39,13 @@ from quantgate.base.procs import guarded
 from quantgate.base.paths import RECIPES, REPO, home
 from quantgate.quantize import preflight
 from quantgate.quantize.calibration import CalibrationSet, CalibrationSpec, build, write_jsonl
+from quantgate.quantize.jobfile import RunnerJob, RunnerResult
+from quantgate.quantize.manifest import MANIFEST, CalibrationRecord, QuantManifest, SourceRef
 from quantgate.quantize.recipes import RecipeOverrides, apply_overrides, dump_recipe, load_recipe
 from quantgate.quantize.runner import EXIT_REFUSED, LIBRARIES
 from quantgate.quantize.schemes import SchemeInfo, load_schemes
 from quantgate.target.hardware import get_profile, load_catalogue
 
-MANIFEST = "quantgate-quant.json"
 LOCKS = ".locks"  # beside the output folders: one lock file per output folder
 FORMAT = 2  # bump when the runner's output changes, so old artifacts are not reused (2: FP32 calibration on a CPU
 # without native arithmetic for the checkpoint's 16-bit dtype)
@@ -82,7 +83,7 @@ class Plan(BaseModel):
 class QuantizeResult(BaseModel):
     out: Path
     reused: bool
-    manifest: dict[str, Any]
+    manifest: QuantManifest
 
 
 def plan(req: QuantizeRequest) -> Plan:
@@ -171,7 +172,7 @@ def _quantize_locked(req: QuantizeRequest, p: Plan, out: Path, log: Callable[[st
         runner = _run_child(p, tmp, work, log, timeout_s)
         shutil.copy(work / "quantize.log", tmp / "quantize.log")
         manifest = _manifest(p, tmp, runner, time.perf_counter() - t0)
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+        manifest.write(tmp)
         return QuantizeResult(out=out, reused=False, manifest=_publish(tmp, out, p.key, req.overwrite) or manifest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -186,32 +187,26 @@ def keyed_folder(prefix: Path | str, key: str) -> Path:
     return prefix.parent / f"{prefix.name}-{key[:12]}"
 
 
-def reusable(out: Path, key: str) -> dict[str, Any] | None:
+def reusable(out: Path, key: str) -> QuantManifest | None:
     """The manifest of a finished output made from the same inputs, with all its files intact; else None."""
-    mpath = out / MANIFEST
-    if not mpath.is_file():
+    manifest = QuantManifest.read(out / MANIFEST)
+    if manifest is None or manifest.key != key:
         return None
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return None
-    if manifest.get("key") != key:
-        return None
-    files = manifest.get("files", {})
+    files = manifest.files or {}
     if not files or any(not (out / f).is_file() or (out / f).stat().st_size != n for f, n in files.items()):
         return None
     return manifest
 
 
-def _run_child(p: Plan, tmp: Path, work: Path, log: Callable[[str], None], timeout_s: float | None) -> dict[str, Any]:
+def _run_child(p: Plan, tmp: Path, work: Path, log: Callable[[str], None], timeout_s: float | None) -> RunnerResult:
     recipe = work / "recipe_applied.yaml"
     recipe.write_text(p.recipe_text, encoding="utf-8")
-    job = {"model": str(Path(p.request.model).resolve()), "recipe": str(recipe), "out": str(tmp),
-           "result": str(work / "result.json"), "seed": p.request.calibration.seed, "calibration": None, "max_seq_length": None}
+    job = RunnerJob(model=str(Path(p.request.model).resolve()), recipe=str(recipe), out=str(tmp),
+                    result=str(work / "result.json"), seed=p.request.calibration.seed)
     if p.calibration is not None:
         write_jsonl(p.calibration.records, work / "calibration.jsonl")
-        job.update(calibration=str(work / "calibration.jsonl"), max_seq_length=p.calibration.max_seq_length)
-    (work / "job.json").write_text(json.dumps(job, indent=2), encoding="utf-8")
+        job.calibration, job.max_seq_length = str(work / "calibration.jsonl"), p.calibration.max_seq_length
+    job.write(work / "job.json")
     log(f"quantizing {p.request.model} -> {p.scheme.id} in a child process (log: {work / 'quantize.log'})")
     with open(work / "quantize.log", "wb") as logf:
         proc = subprocess.Popen(guarded([sys.executable, "-m", "quantgate.quantize.runner", str(work / "job.json")]),
@@ -225,11 +220,10 @@ def _run_child(p: Plan, tmp: Path, work: Path, log: Callable[[str], None], timeo
         except BaseException:  # interrupted (Ctrl-C, a test timeout, a Prefect cancel): take the child down with us
             _kill(proc)
             raise
-    result_path = work / "result.json"
-    result = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else {}
+    result = RunnerResult.read(work / "result.json")
     tail = log_tail(work / "quantize.log")
     if code == EXIT_REFUSED:
-        raise QuantgateError(f"llmcompressor refused the {result.get('refused', 'input')} before loading the model: {result.get('message')}",
+        raise QuantgateError(f"llmcompressor refused the {result.refused or 'input'} before loading the model: {result.message}",
                              where=p.recipe_file, fix="correct the recipe/calibration named above")
     if code != 0:
         why = "killed by signal 9 (out of memory?)" if code in (-9, 137) else f"exit code {code}"
@@ -254,39 +248,41 @@ def runner_env() -> dict[str, str]:
                       "TOKENIZERS_PARALLELISM": "false"}, keep=("LLMCOMPRESSOR_*", "LLM_COMPRESSOR_*"))
 
 
-def _manifest(p: Plan, tmp: Path, runner: dict[str, Any], wall_s: float) -> dict[str, Any]:
+def _manifest(p: Plan, tmp: Path, runner: RunnerResult, wall_s: float) -> QuantManifest:
+    runner = RunnerResult.model_validate(runner)  # a stand-in child (tests) may hand back a dict
     files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
     src_weights = sum(f.stat().st_size for f in Path(p.request.model).glob("*.safetensors"))
     out_weights = sum(n for f, n in files.items() if f.endswith(".safetensors"))
     cfg = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
     calib = p.calibration
-    return {
-        "format": FORMAT,
-        "key": p.key,
-        "source": {"path": str(Path(p.request.model).resolve()), "sha256": p.source_sha256, "weights_bytes": src_weights},
-        "scheme": p.scheme.id,
-        "hardware": p.hardware,
-        "recipe_file": p.recipe_file,
-        "recipe_applied": p.recipe_text,
-        "overrides": p.request.overrides.model_dump(),
-        "preflight": p.preflight.model_dump(exclude={"targeted"}) | {"targeted_count": len(p.preflight.targeted)},
-        "calibration": None if calib is None else {
-            "source": calib.source, "sha256": calib.sha256, "samples": len(calib.records), "available": calib.available,
-            "max_seq_length": calib.max_seq_length, "seed": calib.seed, "tokens": runner.get("calibration_tokens")},
-        "quantization_config": cfg.get("quantization_config"),
-        "versions": {**p.versions, "quantgate": _version("quantgate")},
-        "workarounds": runner.get("workarounds", []),
-        "device": runner.get("device"),  # where oneshot calibrated (quantize.devices, runner.device_record)
-        "timings_s": {k: runner.get(k) for k in ("prepare_s", "load_s", "oneshot_s", "save_s", "total_s")} | {"wall": round(wall_s, 2)},
-        "size_on_disk_bytes": sum(files.values()),
-        "weights_bytes": out_weights,
-        "compression_ratio": round(src_weights / out_weights, 3) if out_weights else None,
-        "files": files,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    return QuantManifest(
+        format=FORMAT,
+        key=p.key,
+        source=SourceRef(path=str(Path(p.request.model).resolve()), sha256=p.source_sha256, weights_bytes=src_weights),
+        scheme=p.scheme.id,
+        hardware=p.hardware,
+        recipe_file=p.recipe_file,
+        recipe_applied=p.recipe_text,
+        overrides=p.request.overrides.model_dump(),
+        preflight=p.preflight.model_dump(exclude={"targeted"}) | {"targeted_count": len(p.preflight.targeted)},
+        calibration=None if calib is None else CalibrationRecord(
+            source=calib.source, sha256=calib.sha256, samples=len(calib.records), available=calib.available,
+            max_seq_length=calib.max_seq_length, seed=calib.seed, tokens=runner.calibration_tokens),
+        quantization_config=cfg.get("quantization_config"),
+        versions={**p.versions, "quantgate": _version("quantgate")},
+        workarounds=runner.workarounds,
+        device=runner.device,  # where oneshot calibrated (quantize.devices, runner.device_record)
+        timings_s={k: getattr(runner, k) for k in ("prepare_s", "load_s", "oneshot_s", "save_s", "total_s")}
+        | {"wall": round(wall_s, 2)},
+        size_on_disk_bytes=sum(files.values()),
+        weights_bytes=out_weights,
+        compression_ratio=round(src_weights / out_weights, 3) if out_weights else None,
+        files=files,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
 
 
-def _publish(tmp: Path, out: Path, key: str, overwrite: bool) -> dict[str, Any] | None:
+def _publish(tmp: Path, out: Path, key: str, overwrite: bool) -> QuantManifest | None:
     """Rename the finished folder into place (atomic on one filesystem). Returns the manifest if another run won."""
     old = None
     if out.exists():

@@ -3,7 +3,8 @@
 Started by `quantgate.quantize.run` so that a crash or an out-of-memory kill here cannot take the orchestrator down.
 It validates the recipe with llmcompressor and renders the calibration set before loading the model, then
 quantizes and saves a compressed-tensors checkpoint into the job's (temporary) output folder. It writes a result
-JSON; exit code 0 = done, 3 = input refused before the model was loaded, anything else = crash (see the log).
+JSON; exit code 0 = done, 3 = input refused before the model was loaded, anything else = crash (see the log). Both
+files go through quantize.jobfile's models (RunnerJob, RunnerResult), which the parent uses too.
 
 Device: the model is loaded on the CPU in its checkpoint's dtype, as llmcompressor's own examples do
 (`device_map=None`); `oneshot` then onloads one layer at a time to the first visible GPU (its sequential and data-free
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from quantgate.quantize.devices import calibration_dtype, choose_device, torch_dtype_name
+from quantgate.quantize.jobfile import DeviceRecord, RunnerJob, RunnerResult
 from quantgate.quantize.preflight import checkpoint_dtype
 
 EXIT_REFUSED = 3
@@ -91,7 +93,7 @@ def native_half(torch: Any) -> set[str]:
     return native | {"float16"} if cpu._is_amx_fp16_supported() else native
 
 
-def render(records: list[dict[str, Any]], tokenizer: Any, max_len: int) -> dict[str, list]:
+def render(records: list[dict[str, Any]], tokenizer: Any, max_len: int | None) -> dict[str, list]:
     """Token ids for each record; chat records go through the model's chat template."""
     ids, masks = [], []
     for rec in records:
@@ -105,60 +107,63 @@ def render(records: list[dict[str, Any]], tokenizer: Any, max_len: int) -> dict[
     return {"input_ids": ids, "attention_mask": masks}
 
 
-def run(job: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def run(job: RunnerJob) -> tuple[int, RunnerResult]:
     t0 = time.perf_counter()
-    result: dict[str, Any] = {"versions": versions(), "workarounds": []}
-    uses_awq = "AWQModifier" in Path(job["recipe"]).read_text(encoding="utf-8")
+    result = RunnerResult(versions=versions(), workarounds=[])
+    uses_awq = "AWQModifier" in Path(job.recipe).read_text(encoding="utf-8")
     patched = pin_memory_workaround() if uses_awq else None  # only AWQ reaches the pinning upstream
     if patched:
-        result["workarounds"].append(patched)
+        result.workarounds.append(patched)
     from llmcompressor.recipe import Recipe
 
     try:
-        Recipe.create_instance(job["recipe"])
+        Recipe.create_instance(job.recipe)
     except Exception as exc:  # noqa: BLE001 - llmcompressor raises ValueError/ValidationError/...: all mean "bad recipe"
-        return EXIT_REFUSED, {**result, "refused": "recipe", "message": f"{type(exc).__name__}: {exc}"}
+        result.refused, result.message = "recipe", f"{type(exc).__name__}: {exc}"
+        return EXIT_REFUSED, result
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(job["model"])
+    tokenizer = AutoTokenizer.from_pretrained(job.model)
     dataset = None
-    if job.get("calibration"):
-        records = [json.loads(line) for line in Path(job["calibration"]).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if job.calibration:
+        records = [json.loads(line) for line in Path(job.calibration).read_text(encoding="utf-8").splitlines() if line.strip()]
         if any("messages" in r for r in records) and not getattr(tokenizer, "chat_template", None):
-            return EXIT_REFUSED, {**result, "refused": "calibration", "message": "chat records but the model has no chat template"}
+            result.refused, result.message = "calibration", "chat records but the model has no chat template"
+            return EXIT_REFUSED, result
         import datasets
 
-        dataset = datasets.Dataset.from_dict(render(records, tokenizer, job["max_seq_length"]))
-        result["calibration_tokens"] = sum(len(x) for x in dataset["input_ids"])
-    result["prepare_s"] = round(time.perf_counter() - t0, 2)
+        dataset = datasets.Dataset.from_dict(render(records, tokenizer, job.max_seq_length))
+        result.calibration_tokens = sum(len(x) for x in dataset["input_ids"])
+    result.prepare_s = round(time.perf_counter() - t0, 2)
 
     import torch
     from llmcompressor import oneshot
 
-    torch.manual_seed(job.get("seed", 0))
+    torch.manual_seed(job.seed)
     t1 = time.perf_counter()
     device = device_record(torch)
-    own = torch_dtype_name(checkpoint_dtype(job["model"]), "torch_dtype", where="config.json: torch_dtype") or "float32"
+    own = torch_dtype_name(checkpoint_dtype(job.model), "torch_dtype", where="config.json: torch_dtype") or "float32"
     dtype, why = calibration_dtype(device["device"], own, native_half(torch))
-    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=getattr(torch, dtype), device_map=None)  # see above
-    result["load_s"] = round(time.perf_counter() - t1, 2)
-    result["device"] = device | {"load_dtype": str(model.dtype).removeprefix("torch."), "calibration_dtype_reason": why}
+    model = AutoModelForCausalLM.from_pretrained(job.model, dtype=getattr(torch, dtype), device_map=None)  # see above
+    result.load_s = round(time.perf_counter() - t1, 2)
+    result.device = rec = DeviceRecord.model_validate(
+        device | {"load_dtype": str(model.dtype).removeprefix("torch."), "calibration_dtype_reason": why})
     t2 = time.perf_counter()
-    kwargs: dict[str, Any] = {"model": model, "recipe": job["recipe"], "processor": tokenizer}
+    kwargs: dict[str, Any] = {"model": model, "recipe": job.recipe, "processor": tokenizer}
     if dataset is not None:
-        kwargs.update(dataset=dataset, num_calibration_samples=len(dataset), max_seq_length=job["max_seq_length"],
+        kwargs.update(dataset=dataset, num_calibration_samples=len(dataset), max_seq_length=job.max_seq_length,
                       shuffle_calibration_samples=False)
     oneshot(**kwargs)
-    result["oneshot_s"] = round(time.perf_counter() - t2, 2)
-    if result["device"]["device"].startswith("cuda"):
-        result["device"]["peak_memory_bytes"] = torch.cuda.max_memory_allocated(0)
+    result.oneshot_s = round(time.perf_counter() - t2, 2)
+    if rec.device.startswith("cuda"):
+        rec.peak_memory_bytes = torch.cuda.max_memory_allocated(0)
     t3 = time.perf_counter()
     if dtype != own:  # calibrated in FP32: saved in the checkpoint's own dtype (same tensors, same bytes)
         model.to(getattr(torch, own))
-    model.save_pretrained(job["out"], save_compressed=True)
-    tokenizer.save_pretrained(job["out"])
-    result["save_s"] = round(time.perf_counter() - t3, 2)
-    result["total_s"] = round(time.perf_counter() - t0, 2)
+    model.save_pretrained(job.out, save_compressed=True)
+    tokenizer.save_pretrained(job.out)
+    result.save_s = round(time.perf_counter() - t3, 2)
+    result.total_s = round(time.perf_counter() - t0, 2)
     return 0, result
 
 
@@ -166,15 +171,15 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m quantgate.quantize.runner JOB.json", file=sys.stderr)
         return 2
-    job = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    job = RunnerJob.read(argv[1])
     try:
         code, result = run(job)
     except Exception:  # noqa: BLE001 - printed, and the result file says it crashed
         traceback.print_exc()
-        code, result = 1, {"crashed": traceback.format_exc(limit=5)}
-    Path(job["result"]).write_text(json.dumps(result, indent=2), encoding="utf-8")
+        code, result = 1, RunnerResult(crashed=traceback.format_exc(limit=5))
+    result.write(job.result)
     if code == EXIT_REFUSED:
-        print(f"refused: {result.get('message')}", file=sys.stderr)
+        print(f"refused: {result.message}", file=sys.stderr)
     return code
 
 

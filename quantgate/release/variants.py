@@ -103,9 +103,9 @@ def quantize_variant(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path,
     key (recipe, overrides, calibration, library versions, base hash), reused when the key matches and never
     overwritten, so a checkpoint that was evaluated (and promoted) keeps its weights whatever a later release does."""
     result = quantize(quantize_request(spec, model_dir, scheme), log=log)
-    write_json(run / scheme / QUANTIZATION, {"reused": result.reused, **result.manifest})
+    result.manifest.write_run_copy(run / scheme / QUANTIZATION, reused=result.reused)
     return Variant(name=scheme, path=result.out, scheme=scheme, content_hash=checkpoint_hash(result.out),
-                   size_bytes=size_bytes(result.out), quantization=result.manifest, origin="quantized")
+                   size_bytes=size_bytes(result.out), quantization=result.manifest.dump(), origin="quantized")
 
 
 def quantize_request(spec: ReleaseSpec, model_dir: Path, scheme: str) -> QuantizeRequest:

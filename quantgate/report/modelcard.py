@@ -46,6 +46,7 @@ from quantgate.base.runfiles import COMPARE_DIR, DECISION, EVIDENCE, PLAN, QUANT
 from quantgate.evals.comparefile import load_comparison
 from quantgate.base.runinfo import load_run_record
 from quantgate.gate.summaryfile import load_summary
+from quantgate.quantize.manifest import QuantManifest, read_quantization
 from quantgate.serving.server import plan_args
 
 CARD = "README.md"
@@ -304,12 +305,11 @@ def hub_id(value: Any) -> str | None:
     return value if all(len(part) <= 96 for part in value.split("/")) else None
 
 
-def baseline_folder(run: Path, quant: Mapping[str, Any]) -> Path | None:
+def baseline_folder(run: Path, quant: QuantManifest) -> Path | None:
     """The unquantized checkpoint the candidate was made from: the quantize manifest's source, else the run's
     baseline variant; None for an endpoint baseline, or a folder that is not on this machine (any more)."""
-    source = quant.get("source")
     variant = _mapping(run / BASELINE / EVIDENCE).get("variant")
-    for path in ((source or {}).get("path") if isinstance(source, dict) else None,
+    for path in (quant.source.path if quant.source else None,
                  (variant or {}).get("path") if isinstance(variant, dict) else None):
         if isinstance(path, str) and path and Path(path).is_dir():
             return Path(path)
@@ -369,7 +369,7 @@ def card_inputs(run: Path | str | None, candidate: str, *, model: str, version: 
     run = Path(run) if run is not None and Path(run).is_dir() else None
     folder = run / candidate if run else None
     d = dict(decision or (folder and _json(folder / DECISION)) or {})
-    quant = (folder and _json(folder / QUANTIZATION)) or {}
+    quant: QuantManifest = (_typed(read_quantization, folder / QUANTIZATION) if folder else None) or QuantManifest()
     record = _typed(load_run_record, run) if run else None
     spec = record.spec if record is not None else {}
     evidence = (folder and _json(folder / EVIDENCE)) or {}
@@ -377,16 +377,17 @@ def card_inputs(run: Path | str | None, candidate: str, *, model: str, version: 
     name = f"{model}-{candidate}"
     serving = serving_of((folder and _json(folder / PLAN)) or None, evidence.get("dtype"),
                          list((spec.get("serving") or {}).get("extra_args") or []), name, evidence.get("serve_command"))
-    versions = {k: v for k, v in (quant.get("versions") or {}).items() if isinstance(v, (str, int, float))}
-    ratio = quant.get("compression_ratio")
+    versions = dict(quant.versions or {})
+    ratio = quant.compression_ratio
     base = baseline_folder(run, quant) if run else None
-    return CardInputs(model=model, version=version, candidate=candidate, scheme=d.get("scheme") or quant.get("scheme"),
+    return CardInputs(model=model, version=version, candidate=candidate, scheme=d.get("scheme") or quant.scheme,
                       family=d.get("family"), decision=str(d.get("decision") or "unknown"),
                       reasons=[str(r) for r in d.get("reasons") or []], needs=d.get("needs"),
                       policy=f"{policy.get('name')} v{policy.get('version')}" if policy.get("name") else None,
                       checks=checks_of(d), scores=_scores_from(run, candidate) if run else {},
                       size_ratio=round(1 / ratio, 4) if isinstance(ratio, (int, float)) and ratio else None,
-                      recipe_file=quant.get("recipe_file"), recipe_text=quant.get("recipe_applied"),
-                      calibration=quant.get("calibration"), versions=versions, serving=serving,
+                      recipe_file=quant.recipe_file, recipe_text=quant.recipe_applied,
+                      calibration=quant.calibration.model_dump(exclude_unset=True) if quant.calibration else None,
+                      versions=versions, serving=serving,
                       hardware=spec.get("hardware"), workload=spec.get("workload"), run=run.name if run else None,
                       sha256=sha256, base_model=base_model_of(base, spec.get("model")), **license_of(base))

@@ -31,6 +31,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.gate.sizeratio import size_ratio as size_ratio_of
 from quantgate.judge.reportfile import JudgeReport, load_judge_report
 from quantgate.perf.payofffile import PayOff, load_pay_off
+from quantgate.quantize.manifest import read_quantization
 from quantgate.recall.resultfile import RecallCells, RecallDelta, load_recall_cells, load_recall_delta
 
 BASELINE = "baseline"
@@ -196,7 +197,9 @@ def _variant(view: RunView, name: str) -> Variant:
     v = Variant(name)
     folder = view.folder / name
     v.evidence = _read(view, folder / EVIDENCE, f"{name}: evidence")
-    v.quantization = _read(view, folder / QUANTIZATION, f"{name}: quantization manifest", required=name != BASELINE)
+    quant = _read_typed(view, folder / QUANTIZATION, f"{name}: quantization manifest", read_quantization,
+                        required=name != BASELINE)
+    v.quantization = quant.dump() if quant else None  # the page and the results store read it as a dict
     perf_dir = (v.evidence or {}).get("perf")
     if perf_dir:
         v.perf_file = Path(perf_dir) / PERF
