@@ -10,7 +10,8 @@ import re
 import pytest
 
 from quantgate.base.errors import QuantgateError
-from quantgate.judge.review import allocate, export_review, import_review, parse_filled
+from quantgate.judge.review import allocate, export_review, import_review, load_key, parse_filled
+from quantgate.judge.reviewfile import ReviewKey
 
 CATS = {"facts": 30, "numbers": 20, "names": 10, "tiny": 2}
 
@@ -118,7 +119,7 @@ def test_roundtrip_restores_baseline_candidate(judge_dir, tmp_path):
 
 def test_bad_rows_are_named_by_line(judge_dir, tmp_path):
     paths = export_review(judge_dir, tmp_path / "send", n=50, seed=2)
-    key = json.loads(paths["key"].read_text())
+    key = load_key(paths["key"])
     text = paths["csv"].read_text()
     # rows span 2 lines each (the question holds a newline): row k starts at line 2 + 2k
     rows = _rows(paths["csv"])
@@ -145,6 +146,6 @@ def test_bad_rows_are_named_by_line(judge_dir, tmp_path):
     ("review_id,choice\nR001,A,extra\n", r"2 fields|3 fields"),
 ])
 def test_malformed_csv(content, match):
-    key = {"items": {"R001": {"pair_id": "p", "a": "baseline"}}}
+    key = ReviewKey.model_validate({"items": {"R001": {"pair_id": "p", "a": "baseline"}}})
     with pytest.raises(QuantgateError, match=match):
         parse_filled(content, key, "f.csv")

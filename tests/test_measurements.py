@@ -12,6 +12,7 @@ import pytest
 from test_decide_early import SPEC  # one spec with every kind: eval set, recall grid, perf probe, fidelity
 
 from quantgate.base.runfiles import MANIFEST, PERF
+from quantgate.perf.models import PerfResult, Workload
 from quantgate.release import measurements
 from quantgate.release.measurements import KINDS, VariantJob, ordered_steps, plan, recorded
 from quantgate.release.replicas import Step
@@ -53,6 +54,14 @@ def test_a_kind_the_spec_does_not_ask_for_has_no_folder_and_no_step(tmp_path):
     assert recorded(folders, {}) == {"evals": folders["evals"], "recall": None, "perf": None, "fidelity": {}}
 
 
+def _perf(status: str) -> str:
+    """A perf.json as the probe writes it (quantgate.perf.models.PerfResult), no run in it."""
+    return PerfResult(client="vllm bench serve", endpoint="http://127.0.0.1:8000", model="m",
+                      workload=Workload(num_prompts=4, input_len=8, output_len=4, tokenizer="t"), concurrency=[1],
+                      repeats=1, runs=[], medians=[], status=status, started="2026-01-01T00:00:00",
+                      seconds=1.0).model_dump_json(indent=2)
+
+
 def test_each_kind_counts_only_complete_work_as_done(tmp_path):
     job = _job(tmp_path)
     folders, _ = plan(job)
@@ -60,10 +69,10 @@ def test_each_kind_counts_only_complete_work_as_done(tmp_path):
     for d in (ev_dir, perf_dir):
         d.mkdir(parents=True)
     (ev_dir / MANIFEST).write_text(json.dumps({"status": "partial"}))  # failed requests: asked again
-    (perf_dir / PERF).write_text(json.dumps({"status": "failed"}))
+    (perf_dir / PERF).write_text(_perf("error"))
     assert plan(job)[1]["evals"] == ["default"] and plan(job)[1]["perf"] == ["perf"]
     (ev_dir / MANIFEST).write_text(json.dumps({"status": "complete"}))
-    (perf_dir / PERF).write_text(json.dumps({"status": "ok"}))
+    (perf_dir / PERF).write_text(_perf("ok"))
     _, todo = plan(job)
     assert todo["evals"] == [] and todo["perf"] == []
     assert todo["recall"] == ["recall"] and todo["fidelity"] == ["main"]  # still nothing of theirs on disk

@@ -29,10 +29,12 @@ from quantgate.base.paths import REPO
 from quantgate.cli.main import app
 from quantgate.gate.evidence import gate_run
 from quantgate.gate.policy import DEFAULT_POLICY
+from quantgate.quantize.manifest import CalibrationRecord, QuantManifest
 from quantgate.release import mlflow_export, registry
 from quantgate.release.mlflow_client import Api
-from quantgate.release.mlflow_content import MAX_PARAM_VALUE, Content, mlflow_key
+from quantgate.release.mlflow_content import MAX_PARAM_VALUE, Content, candidate_content, mlflow_key
 from quantgate.release.mlflow_export import MlflowError, MlflowTarget, export_run, log_content, start_run
+from quantgate.release.mlflow_read import read_release
 from quantgate.report.page import write_report
 from quantgate.serving.server import free_port, kill_tree
 
@@ -335,3 +337,22 @@ def test_an_unreachable_server_raises_naming_the_url_and_bad_input_is_refused(tm
     with pytest.raises(QuantgateError, match="did not finish") as err:
         export_run(unfinished, MlflowTarget(url), log=lambda _: None)
     assert not isinstance(err.value, MlflowError)
+
+
+def test_quantization_json_is_read_through_the_quantize_manifest_and_logs_the_same_params(tmp_path, release):
+    """quantization.json as the release writes it (quantize.manifest.QuantManifest): the export logs scheme, recipe
+    and the calibration's source, samples, max_seq_length and seed, not its hash or counts (as before the model)."""
+    run = tmp_path / "run"
+    shutil.copytree(release, run)
+    QuantManifest(format=1, key="k", scheme=REJECTED, recipe_file="r.yaml", recipe_applied="x: 1\n",
+                  calibration=CalibrationRecord(source="cal.jsonl", sha256="abc", samples=4, available=9,
+                                                max_seq_length=256, seed=0, tokens=77),
+                  compression_ratio=1.9).write_run_copy(run / REJECTED / "quantization.json", reused=False)
+    rel = read_release(run)
+    v = next(v for v in rel.variants if v.name == REJECTED)
+    assert isinstance(v.quantization, QuantManifest) and v.quantization.compression_ratio == 1.9
+    params = candidate_content(rel, v, log=lambda _: None).params
+    assert {k: p for k, p in params.items() if k.startswith("calibration.")} == {
+        "calibration.source": "cal.jsonl", "calibration.samples": "4", "calibration.max_seq_length": "256",
+        "calibration.seed": "0"}
+    assert params["recipe_file"] == "r.yaml" and params["recipe"] == "x: 1\n"

@@ -4,6 +4,7 @@ filled CSV, and compute the human win rate and human-judge agreement.
 Blinding: reviewers see `review_id`, the request, the reference and answers A and B; which of A/B is the baseline is
 drawn per row from a seeded generator and written only to the key file (JSON, kept apart: by default in the judge
 directory, not beside the CSV). Identical answers are left out unless asked for: a reviewer learns nothing from them.
+The key and the imported result (human.json) are written and read through quantgate.judge.reviewfile's models.
 """
 
 from __future__ import annotations
@@ -14,16 +15,21 @@ import io
 import json
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from quantgate.base.runfiles import HUMAN_REVIEW, JUDGE_REPORT, REVIEW_KEY
 from quantgate.base.errors import QuantgateError
+from quantgate.base.fileio import write_json
+from quantgate.base.typedfile import field_path
 from quantgate.base.yamlconfig import read_text
 from quantgate.judge.core import wilson
 from quantgate.judge.report import render_markdown
-from quantgate.judge.reportfile import load_judge_report
-from quantgate.judge.run import write_json
+from quantgate.judge.reportfile import Rate, load_judge_report
+from quantgate.judge.reviewfile import Agreement, HumanRates, HumanReview, ReviewItem, ReviewKey
 
 COLUMNS = ["review_id", "category", "question", "reference", "answer_a", "answer_b", "choice", "comment"]
 CHOICES = ("A", "B", "TIE")
@@ -63,7 +69,7 @@ def select_pairs(pairs: Sequence[dict], n: int, seed: int, *, include_identical:
     return chosen
 
 
-def blind(chosen: Sequence[dict], seed: int) -> tuple[list[dict], dict]:
+def blind(chosen: Sequence[dict], seed: int) -> tuple[list[dict], ReviewKey]:
     """(CSV rows, key). The key maps review_id -> pair id and which side answer A is."""
     rng = random.Random(f"blind:{seed}")
     rows, items = [], {}
@@ -74,8 +80,8 @@ def blind(chosen: Sequence[dict], seed: int) -> tuple[list[dict], dict]:
         rows.append({"review_id": rid, "category": p["category"], "question": p["question"],
                      "reference": p.get("reference") or "", "answer_a": p[a_side], "answer_b": p[b_side],
                      "choice": "", "comment": ""})
-        items[rid] = {"pair_id": p["id"], "a": a_side}
-    return rows, {"schema": 1, "seed": seed, "items": items}
+        items[rid] = ReviewItem(pair_id=p["id"], a=a_side)
+    return rows, ReviewKey(schema=1, seed=seed, items=items)
 
 
 def to_csv(rows: Sequence[dict]) -> str:
@@ -93,7 +99,7 @@ def to_html(rows: Sequence[dict], title: str = "quantgate human review") -> str:
     return template.replace("__TITLE__", title).replace("__ROWS__", data).replace("__COLUMNS__", json.dumps(COLUMNS))
 
 
-def parse_filled(text: str, key: dict | None, source: str) -> tuple[dict[str, str], int, int]:
+def parse_filled(text: str, key: ReviewKey | None, source: str) -> tuple[dict[str, str], int, int]:
     """review_id -> choice ('A'/'B'/'TIE') from a filled CSV; (choices, blank rows, rows). Every bad row is reported
     with its CSV line (the line where the row starts). Without a key review ids are not matched against one."""
     problems: list[str] = []
@@ -126,7 +132,7 @@ def parse_filled(text: str, key: dict | None, source: str) -> tuple[dict[str, st
             problems.append(f"{source}:{start}: {len(row)} fields, the header has {len(header)}")
             continue
         rid, choice = row[idx_id].strip(), row[idx_choice].strip().upper()
-        if key is not None and rid not in key["items"]:
+        if key is not None and rid not in key.items:
             problems.append(f"{source}:{start}: unknown review_id {rid!r} (not in the key)")
             continue
         if rid in first_line:
@@ -163,7 +169,7 @@ def key_path_for(path: Path | str) -> Path:
     return path / KEY_FILE if path.is_dir() else path
 
 
-def load_key(path: Path | str) -> dict:
+def load_key(path: Path | str) -> ReviewKey:
     """The review key (`export_review`'s JSON: review_id -> pair id and the side shown as A), or a QuantgateError
     naming the file, line and field. `path` may be the judge directory that holds it."""
     path = key_path_for(path)
@@ -183,48 +189,57 @@ def load_key(path: Path | str) -> dict:
     if not isinstance(items, dict) or not items:
         raise QuantgateError("not a review key: no 'items' mapping of review ids", where=f"{path} field 'items'",
                              fix=fix)
-    for rid, item in items.items():
-        if not (isinstance(item, dict) and isinstance(item.get("pair_id"), str)
-                and item.get("a") in ("baseline", "candidate")):
+    try:
+        return ReviewKey.model_validate(key)
+    except ValidationError as exc:  # the first bad item (in the file's order), else the first bad field
+        err = next((e for e in exc.errors() if e["loc"][:1] == ("items",)), exc.errors()[0])
+        if err["loc"][:1] == ("items",) and len(err["loc"]) > 1:
+            rid = str(err["loc"][1])
             raise QuantgateError(f"review id {rid!r}: expected {{pair_id: TEXT, a: baseline|candidate}}, "
-                                 f"got {item!r:.80}", where=f"{path} field 'items.{rid}'", fix=fix)
-    return key
+                                 f"got {items[rid]!r:.80}", where=f"{path} field 'items.{rid}'", fix=fix) from None
+        field = field_path(err["loc"])
+        raise QuantgateError(f"unexpected content in the review key's field {field}: {err['msg']}",
+                             where=f"{path} field '{field}'", fix=fix) from None
 
 
-def check_csv(path: Path | str, key: dict | None = None) -> int:
-    """Validate a filled review CSV as `import_review` would: with its `key` (`load_key`), review ids not in it are
-    refused at their line; without one they are not matched. The number of rows."""
+def check_csv(path: Path | str, key: ReviewKey | Mapping[str, Any] | None = None) -> int:
+    """Validate a filled review CSV as `import_review` would: with its `key` (`load_key`; a key's JSON as a dict is
+    validated into one), review ids not in it are refused at their line; without one they are not matched. The
+    number of rows."""
+    if key is not None and not isinstance(key, ReviewKey):
+        key = ReviewKey.model_validate(key)
     return parse_filled(read_csv(path), key, str(path))[2]
 
 
-def unblind(choices: dict[str, str], key: dict) -> dict[str, str]:
+def unblind(choices: dict[str, str], key: ReviewKey) -> dict[str, str]:
     """pair_id -> 'candidate' | 'baseline' | 'tie' (who the reviewer preferred)."""
     out = {}
     for rid, c in choices.items():
-        item = key["items"][rid]
+        item = key.items[rid]
         if c == "TIE":
-            out[item["pair_id"]] = "tie"
+            out[item.pair_id] = "tie"
         else:
-            a = item["a"]
-            out[item["pair_id"]] = a if c == "A" else ("candidate" if a == "baseline" else "baseline")
+            a = item.a
+            out[item.pair_id] = a if c == "A" else ("candidate" if a == "baseline" else "baseline")
     return out
 
 
-def human_summary(prefs: dict[str, str], judge_winners: dict[str, str | None], *, n_exported: int, n_blank: int) -> dict:
+def human_summary(prefs: dict[str, str], judge_winners: dict[str, str | None], *, n_exported: int,
+                  n_blank: int) -> HumanReview:
     """Human win/tie/loss rates (candidate's view) and agreement with the judge's combined verdicts."""
     n = len(prefs)
     count = Counter(prefs.values())
     rates = {}
     for name, side in (("win", "candidate"), ("tie", "tie"), ("loss", "baseline")):
         lo, hi = wilson(count[side], n)
-        rates[name] = {"count": count[side], "rate": count[side] / n if n else float("nan"), "ci_low": lo, "ci_high": hi}
+        rates[name] = Rate(count=count[side], rate=count[side] / n if n else float("nan"), ci_low=lo, ci_high=hi)
     as_judge = {"candidate": "second", "baseline": "first", "tie": "tie"}
     both = [(as_judge[h], judge_winners[p]) for p, h in prefs.items() if judge_winners.get(p) is not None]
     agree = sum(h == j for h, j in both)
     lo, hi = wilson(agree, len(both))
-    return {"n_exported": n_exported, "n_reviewed": n, "n_blank": n_blank, "rates": rates,
-            "agreement": {"n": len(both), "agree": agree, "rate": agree / len(both) if both else float("nan"),
-                          "ci_low": lo, "ci_high": hi}}
+    return HumanReview(n_exported=n_exported, n_reviewed=n, n_blank=n_blank, rates=HumanRates(**rates),
+                       agreement=Agreement(n=len(both), agree=agree, rate=agree / len(both) if both else float("nan"),
+                                           ci_low=lo, ci_high=hi))
 
 
 # --- files -----------------------------------------------------------------------------------------------
@@ -237,19 +252,20 @@ def export_review(judge_dir: Path | str, out: Path | str, *, n: int = MIN_PAIRS,
         raise QuantgateError("missing file", where=str(pairs_path), fix="give a directory written by `quantgate judge`")
     pairs = [json.loads(line) for line in pairs_path.read_text(encoding="utf-8").splitlines() if line.strip()]
     rows, key = blind(select_pairs(pairs, n, seed, include_identical=include_identical), seed)
-    key["pairs_sha256"] = hashlib.sha256(pairs_path.read_bytes()).hexdigest()
+    key = key.model_copy(update={"pairs_sha256": hashlib.sha256(pairs_path.read_bytes()).hexdigest()})
     out.mkdir(parents=True, exist_ok=True)
     key_path = Path(key_path) if key_path else judge_dir / KEY_FILE
     paths = {"csv": out / "review.csv", "html": out / "review.html", "key": key_path}
     paths["csv"].write_text(to_csv(rows), encoding="utf-8")
     paths["html"].write_text(to_html(rows), encoding="utf-8")
     key_path.parent.mkdir(parents=True, exist_ok=True)
-    key_path.write_text(json.dumps(key, indent=2) + "\n", encoding="utf-8")
+    key.write(key_path)
     return paths
 
 
 def import_review(judge_dir: Path | str, csv_path: Path | str, key_path: Path | str | None = None) -> dict:
-    """Read a filled CSV, write human.json into the judge directory and add the human section to its report."""
+    """Read a filled CSV, write human.json into the judge directory and add the human section to its report.
+    Returns human.json's content as a dict (HumanReview.dump: what the CLI prints and report.json's `human` holds)."""
     judge_dir, csv_path = Path(judge_dir), Path(csv_path)
     key_path = Path(key_path) if key_path else judge_dir / KEY_FILE
     for p, fix in ((csv_path, "give the filled CSV"), (key_path, "give the key written by `quantgate review export`"),
@@ -259,9 +275,9 @@ def import_review(judge_dir: Path | str, csv_path: Path | str, key_path: Path | 
     key = load_key(key_path)
     report = load_judge_report(judge_dir / JUDGE_REPORT)
     choices, blank, _ = parse_filled(read_csv(csv_path), key, str(csv_path))
-    human = human_summary(unblind(choices, key), report.comparison.winners, n_exported=len(key["items"]), n_blank=blank)
-    write_json(judge_dir / HUMAN_REVIEW, human)
-    report.human = human
+    human = human_summary(unblind(choices, key), report.comparison.winners, n_exported=len(key.items), n_blank=blank)
+    human.write(judge_dir / HUMAN_REVIEW)
+    report.human = written = human.dump()
     write_json(judge_dir / JUDGE_REPORT, report.to_file())
     (judge_dir / "report.md").write_text(render_markdown(report), encoding="utf-8")
-    return human
+    return written

@@ -2,6 +2,7 @@
 
 Layout of the output directory:
   manifest.json     judge (file hash, model, endpoint), eval set, the two runs' cache keys, settings, status
+                    (quantgate.judge.manifestfile.JudgeManifest)
   pairs.jsonl       the comparison pairs (id, category, question, reference, baseline, candidate)
   judgements.jsonl  one record per judge request (quantgate.judge.client); resumable, never re-judged
   report.json       calibration, comparison statistics, flags; report.md the same for people
@@ -28,6 +29,8 @@ from quantgate.judge.client import JudgeClientConfig, JudgeJob, judge_all
 from quantgate.judge.core import (Judge, JudgeSpec, PairItem, SLOTS, outcomes, parse_verdict, render,
                                   summarize_calibration, summarize_comparison, template_problems)
 from quantgate.judge.corrupt import CalibrationConfig, calibration_pairs
+from quantgate.judge.manifestfile import (CalibrationUsed, EvalsetRef, JudgedRun, JudgeManifest, JudgeRef, JudgeRunKey,
+                                          read_judge_manifest)
 from quantgate.judge.report import render_markdown
 from quantgate.judge.reportfile import JudgeReport
 
@@ -120,13 +123,14 @@ def _load_runs(es, baseline: Path | str, candidate: Path | str) -> tuple[tuple[d
     return runs
 
 
-def _claim(out: Path, key: dict[str, Any]) -> Path:
-    """The manifest path in `out`; a directory that holds a judge run of something else is refused."""
+def _claim(out: Path, key: JudgeRunKey) -> Path:
+    """The manifest path in `out`; a directory that holds a judge run of something else is refused (and one whose
+    manifest cannot be read, naming the file and field)."""
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / MANIFEST
     if manifest_path.is_file():
-        prev = json.loads(manifest_path.read_text(encoding="utf-8")).get("key", {})
-        diff = [k for k in key if prev.get(k) != key[k]]
+        prev, now = (read_judge_manifest(manifest_path).key or JudgeRunKey()).model_dump(), key.model_dump()
+        diff = [k for k in now if prev.get(k) != now[k]]
         if diff:
             raise QuantgateError(f"this directory holds a judge run of something else (differs in: {', '.join(diff)})",
                                  where=str(manifest_path), fix="use a new output folder, or delete this one")
@@ -167,19 +171,20 @@ def run_judge(judge_at: JudgeEndpoint, settings: JudgeSettings, *, evalset: Path
                              fix="finish both `quantgate eval` runs first")
 
     out = Path(out)
-    key = {"judge_sha256": judge.sha256, "judge_model": judge_at.model, "evalset_sha256": es.sha256,
-           "baseline": bm.get("cache_key"), "candidate": cm.get("cache_key"), "seed": st.seed}
+    key = JudgeRunKey(judge_sha256=judge.sha256, judge_model=judge_at.model, evalset_sha256=es.sha256,
+                      baseline=bm.get("cache_key"), candidate=cm.get("cache_key"), seed=st.seed)
     manifest_path = _claim(out, key)
     # unreachable judge or unknown model: a clear error before any work
     probe_server(judge_at.url, judge_at.model, judge_at.api_key)
-    manifest = {"schema": SCHEMA, "status": "running", "key": key, "endpoint": judge_at.url,
-                "judge": {"path": str(judge_path), "name": judge.spec.name, "version": judge.spec.version,
-                          "kind": judge.spec.kind, "sha256": judge.sha256},
-                "evalset": {"path": str(es.path), "name": es.meta.name, "version": es.meta.version},
-                "baseline": {"dir": str(baseline), "model": bm.get("model")},
-                "candidate": {"dir": str(candidate), "model": cm.get("model")},
-                "calibration": cal_cfg.model_dump() | {"bar": bar}, "margin": margin, "limit": limit}
-    write_json(manifest_path, manifest)
+    manifest = JudgeManifest(
+        schema=SCHEMA, status="running", key=key, endpoint=judge_at.url,
+        judge=JudgeRef(path=str(judge_path), name=judge.spec.name, version=judge.spec.version, kind=judge.spec.kind,
+                       sha256=judge.sha256),
+        evalset=EvalsetRef(path=str(es.path), name=es.meta.name, version=es.meta.version),
+        baseline=JudgedRun(dir=str(baseline), model=bm.get("model")),
+        candidate=JudgedRun(dir=str(candidate), model=cm.get("model")),
+        calibration=CalibrationUsed(**(cal_cfg.model_dump() | {"bar": bar})), margin=margin, limit=limit)
+    manifest.write(manifest_path)
     _write_pairs(out / "pairs.jsonl", items)
 
     cfg = JudgeClientConfig(endpoint=judge_at.url, model=judge_at.model, api_key=judge_at.api_key,
@@ -190,17 +195,18 @@ def run_judge(judge_at: JudgeEndpoint, settings: JudgeSettings, *, evalset: Path
         stats = judge_all(_jobs(judge, [*cal_items, *items]), path, cfg, lambda t: parse_verdict(judge, t),
                           judge.spec.retry)
     except QuantgateError as exc:
-        write_json(manifest_path, {**manifest, "status": "failed", "error": exc.message})
+        manifest.model_copy(update={"status": "failed", "error": exc.message}).write(manifest_path)
         raise
     report = build_report(judge, cal_items, items, path, bar=bar, margin=margin, drop=drop, worst=st.worst)
     report["judge_not_stronger"] = not_stronger(judge_at.model, judge_at.model_hash, {"baseline": bm, "candidate": cm},
                                                 st.not_stronger)
     report["skipped_ids"] = skipped
-    report["meta"] = {k: manifest[k] for k in ("judge", "evalset", "baseline", "candidate", "endpoint")} | {
+    written = manifest.dump()
+    report["meta"] = {k: written[k] for k in ("judge", "evalset", "baseline", "candidate", "endpoint")} | {
         "judge_model": judge_at.model, "client": stats}
     write_json(out / JUDGE_REPORT, report)
     (out / "report.md").write_text(render_markdown(JudgeReport.model_validate(report)), encoding="utf-8")
-    write_json(manifest_path, {**manifest, "status": "complete"})
+    manifest.model_copy(update={"status": "complete"}).write(manifest_path)
     return report
 
 

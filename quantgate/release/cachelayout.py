@@ -21,14 +21,16 @@ import json
 import re
 from pathlib import Path
 
-from quantgate.base.runfiles import MANIFEST, PERF
+from quantgate.base.runfiles import PERF
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import results_dir
 from quantgate.evals.dataset import file_sha256
 from quantgate.evals.setsource import meta_path_for
 from quantgate.evals.lmeval import settings as lmeval_settings
 from quantgate.evals.lmeval_tasks import LmEvalSpec, set_name, task_digest
+from quantgate.evals.manifestfile import read_status
 from quantgate.perf.models import ProbeSettings
+from quantgate.perf.probe import load_result
 from quantgate.perf.workloads import write_requests
 from quantgate.plan.build import load_planner_policy
 from quantgate.plan.slots import placement_free
@@ -123,14 +125,13 @@ def perf_runs_done(folder: Path) -> int:
 
 
 def perf_ok(folder: Path) -> bool:
+    """The probe's perf.json (quantgate.perf.models.PerfResult) says ok; a missing, unreadable or unfit one: not."""
     try:
-        return json.loads((folder / PERF).read_text()).get("status") == "ok"
-    except (OSError, ValueError):
+        return load_result(folder / PERF).status == "ok"
+    except (QuantgateError, ValueError):
         return False
 
 
 def eval_complete(eval_dir: Path) -> bool:
-    try:
-        return json.loads((eval_dir / MANIFEST).read_text()).get("status") == "complete"
-    except (OSError, ValueError):
-        return False
+    """The eval run's manifest (quantgate.evals.manifestfile) says complete; a missing or unreadable one: not."""
+    return read_status(eval_dir) == "complete"

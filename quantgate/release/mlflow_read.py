@@ -3,7 +3,8 @@ decision.json, and per variant its plan.json, quantization.json, evidence.json.
 
 Files without a typed reader of their own are read through base.typedfile.read_model into small models that hold
 only what the export uses and ignore the rest, so that a field added to a file later does not break an export; a
-file that does not fit raises RunFileError naming the file and the field.
+file that does not fit raises RunFileError naming the file and the field. quantization.json is read through its own
+model (quantize.manifest.QuantManifest), its calibration cut to the fields the export logs (`CALIBRATION_PARAMS`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from quantgate.base.runfiles import DECISION, EVIDENCE, PLAN, QUANTIZATION, RUN,
 from quantgate.base.runinfo import RunRecord, load_run_record
 from quantgate.base.typedfile import RunFileError, field_path, read_model
 from quantgate.gate.summaryfile import CandidateRow, Summary, load_summary
+from quantgate.quantize.manifest import CalibrationRecord, QuantManifest
 
 BASELINE = "baseline"
 M = TypeVar("M", bound=BaseModel)
@@ -97,20 +99,6 @@ class Plan(_Loose):
     vllm_args: dict[str, int | float | str | bool] = Field(default_factory=dict)
 
 
-class Quantization(_Loose):
-    class Calibration(_Loose):
-        source: str | None = None
-        dataset: str | None = None
-        samples: int | None = None
-        max_seq_length: int | None = None
-        seed: int | None = None
-
-    scheme: str | None = None
-    recipe_file: str | None = None
-    recipe_applied: str | None = None
-    calibration: Calibration | None = None
-
-
 class Evidence(_Loose):
     class Ref(_Loose):
         path: str | None = None
@@ -126,7 +114,7 @@ class Variant(BaseModel):
     decision: Decision | None = None
     row: CandidateRow | None = None
     plan: Plan | None = None
-    quantization: Quantization | None = None
+    quantization: QuantManifest | None = None
     evidence: Evidence | None = None
 
     @property
@@ -157,6 +145,19 @@ def _optional(path: Path, model: type[M], what: str) -> M | None:
     return read_model(path, model, what, _FIX) if path.is_file() else None
 
 
+CALIBRATION_PARAMS = ("source", "dataset", "samples", "max_seq_length", "seed")  # logged as calibration.<field>
+
+
+def _quantization(path: Path, what: str) -> QuantManifest | None:
+    """The variant's quantization.json (None when it has none), its calibration holding only `CALIBRATION_PARAMS`
+    (the hash, record and token counts are not logged)."""
+    q = _optional(path, QuantManifest, what)
+    if q is None or q.calibration is None:
+        return q
+    kept = q.calibration.model_dump(include=set(CALIBRATION_PARAMS))
+    return q.model_copy(update={"calibration": CalibrationRecord.model_validate(kept)})
+
+
 def read_release(run: Path | str) -> Release:
     """The run folder read for an export; QuantgateError when it is not a finished, gated run."""
     folder = Path(run)
@@ -178,8 +179,7 @@ def read_release(run: Path | str) -> Release:
     names = list(summary.candidates) + [c for c in decision.candidates if c not in summary.candidates]
     variants = [Variant(name=name, decision=decision.candidates.get(name), row=summary.candidates.get(name),
                         plan=_optional(folder / name / PLAN, Plan, f"{name}: serving plan"),
-                        quantization=_optional(folder / name / QUANTIZATION, Quantization,
-                                               f"{name}: quantization manifest"),
+                        quantization=_quantization(folder / name / QUANTIZATION, f"{name}: quantization manifest"),
                         evidence=_optional(folder / name / EVIDENCE, Evidence, f"{name}: evidence"))
                 for name in [BASELINE, *names]]
     return Release(folder=folder, record=record, spec=spec, summary=summary, decision=decision, variants=variants)
