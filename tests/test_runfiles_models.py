@@ -26,6 +26,7 @@ from quantgate.base.paths import EVAL_SETS
 from quantgate.base.runfiles import CELLS, COMPARE_DIR, DELTA, JUDGE_REPORT, PAY_OFF, REQUESTS, SUMMARY
 from quantgate.evals.comparefile import Comparison, load_comparison
 from quantgate.evals.dataset import load_evalset
+from quantgate.gate.decisionfile import load_run_decision, write_decision
 from quantgate.gate.evidence import collect
 from quantgate.gate.summaryfile import load_summary
 from quantgate.judge.reportfile import load_judge_report
@@ -193,6 +194,23 @@ def test_summary_reads_back_through_its_model(tmp_path):
     assert s == written  # what was made is what is read back
     assert row.regressions == 0 and row.agreement["default"] == 1.0 and s.policy["name"]
 
+
+
+def test_decision_file_reads_back_through_its_model(tmp_path):
+    """decision.json from the real gate, written through RunDecision (same keys in the same order as the plain dict
+    it replaced: `ladder` only with a ladder) and read back to the same decisions, each check's `passed` derived."""
+    (tmp_path / "spec.yaml").write_text(f"version: 1\nname: t\nmodel: demo\nhardware: x86-cpu\nschemes: [{CAND}]\n")
+    run = make_run(tmp_path, CAND)
+    decisions = rel.gate(load_spec(tmp_path / "spec.yaml"), run, [CAND])
+    for ladder in (None, [{"scheme": CAND, "tried": True}]):
+        path = write_decision(run, decisions, tmp_path / "decision.json", ladder=ladder)
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        assert list(doc) == ["schema_version", "decision", "promoted", "run", "policy", "created", "candidates",
+                             *(["ladder"] if ladder else [])]
+        assert doc["candidates"][CAND] == decisions[0].model_dump(mode="json")
+        back = load_run_decision(path)
+        assert back.candidates == {CAND: decisions[0]} and back.ladder == ladder and back.promoted == CAND
+        assert [c.passed for c in back.candidates[CAND].checks] == [c.passed for c in decisions[0].checks]
 
 def _retype(path: Path, where: list, value) -> None:
     doc = json.loads(path.read_text(encoding="utf-8"))

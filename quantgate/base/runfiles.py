@@ -24,10 +24,20 @@ A release's run folder (`results/runs/<run-id>/`):
     <candidate>/judge/report.json  the LLM judge's calibration and comparison                (judge.run)
     <candidate>/judge/human.json   the blinded human review's verdicts, beside review_key.json
 
-Files read back by later steps are typed: evals.comparefile, judge.reportfile, recall.resultfile, perf.payofffile,
-gate.summaryfile, gate.failurefile and release.runrecord (timings.json) hold their pydantic models, loaded through
-base.typedfile.read_model; run.json (base.runinfo) and evidence.json (release.variants) are versioned, with
-migrations (base.typedfile.read_migrated).
+Every file here is written and read through one pydantic model, in the package that owns it (the writer's fields in
+the file's order; a newer writer's keys are kept): run.json base.runinfo.RunRecord and evidence.json
+release.variants.Evidence (versioned, with migrations: base.typedfile.read_migrated), timings.json
+release.runrecord, status.json base.runstatus, summary.json gate.summaryfile, decision.json gate.decisionfile,
+error.json gate.failurefile.CandidateError, checkpoint.json release.variants.CheckpointRecord, schemes_auto.json
+release.autoschemes.AutoSchemesRecord, quantization.json quantize.manifest.QuantManifest, promotion.json
+release.registryfile (PromotedEntry or NoEntry), publish.json release.publishing.PublishLog, notify.json
+release.webhook.NotifyLog, fidelity/*.json fidelity.record.FidelityRecord, compare/*.json evals.comparefile, the
+judge's report.json, manifest.json, human.json and review_key.json judge.reportfile, judge.manifestfile and
+judge.reviewfile. In a cache folder: an eval run's manifest.json evals.manifestfile, cells.json and delta.json
+recall.resultfile, parity.json parity.engine.ParityRecord, perf.json perf.models.PerfResult, pay_off.json
+perf.payofffile, a fidelity dump's manifest.json fidelity.run.DumpManifest and a samples folder's
+fidelity.sampling.SamplesManifest. Readers that must refuse a bad file use base.typedfile.read_model (the file and
+the first field that failed); the report reads leniently, to show what an older or broken run still has.
 
 A measured variant's cache folder (`results/cache/variants/<key>/`) holds what the run folder points at:
 eval runs (`manifest.json`, `results.jsonl`, `scores.jsonl`), the recall run (`requests.jsonl`, `cells.json`, and

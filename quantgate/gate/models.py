@@ -12,9 +12,9 @@ at least one check passed.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from quantgate.perf.models import PayOffFigures
 
@@ -168,6 +168,12 @@ class Check(_Model):
     evidence_file: str | None = None
     reason: str
     power: Power | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _passed_is_derived(cls, data: Any) -> Any:
+        """A decision file's check carries `passed` (written from `outcome`): read back, it is derived again."""
+        return {k: v for k, v in data.items() if k != "passed"} if isinstance(data, dict) else data
 
     @computed_field  # type: ignore[prop-decorator]
     @property

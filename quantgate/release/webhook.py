@@ -26,7 +26,6 @@ import asyncio
 import datetime as dt
 import hashlib
 import hmac
-import json
 import os
 import uuid
 from collections.abc import Mapping
@@ -39,7 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from quantgate.base.runfiles import DECISION, REPORT_HTML, REPORT_MD
 from quantgate.base.fileio import write_json
 from quantgate.base.http import Retry, post_json
-from quantgate.base.typedfile import read_model
+from quantgate.base.typedfile import RunFileError, read_model
+from quantgate.gate.decisionfile import load_run_decision
 from quantgate.gate.summaryfile import NotifyRecord, Summary, as_json
 from quantgate.release.publishing import NOTIFY_FILE, NotifySpec
 
@@ -133,8 +133,8 @@ def notify_run(notify: list[NotifySpec], run: Path, summary: Summary) -> list[No
     """Send the run's decision to every webhook; records in <run>/notify.json."""
     run = Path(run)
     try:
-        decision = json.loads((run / DECISION).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        decision = load_run_decision(run / DECISION).model_dump(mode="json")
+    except RunFileError:  # missing or unreadable: the body still carries the summary's figures
         decision = {}
     records = []
     for n in notify:
