@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 import fsspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -101,21 +101,30 @@ class PublishTarget(BaseModel):
         return str(self.folder) if self.folder is not None else str(self.url)
 
 
-class PublishLog(BaseModel):
-    """<run>/publish.json: every publish of the run's promoted entries, in order."""
+class RecordLog(BaseModel):
+    """A run's log of outbound deliveries (publish.json, notify.json): the run id and one record per delivery."""
     model_config = ConfigDict(extra="allow")
+    FILE: ClassVar[str]
+    WHAT: ClassVar[tuple[str, str]]  # (what the file is, how it is made) for a reader's error
 
     run: str = Field(description="the run id (its folder's name)")
-    records: list[PublishRecord] = Field(default_factory=list)
+    records: list[Any] = Field(default_factory=list)
 
     def write(self, run: Path) -> None:
         """The records as as_json gives them (the fields each was given)."""
-        write_json(Path(run) / PUBLISH_FILE, self.model_dump(mode="json", exclude_unset=True))
+        write_json(Path(run) / self.FILE, self.model_dump(mode="json", exclude_unset=True))
 
     @classmethod
-    def load(cls, run: Path | str) -> PublishLog:
-        return read_model(Path(run) / PUBLISH_FILE, cls, "publish records",
-                          fix="it is written by a release whose spec has `publish:` targets; re-run the release")
+    def load(cls, run: Path | str) -> Self:
+        return read_model(Path(run) / cls.FILE, cls, cls.WHAT[0], fix=f"it is written by {cls.WHAT[1]}; re-run the release")
+
+
+class PublishLog(RecordLog):
+    """<run>/publish.json: every publish of the run's promoted entries, in order."""
+    FILE = PUBLISH_FILE
+    WHAT = ("publish records", "a release whose spec has `publish:` targets")
+
+    records: list[PublishRecord] = Field(default_factory=list)
 
 
 class NotifySpec(BaseModel):

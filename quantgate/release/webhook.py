@@ -33,36 +33,26 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from quantgate.base.runfiles import DECISION, REPORT_HTML, REPORT_MD
-from quantgate.base.fileio import write_json
 from quantgate.base.http import Retry, post_json
-from quantgate.base.typedfile import RunFileError, read_model
+from quantgate.base.typedfile import RunFileError
 from quantgate.gate.decisionfile import load_run_decision
 from quantgate.gate.summaryfile import NotifyRecord, Summary, as_json
-from quantgate.release.publishing import NOTIFY_FILE, NotifySpec
+from quantgate.release.publishing import NOTIFY_FILE, NotifySpec, RecordLog
 
 EVENT = "quantgate.decision"
 SIGNATURE = "X-Quantgate-Signature-256"
 SCORE_FIELDS = ("n", "base_mean", "cand_mean", "delta", "ci_low", "ci_high")
 
 
-class NotifyLog(BaseModel):
+class NotifyLog(RecordLog):
     """<run>/notify.json: every webhook told of the run's decision, in the spec's order."""
-    model_config = ConfigDict(extra="allow")
+    FILE = NOTIFY_FILE
+    WHAT = ("notification records", "a release whose spec has `notify:` webhooks")
 
-    run: str = Field(description="the run id (its folder's name)")
     records: list[NotifyRecord] = Field(default_factory=list)
-
-    def write(self, run: Path) -> None:
-        """The records as as_json gives them (the fields each was given)."""
-        write_json(Path(run) / NOTIFY_FILE, self.model_dump(mode="json", exclude_unset=True))
-
-    @classmethod
-    def load(cls, run: Path | str) -> NotifyLog:
-        return read_model(Path(run) / NOTIFY_FILE, cls, "notification records",
-                          fix="it is written by a release whose spec has `notify:` webhooks; re-run the release")
 
 
 def payload(summary: Mapping[str, Any], decision: Mapping[str, Any], run: Path, *, report_url: str | None,
