@@ -45,6 +45,7 @@ from quantgate.evals.setsource import is_evalset_folder, meta_path_for, samples_
 from quantgate.release.steps import feed_warnings
 from quantgate.gate.policy import CHECK_SECTIONS, DEFAULT_POLICY, GatePolicy, load_policy
 from quantgate.judge.review import check_csv, key_path_for, load_key
+from quantgate.judge.reviewfile import ReviewKey
 from quantgate.release.autoschemes import local_config
 from quantgate.release.external import checkpoint_problems, read_config
 from quantgate.release.resolve import load_spec, refuse_unservable
@@ -165,7 +166,7 @@ def _attempt(kind: Kind | None, path: Path, fn, *args, **kwargs) -> tuple[Result
 class Given:
     """What the options gave the checks: the context standalone eval sets are checked against, the review key."""
     context: int | None = None
-    key: dict | None = None
+    key: ReviewKey | None = None
 
 
 def _check_evalset(path: Path, max_context: int | None = None) -> None:

@@ -15,9 +15,8 @@ import io
 import json
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -202,12 +201,9 @@ def load_key(path: Path | str) -> ReviewKey:
                              where=f"{path} field '{field}'", fix=fix) from None
 
 
-def check_csv(path: Path | str, key: ReviewKey | Mapping[str, Any] | None = None) -> int:
-    """Validate a filled review CSV as `import_review` would: with its `key` (`load_key`; a key's JSON as a dict is
-    validated into one), review ids not in it are refused at their line; without one they are not matched. The
-    number of rows."""
-    if key is not None and not isinstance(key, ReviewKey):
-        key = ReviewKey.model_validate(key)
+def check_csv(path: Path | str, key: ReviewKey | None = None) -> int:
+    """Validate a filled review CSV as `import_review` would: with its `key` (`load_key`), review ids not in it are
+    refused at their line; without one they are not matched. The number of rows."""
     return parse_filled(read_csv(path), key, str(path))[2]
 
 
