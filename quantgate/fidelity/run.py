@@ -25,7 +25,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -52,11 +52,28 @@ class Sequence(BaseModel):
     score_from: int = Field(1, ge=1)
 
 
-class DumpManifest(BaseModel):
+class FolderManifest(BaseModel):
+    """A folder's manifest.json (a dump's, a samples folder's), written last (atomically) by whoever fills the
+    folder, and read leniently: a manifest that cannot be read means the folder is not complete."""
+    model_config = ConfigDict(extra="allow")
+
+    def write(self, folder: Path) -> None:
+        """Every field its writer set (None included), in the file's order."""
+        write_json(folder / MANIFEST, self.model_dump(mode="json", by_alias=True, exclude_unset=True))
+
+    @classmethod
+    def read(cls, folder: Path | str) -> Self | None:
+        """The folder's manifest, or None when it is missing or unreadable."""
+        try:
+            return cls.model_validate_json((Path(folder) / MANIFEST).read_bytes())
+        except (OSError, ValidationError):
+            return None
+
+
+class DumpManifest(FolderManifest):
     """A dump folder's manifest.json, written last (atomically) by whoever fills the folder: `score_sequences`,
     `sampling.write_dump` (the baseline's own, `source: sampling`) and `parts.merge_parts` (`parts`: how many). Read
     leniently (only `status` is required), so that a manifest of an older or newer writer still says what it can."""
-    model_config = ConfigDict(extra="allow")
 
     schema_: int | None = Field(None, alias="schema")
     status: str
@@ -71,17 +88,6 @@ class DumpManifest(BaseModel):
     source: str | None = None  # "sampling": the baseline's dump, read from its sampling answers
     parts: int | None = None   # merged from this many parts
 
-    def write(self, folder: Path) -> None:
-        """Every field its writer set (None included), in the file's order."""
-        write_json(folder / MANIFEST, self.model_dump(mode="json", by_alias=True, exclude_unset=True))
-
-    @classmethod
-    def read(cls, folder: Path | str) -> DumpManifest | None:
-        """The folder's manifest, or None when it is missing or unreadable (the dump is then not complete)."""
-        try:
-            return cls.model_validate_json((Path(folder) / MANIFEST).read_bytes())
-        except (OSError, ValidationError):
-            return None
 
 
 def stratified(items: list[dict], limit: int | None) -> list[dict]:

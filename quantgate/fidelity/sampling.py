@@ -43,13 +43,12 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import write_json
 from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json
 from quantgate.base.runfiles import MANIFEST
-from quantgate.fidelity.run import DUMP, SCHEMA as DUMP_SCHEMA, DumpManifest, Sequence, items_of, prompt_ids, read_lines, sequences_hash, stratified
+from quantgate.fidelity.run import DUMP, SCHEMA as DUMP_SCHEMA, DumpManifest, FolderManifest, Sequence, items_of, prompt_ids, read_lines, sequences_hash, stratified
 
 SCHEMA = 2  # 2: the sampled positions' logprobs and top-k (the baseline's dump) come with the samples
 SAMPLES = "samples.jsonl"
@@ -60,10 +59,9 @@ UNTRUNCATED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repe
                "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
-class SamplesManifest(BaseModel):
+class SamplesManifest(FolderManifest):
     """A samples folder's manifest.json, written last (atomically) by `sample_continuations`. Read leniently (only
     `status` is required): a manifest that cannot be read means the samples are not complete."""
-    model_config = ConfigDict(extra="allow")
 
     schema_: int | None = Field(None, alias="schema")
     status: str = Field(description="complete: every prompt has its line; partial: some failed (a re-run fills them)")
@@ -77,17 +75,6 @@ class SamplesManifest(BaseModel):
     elapsed_s: float | None = None
     error: str | None = Field(None, description="the first failure, as '<prompt id>: <error>'")
 
-    def write(self, folder: Path) -> None:
-        """Every field its writer set (None included), in the file's order."""
-        write_json(folder / MANIFEST, self.model_dump(mode="json", by_alias=True, exclude_unset=True))
-
-    @classmethod
-    def read(cls, folder: Path | str) -> SamplesManifest | None:
-        """The folder's manifest, or None when it is missing or unreadable (the samples are then not complete)."""
-        try:
-            return cls.model_validate_json((Path(folder) / MANIFEST).read_bytes())
-        except (OSError, ValidationError):
-            return None
 
 
 class Prompt(BaseModel):
