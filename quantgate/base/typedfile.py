@@ -12,12 +12,22 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quantgate.base.errors import QuantgateError
 
 M = TypeVar("M", bound=BaseModel)
 
+
+
+class SetFields(BaseModel):
+    """A file's model written as its writer gave it: `dump` is the fields the writer set (None included), under their
+    file names, in the model's order, so a file moved onto its model keeps its bytes. Keys of a newer writer are
+    kept."""
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_unset=True)
 
 class RunFileError(QuantgateError):
     """A run-folder file that cannot be read as its model: `path` is the file, `field` the dotted field (or None)."""

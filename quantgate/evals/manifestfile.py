@@ -16,16 +16,10 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag
 
 from quantgate.base.fileio import write_json
 from quantgate.base.runfiles import MANIFEST
-from quantgate.base.typedfile import RunFileError, read_model
+from quantgate.base.typedfile import RunFileError, SetFields, read_model
 
 
-class _Manifest(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-
-    def dump(self) -> dict[str, Any]:
-        """The fields that were set (None included), in the file's order."""
-        return self.model_dump(by_alias=True, exclude_unset=True)
-
+class _Manifest(SetFields):
     def write(self, path: Path) -> None:
         write_json(path, self.dump())
 

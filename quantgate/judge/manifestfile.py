@@ -9,12 +9,12 @@ run into the same folder (`read_judge_manifest`), which refuses a folder that ho
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.fileio import write_json
-from quantgate.base.typedfile import read_model
+from quantgate.base.typedfile import SetFields, read_model
+from quantgate.evals.manifestfile import EvalsetRef  # the eval set both runs answered
 
 _OPEN = ConfigDict(extra="allow")
 
@@ -42,15 +42,6 @@ class JudgeRef(BaseModel):
     sha256: str | None = None
 
 
-class EvalsetRef(BaseModel):
-    """The eval set both runs answered."""
-    model_config = _OPEN
-
-    path: str | None = None
-    name: str | None = None
-    version: int | None = None
-
-
 class JudgedRun(BaseModel):
     """One of the two eval runs compared: its folder and the model it served."""
     model_config = _OPEN
@@ -70,9 +61,8 @@ class CalibrationUsed(BaseModel):
     language_categories: list[str] | None = None
 
 
-class JudgeManifest(BaseModel):
+class JudgeManifest(SetFields):
     """<judge-dir>/manifest.json."""
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     schema_: int | None = Field(None, alias="schema")
     status: str | None = Field(None, description="running, failed or complete")
@@ -86,10 +76,6 @@ class JudgeManifest(BaseModel):
     margin: float | None = Field(None, description="non-inferiority margin on win rate - loss rate")
     limit: int | None = Field(None, description="judge the first N pairs; None: all")
     error: str | None = Field(None, description="failed: why")
-
-    def dump(self) -> dict[str, Any]:
-        """The fields that were set (None included), under their file names, in the file's order."""
-        return self.model_dump(by_alias=True, exclude_unset=True)
 
     def write(self, path: Path) -> None:
         write_json(path, self.dump())

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.fileio import write_json
+from quantgate.base.typedfile import SetFields
 from quantgate.judge.reportfile import Rate
 
 _OPEN = ConfigDict(extra="allow")
@@ -30,9 +31,8 @@ class ReviewItem(BaseModel):
     a: Literal["baseline", "candidate"]
 
 
-class ReviewKey(BaseModel):
+class ReviewKey(SetFields):
     """<judge-dir>/review_key.json (or where `--key` put it)."""
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     schema_: int | None = Field(None, alias="schema")
     seed: int | None = Field(None, description="the seed of the sample and of the A/B order")
@@ -41,7 +41,7 @@ class ReviewKey(BaseModel):
 
     def write(self, path: Path) -> None:
         """As json.dumps(indent=2) writes it (non-ASCII escaped), with a final newline."""
-        path.write_text(json.dumps(self.model_dump(by_alias=True, exclude_unset=True), indent=2) + "\n",
+        path.write_text(json.dumps(self.dump(), indent=2) + "\n",
                         encoding="utf-8")
 
 

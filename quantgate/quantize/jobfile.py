@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from quantgate.base.typedfile import read_model
+from quantgate.base.typedfile import SetFields, read_model
 
 
 class RunnerJob(BaseModel):
@@ -50,10 +49,9 @@ class DeviceRecord(BaseModel):
     peak_memory_bytes: int | None = None        # peak GPU memory of oneshot (on a GPU only)
 
 
-class RunnerResult(BaseModel):
+class RunnerResult(SetFields):
     """The child's result file: what it did, how long each part took, or why it refused or crashed. A field is
     written only once the child set it."""
-    model_config = ConfigDict(extra="allow")
 
     versions: dict[str, str] = {}         # library versions in the child
     workarounds: list[str] = []           # upstream bugs worked around in this run
@@ -67,10 +65,6 @@ class RunnerResult(BaseModel):
     save_s: float | None = None
     total_s: float | None = None
     crashed: str | None = None            # the traceback, when the child crashed
-
-    def dump(self) -> dict[str, Any]:
-        """The fields the child set, in the file's order."""
-        return self.model_dump(exclude_unset=True)
 
     def write(self, path: Path | str) -> None:
         Path(path).write_text(json.dumps(self.dump(), indent=2), encoding="utf-8")

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quantgate.base.fileio import write_json
-from quantgate.base.typedfile import read_model
+from quantgate.base.typedfile import SetFields, read_model
 from quantgate.quantize.jobfile import DeviceRecord
 
 MANIFEST = "quantgate-quant.json"
@@ -44,9 +44,8 @@ class CalibrationRecord(BaseModel):
     tokens: int | None = None          # tokens after rendering (the child counts them)
 
 
-class QuantManifest(BaseModel):
+class QuantManifest(SetFields):
     """What a checkpoint was made from, how, with what, and what came out."""
-    model_config = ConfigDict(extra="allow")
 
     reused: bool | None = None                   # only in quantization.json: the checkpoint existed already
     format: int | None = None                    # quantize.run.FORMAT when it was made
@@ -69,10 +68,6 @@ class QuantManifest(BaseModel):
     compression_ratio: float | None = None       # source weights / quantized weights
     files: dict[str, int] | None = None          # every file of the folder -> its size
     created: str | None = None
-
-    def dump(self) -> dict[str, Any]:
-        """The fields that were set (None included), in the file's order."""
-        return self.model_dump(exclude_unset=True)
 
     def write(self, folder: Path) -> None:
         """<folder>/quantgate-quant.json, as json.dumps(indent=2) writes it (no final newline)."""
