@@ -10,7 +10,7 @@ from _gate_fixtures import fidelity_file
 
 from quantgate.base.paths import EVAL_SETS, RELEASES
 from quantgate.gate.early import early_fidelity_checks
-from quantgate.release.early import EarlyDecision, early_decision
+from quantgate.release.early import EarlyDecision, Verdicts, early_decision
 from quantgate.release.measurements import VariantJob, ordered_steps
 from quantgate.release.resolve import load_spec
 from quantgate.release.variants import Variant
@@ -45,7 +45,8 @@ def test_a_candidate_far_beyond_its_kl_limit_fails_the_gates_own_early_check(tmp
                                                                        "int8-w8a8"))
 
 
-def _steps(tmp_path: Path, early: EarlyDecision | None, baseline: bool = False, parts: int = 1) -> list:
+def _steps(tmp_path: Path, early: EarlyDecision | None, baseline: bool = False, parts: int = 1,
+           verdicts: Verdicts | None = None) -> list:
     """The registry's steps for a variant with every kind pending (quantgate.release.measurements)."""
     spec = load_spec(_spec(tmp_path))
     variant = Variant(name="baseline" if baseline else "int8-w8a8", path=tmp_path, content_hash="0" * 64,
@@ -53,7 +54,8 @@ def _steps(tmp_path: Path, early: EarlyDecision | None, baseline: bool = False, 
     fid = {"main": tmp_path / "main", **({"alt": tmp_path / "alt"} if baseline else {})}
     ref = {"default": tmp_path / "cache" / "evals" / "default"}
     job = VariantJob(spec=spec, variant=variant, run=tmp_path, folder=tmp_path, cache=tmp_path / "cache",
-                     tokenizer=tmp_path, reference=ref, baseline=baseline, log=lambda _: None, parts=parts)
+                     tokenizer=tmp_path, reference=ref, baseline=baseline, log=lambda _: None, parts=parts,
+                     verdicts=verdicts)
     folders = {"evals": {"default": tmp_path / "ev"}, "recall": {"recall": tmp_path / "recall"},
                "perf": {"perf": tmp_path / "perf"}, "fidelity": fid}
     return ordered_steps(job, folders, {k: list(v) for k, v in folders.items()}, early)
@@ -98,8 +100,8 @@ def test_scored_in_parts_the_skips_wait_for_the_part_that_decides(tmp_path):
     early = early_decision(spec, tmp_path, cand, {"default": tmp_path / "ev"}, None, log=lambda _: None)
     assert early is not None
     names = [s.name for s in _steps(tmp_path, early, parts=3)]
-    assert names == ["eval default", "fidelity (main, part 1/3)", "fidelity (main, part 2/3)",
-                     "fidelity (main, part 3/3)", "recall", "perf"]
+    assert names == ["eval default", "fidelity (main, ahead of the samples)", "fidelity (main, part 1/3)",
+                     "fidelity (main, part 2/3)", "fidelity (main, part 3/3)", "recall", "perf"]
     assert [s.name for s in _steps(tmp_path, None, baseline=True, parts=3)][:3] == [  # the baseline: whole
         "fidelity (samples)", "fidelity (main)", "fidelity (alt)"]
     answers: list[bool] = []
@@ -137,5 +139,47 @@ def test_without_the_baselines_dumps_nothing_is_decided_and_nothing_fails(tmp_pa
     said: list[str] = []
     early = early_decision(spec, tmp_path / "run", cand, {"default": tmp_path / "cache" / "evals" / "d"}, None,
                            log=said.append)
+    early.verdicts = Verdicts(["int8-w8a8"])
     early.judge(tmp_path / "cand-main")  # no dump anywhere: a measurement must not fail for an optimisation
     assert early.reason is None and not early.skips("recall") and "not deciding early" in said[-1]
+    assert early.verdicts.settled == {"int8-w8a8"} and not early.verdicts.rejected  # judged: nothing more to wait for
+
+
+def test_the_baseline_skips_its_recall_and_perf_once_every_candidate_is_rejected_early(tmp_path):
+    verdicts = Verdicts(["int8-w8a8", "w4a16-gptq"])
+    steps = {s.name: s for s in _steps(tmp_path, None, baseline=True, verdicts=verdicts)}
+    assert steps["recall"].wanted() and steps["perf"].wanted() and steps["eval default"].wanted is None
+    verdicts.reject("int8-w8a8")
+    assert steps["recall"].wanted() and not verdicts.skips("recall")  # one candidate is still undecided
+    verdicts.reject("w4a16-gptq")
+    assert not steps["recall"].wanted() and not steps["perf"].wanted()  # no extra server starts for them
+    steps["recall"].run(None)  # a server would be asked for something: None would raise
+    steps["perf"].run(None)
+    assert set(verdicts.skipped) == {"recall", "perf"}
+    assert "(int8-w8a8, w4a16-gptq)" in verdicts.skipped["recall"] and not verdicts.skips("eval default")
+    # a candidate's own steps are its own EarlyDecision's to skip, not the release's
+    cand = {s.name: s for s in _steps(tmp_path, None, verdicts=verdicts)}
+    assert cand["recall"].wanted is None
+
+
+def test_a_baseline_left_with_only_skippable_steps_waits_for_every_verdict_first(tmp_path):
+    """An unchanged re-run of a release whose baseline skipped its recall grid and perf probe: the baseline starts
+    no server for them before every candidate has settled, and none at all when every one is rejected."""
+    import threading
+
+    verdicts = Verdicts(["a", "b"])
+    todo = {"evals": [], "fidelity": [], "recall": ["recall"], "perf": ["perf"]}
+    waiting = threading.Thread(target=verdicts.drop_skippable, args=(todo,))
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive()  # b has not settled
+    verdicts.reject("a")
+    verdicts.settle("b")  # judged, not rejected (or its job ended)
+    waiting.join(5)
+    assert not waiting.is_alive() and todo["recall"] == ["recall"] and todo["perf"] == ["perf"]  # measured
+    verdicts.reject("b")
+    verdicts.drop_skippable(todo)
+    assert todo["recall"] == [] and todo["perf"] == []
+    more = {"evals": ["default"], "recall": ["recall"]}  # other work to serve for: no wait, nothing dropped here
+    Verdicts(["c"]).drop_skippable(more)
+    assert more == {"evals": ["default"], "recall": ["recall"]}

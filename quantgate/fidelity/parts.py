@@ -14,19 +14,29 @@ resumable as any other. When the last part is complete, its lines are written in
 piece and `<out>/manifest.json` says complete for the whole set (`parts`: how many); the part folders are then
 removed. A merge interrupted half-way is redone from the parts on the next run; `out` never looks complete before
 its manifest is written.
+
+Scoring ahead of the samples (`stream_dir`): while the baseline is still sampling, the candidate's own server scores
+each continuation as soon as its line is written, into `<out>/parts/stream/` (lines only, no manifest), instead of
+waiting idle for the whole set. A part then starts from the lines the stream holds for its sequences (`seed`): they
+are copied into the part's folder, and only the rest is scored. The stream is a head start, never the record: a
+part checks every copied line against its own sequences (ids, tokens, top-k), so a stream that stopped anywhere,
+or holds lines of other samples, changes nothing but the time.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from pathlib import Path
 
 from quantgate.base.fileio import write_text
 from quantgate.base.runfiles import MANIFEST
-from quantgate.fidelity.run import DUMP, SCHEMA, DumpManifest, Sequence, is_complete, sequences_hash
+from quantgate.base.http import JsonlAppender
+from quantgate.fidelity.run import DUMP, SCHEMA, DumpManifest, Sequence, is_complete, read_lines, sequences_hash
 
 PARTS = "parts"
+STREAM = "stream"
 _MERGING = threading.Lock()  # parts of one dump finish in threads of one process: one merges, the others see it done
 
 
@@ -39,6 +49,49 @@ def part(sequences: list[Sequence], index: int, count: int) -> list[Sequence]:
 
 def part_dir(out_dir: Path | str, index: int, count: int) -> Path:
     return Path(out_dir) / PARTS / f"{index + 1}-of-{count}"
+
+
+def stream_dir(out_dir: Path | str) -> Path:
+    """Where a dump's lines scored ahead of the samples go (removed with the parts when the dump is merged)."""
+    return Path(out_dir) / PARTS / STREAM
+
+
+def seed(out_dir: Path | str, sequences: list[Sequence], folder: Path, top_k: int) -> int:
+    """Copy the stream's lines of `sequences` (same ids, tokens and top-k) that `folder`'s dump does not hold yet
+    into it, before the folder is scored; returns how many. Nothing when the folder is complete or has no stream."""
+    source = stream_dir(out_dir) / DUMP
+    if not source.is_file() or is_complete(folder, sequences_hash(sequences), top_k):
+        return 0
+    wanted = {s.id: s for s in sequences}
+    have = {rec.get("id") for rec in read_lines(folder / DUMP)}
+    lines = []
+    for rec in finished_lines(source):
+        s = wanted.get(str(rec.get("id")))
+        if (s is not None and s.id not in have and rec.get("ids") == s.token_ids
+                and rec.get("score_from") == s.score_from and all(len(t[0]) == top_k for t in rec.get("top", []))):
+            lines.append(rec)
+            have.add(s.id)  # a line the stream holds twice is copied once
+    if lines:
+        folder.mkdir(parents=True, exist_ok=True)
+        with JsonlAppender(folder / DUMP) as writer:
+            for rec in lines:
+                writer.write(rec)
+    return len(lines)
+
+
+def finished_lines(path: Path) -> list[dict]:
+    """The lines of a file another thread may still append to, read without touching it: up to its last newline,
+    any line that does not parse passed over."""
+    data = path.read_bytes()
+    out = []
+    for raw in data[:data.rfind(b"\n") + 1].splitlines():
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
 
 
 def merge_parts(out_dir: Path | str, sequences: list[Sequence], count: int, top_k: int) -> bool:

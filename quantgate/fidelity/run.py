@@ -280,6 +280,16 @@ async def _score_all(url: str, model: str, api_key: str | None, todo: list[Seque
     return failed
 
 
+def append_scores(endpoint: str, model: str, api_key: str | None, sequences: list[Sequence], path: Path, *,
+                  top_k: int, concurrency: int, retry: Retry | None = None,
+                  tick: Callable[[], None] = lambda: None) -> list[tuple[str, str]]:
+    """Score `sequences` and append their lines to the dump file `path` as they come (no manifest: the caller's
+    folder says what the lines are); returns the (id, error) of those that failed after retries. A refused top-k,
+    API key or model name is raised."""
+    return asyncio.run(_score_all(api_base(endpoint) + "/completions", model, api_key, sequences, path, top_k,
+                                  max(1, concurrency), retry or Retry(), tick))
+
+
 def score_sequences(endpoint: str, model: str, api_key: str | None, sequences: list[Sequence], out_dir: Path | str,
                     *, top_k: int = 10, concurrency: int = 4, timeout_s: float = 300.0, max_attempts: int = 4,
                     progress: Progress | None = None) -> Path:
@@ -307,9 +317,8 @@ def score_sequences(endpoint: str, model: str, api_key: str | None, sequences: l
         if progress is not None:
             progress(count[0], len(sequences))
 
-    retry = Retry(timeout_s=timeout_s, max_attempts=max_attempts)
-    failed = asyncio.run(_score_all(api_base(endpoint) + "/completions", model, api_key, todo, path, top_k,
-                                    max(1, concurrency), retry, tick)) if todo else []
+    failed = append_scores(endpoint, model, api_key, todo, path, top_k=top_k, concurrency=concurrency,
+                           retry=Retry(timeout_s=timeout_s, max_attempts=max_attempts), tick=tick) if todo else []
     first = f"{failed[0][0]}: {failed[0][1]}" if failed else None
     DumpManifest(schema=SCHEMA, status="partial" if failed else "complete", n=len(sequences),
                  n_scored=len(sequences) - len(failed), top_k=top_k, model=model, endpoint=endpoint,

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -204,7 +205,9 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
         return path
     (out / MANIFEST).unlink(missing_ok=True)
     done = _kept(path, prompts, top_k)
-    todo = [p for p in prompts if p.id not in done]
+    # longest first: a haystack's prefill and long continuation are not left for a thin batch at the end, and a
+    # candidate scoring ahead of the samples (quantgate.fidelity.parts) gets its costliest sequences early
+    todo = sorted((p for p in prompts if p.id not in done), key=lambda p: -(len(p.token_ids) + (p.max_tokens or max_tokens)))
     failed: list[tuple[str, str]]
     count, failed = [len(done)], []
     url = api_base(endpoint) + "/completions"
@@ -243,6 +246,36 @@ def load_sequences(out_dir: Path | str) -> list[Sequence]:
     """The sequences to score from a complete samples folder: prompt + continuation, scored from the end of the
     prompt (the continuation only). A prompt whose continuation is empty has nothing to score and is left out."""
     return _sequences(_complete_lines(Path(out_dir)))
+
+
+class SamplesTail:
+    """The sequences of a samples folder as the baseline writes it, before it is complete: each `new()` parses only
+    the complete lines appended since the last call (a torn last line waits for its end). Best effort, for scoring
+    ahead of the samples (quantgate.fidelity.parts' stream): a line that does not parse is passed over, and a file
+    cut shorter (a resumed sampling that dropped a torn line) is read again from its start; the caller skips ids
+    it has seen. What is scored from the complete folder (`load_sequences`) is what counts."""
+
+    def __init__(self, out_dir: Path | str):
+        self.path, self.offset = Path(out_dir) / SAMPLES, 0
+
+    def new(self) -> list[Sequence]:
+        try:
+            with self.path.open("rb") as fh:
+                if os.fstat(fh.fileno()).st_size < self.offset:
+                    self.offset = 0
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        lines = []
+        for raw in data[:end].splitlines():
+            try:
+                lines.append(json.loads(raw))
+            except json.JSONDecodeError:
+                continue
+        return _sequences([r for r in lines if isinstance(r, dict) and {"id", "category", "prompt_ids", "ids"} <= r.keys()])
 
 
 def _complete_lines(out: Path) -> list[dict]:

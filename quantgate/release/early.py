@@ -17,6 +17,11 @@ until no part is in flight (`with early.scoring():` around each), so the decisio
 
 What was skipped and why goes into the candidate's evidence.json (`skipped`), the summary's notes and the report.
 `decide_early: false` in the spec measures everything.
+
+The baseline beside them (`Verdicts`): its own recall grid and perf probe are only ever compared with a
+candidate's. When every candidate of the release has its REJECT decided before the baseline reaches them, they
+can change no decision of this release, and the baseline skips them too (its evidence.json says why; the next
+release that needs them measures them). Not in a ladder, whose next rung may need them.
 """
 
 from __future__ import annotations
@@ -37,16 +42,74 @@ from quantgate.release.variants import Log, Variant, policy_path
 SKIPPABLE = ("recall", "perf", "judge")  # the steps a decided REJECT makes pointless (evals stay: the report's deltas)
 
 
+class Verdicts:
+    """One release's early verdicts, shared by its candidates (who report a decided REJECT) and its baseline (who
+    asks `skips(step)` before its recall grid and perf probe). Thread-safe: the jobs run in threads of one flow."""
+
+    def __init__(self, candidates: list[str]) -> None:
+        self.candidates = set(candidates)
+        self.rejected: set[str] = set()
+        self.settled: set[str] = set()  # judged early (rejected or not), or ended without deciding
+        self.skipped: dict[str, str] = {}  # the baseline's steps not run, and why
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+
+    def reject(self, candidate: str) -> None:
+        with self._lock:
+            self.rejected.add(candidate)
+            self.settled.add(candidate)
+            self._changed.notify_all()
+
+    def settle(self, candidate: str) -> None:
+        """The candidate will decide nothing early from now on (judged, or its job ended or failed)."""
+        with self._lock:
+            self.settled.add(candidate)
+            self._changed.notify_all()
+
+    def wait_settled(self) -> None:
+        """Until every candidate is settled: a baseline left with nothing but skippable steps (its answers
+        cached, as in an unchanged re-run) asks this before it starts a server for them. The flow settles a
+        candidate whose quantization failed; each candidate's job settles itself when it ends."""
+        with self._lock:
+            self._changed.wait_for(lambda: self.candidates <= self.settled)
+
+    def all_rejected(self) -> bool:
+        with self._lock:
+            return bool(self.candidates) and self.candidates <= self.rejected
+
+    def drop_skippable(self, todo: dict[str, list[str]]) -> None:
+        """A baseline left with only steps that every candidate's decided REJECT would skip (an unchanged re-run of
+        a release whose baseline skipped them): wait for the candidates' verdicts before a server is started for
+        them, and drop them from `todo` (kind -> pending keys) when every REJECT is decided."""
+        pending = {kind for kind, keys in todo.items() if keys}
+        if not pending or not pending <= set(SKIPPABLE):
+            return
+        self.wait_settled()
+        for kind in pending:
+            if self.skips(kind):
+                todo[kind] = []
+
+    def skips(self, step: str) -> bool:
+        """Whether the baseline skips `step` (recorded): a skippable step, every candidate's REJECT decided."""
+        if step not in SKIPPABLE or not self.all_rejected():
+            return False
+        with self._lock:
+            self.skipped[step] = ("every candidate's REJECT was decided by fidelity first "
+                                  f"({', '.join(sorted(self.rejected))}): no decision of this release compares with it")
+        return True
+
+
 class EarlyDecision:
     """One candidate's early decision: judged once, after its fidelity dump, read by the steps that may skip."""
 
     def __init__(self, spec: ReleaseSpec, run: Path, variant: Variant, reference: Mapping[str, Path], *,
-                 wait: Callable[[], None] | None, log: Log) -> None:
+                 wait: Callable[[], object] | None, log: Log) -> None:
         self.spec, self.run, self.variant, self.reference = spec, run, variant, reference
         self.wait, self.log = wait, log
         plan = fidelity_looks(spec)  # the planned looks: this one spends its share of alpha
         self.looks = (plan, fidelity_size(spec)) if plan else None
         self.reason: str | None = None   # why the REJECT is decided (the failed checks), None while it is not
+        self.verdicts: Verdicts | None = None  # the release's, told of a decided REJECT (set by the caller)
         self.skipped: dict[str, str] = {}  # step -> why it did not run
         self._lock = threading.Lock()
         self._in_flight = 0  # fidelity parts being scored now (scoring())
@@ -54,7 +117,15 @@ class EarlyDecision:
 
     def judge(self, cand_dump: Path) -> None:
         """The gate's fidelity checks on this candidate's dump against the baseline's (waiting for those); a failed
-        one decides the REJECT. A baseline that never finishes its dumps leaves the decision to the final gate."""
+        one decides the REJECT. A baseline that never finishes its dumps leaves the decision to the final gate.
+        The release's verdicts hear of it either way."""
+        try:
+            self._judge(cand_dump)
+        finally:
+            if self.verdicts is not None:
+                self.verdicts.settle(self.variant.name)
+
+    def _judge(self, cand_dump: Path) -> None:
         try:
             if self.wait is not None:
                 self.wait()
@@ -78,6 +149,8 @@ class EarlyDecision:
                 (f" (and {len(failed) - 3} more)" if len(failed) > 3 else "")
             self.log(f"{self.variant.name}: REJECT decided by fidelity ({len(failed)} failed check(s)); skipping "
                      f"{', '.join(SKIPPABLE)} (decide_early: false measures them): {self.reason}")
+            if self.verdicts is not None:
+                self.verdicts.reject(self.variant.name)
 
     @contextmanager
     def scoring(self) -> Iterator[None]:
@@ -105,7 +178,7 @@ class EarlyDecision:
 
 
 def early_decision(spec: ReleaseSpec, run: Path, variant: Variant, reference: Mapping[str, Path] | None,
-                   wait: Callable[[], None] | None, log: Log) -> EarlyDecision | None:
+                   wait: Callable[[], object] | None, log: Log) -> EarlyDecision | None:
     """The candidate's EarlyDecision, or None: the baseline itself, `decide_early: false` (the flow sets it for
     widened rounds), or no fidelity to decide on."""
     if reference is None or not spec.decide_early or spec.fidelity is None:
@@ -115,4 +188,4 @@ def early_decision(spec: ReleaseSpec, run: Path, variant: Variant, reference: Ma
     return EarlyDecision(spec, run, variant, reference, wait=wait, log=log)
 
 
-__all__ = ["SKIPPABLE", "EarlyDecision", "early_decision"]
+__all__ = ["SKIPPABLE", "EarlyDecision", "Verdicts", "early_decision"]

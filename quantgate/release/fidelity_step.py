@@ -22,6 +22,7 @@ Files:
     <baseline cache>/fidelity/<key>-samples/                           samples.jsonl + manifest.json
     <variant cache>/fidelity/<key>-main/  and (baseline) <key>-alt/   logprobs.jsonl + manifest.json
     <candidate cache>/fidelity/<key>-main/parts/<i>-of-<n>/          while it is scored in parts (measure_part)
+    <candidate cache>/fidelity/<key>-main/parts/stream/              lines scored ahead of the samples (score_ahead)
     <run>/fidelity/<candidate>.json, <run>/fidelity/floor.json      {"summary", "samples", "dumps", "estimator"}
 """
 
@@ -29,25 +30,31 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from quantgate.base.errors import QuantgateError, SettingError
+from quantgate.base import progress
 from quantgate.base.fileio import lock
+from quantgate.base.http import Retry
 from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.fidelity import sampling
 from quantgate.fidelity.core import SampleFidelity, merge_draws, summarize
-from quantgate.fidelity.parts import merge_parts, part, part_dir
+from quantgate.fidelity.parts import finished_lines, merge_parts, part, part_dir, seed, stream_dir
 from quantgate.fidelity.record import FidelityRecord
-from quantgate.fidelity.run import CONTEXT_PREFIX, Sequence, compare_dumps, is_complete, score_sequences, stratified
+from quantgate.fidelity.run import (CONTEXT_PREFIX, DUMP, Sequence, append_scores, compare_dumps, is_complete,
+                                    score_sequences, stratified)
 from quantgate.recall.run import build_checked_grid, load_needle_data
 from quantgate.release.spec import ReleaseSpec
 
 Log = Callable[[str], None]
-FLOOR_CONTEXT = 2  # haystack sequences per context length in the floor's subset
+FLOOR_CONTEXT = 1  # haystack sequences per context length in the floor's subset (each is a long prefill on the
+# baseline's own slot, between its samples and a candidate's early decision)
 DRAW = "#"  # a prompt's k-th sampled continuation is the sequence <prompt id>#<k>
 SAMPLE_CONCURRENCY = 32  # decoding is the cost of sampling: a wide batch is many times faster on a CPU
+AHEAD_POLL_S = 2.0  # how often scoring ahead of the samples looks for new lines
 ESTIMATOR = "sampled-logratio"  # what <run>/fidelity/*.json's kl means (quantgate.fidelity.core)
 
 
@@ -194,9 +201,44 @@ def measure_part(spec: ReleaseSpec, srv, out: Path, samples: Path, log: Log, whi
     index, count = which
     assert spec.fidelity is not None
     seqs = sampling.load_sequences(samples)
-    _score(spec, srv, part(seqs, index, count), part_dir(out, index, count),
-           f"{srv.config.name}: fidelity (main, part {index + 1}/{count})", log)
+    mine, folder, label = part(seqs, index, count), part_dir(out, index, count), \
+        f"{srv.config.name}: fidelity (main, part {index + 1}/{count})"
+    if ahead := seed(out, mine, folder, spec.fidelity.top_k):
+        log(f"{label}: {ahead} of its {len(mine)} sequences were scored ahead of the samples")
+    _score(spec, srv, mine, folder, label, log)
     return merge_parts(out, seqs, count, spec.fidelity.top_k)
+
+
+def score_ahead(spec: ReleaseSpec, srv, out: Path, samples: Path, finished: Callable[[], bool], log: Log) -> int:
+    """While the baseline samples, score each continuation whose line is written into `out`'s stream folder
+    (quantgate.fidelity.parts), until `finished()` says the samples are complete (it raises when the baseline's job
+    failed); returns how many were scored. The parts then score only what the stream did not."""
+    f = spec.fidelity
+    assert f is not None
+    tail, path = sampling.SamplesTail(samples), stream_dir(out) / DUMP
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seen = {rec.get("id") for rec in finished_lines(path)} if path.is_file() else set()
+    scored = tokens = 0
+    said = time.monotonic()
+    while not finished():
+        new = [s for s in tail.new() if s.id not in seen]
+        if not new:
+            time.sleep(AHEAD_POLL_S)
+            continue
+        with progress.reporting(f"{srv.config.name}: fidelity ahead of the samples"):  # a bar, no line per batch
+            failed = append_scores(srv.base_url, srv.config.name, srv.api_key, new, path, top_k=f.top_k,
+                                   concurrency=f.concurrency, retry=Retry(timeout_s=300.0, max_attempts=4))
+        seen |= {s.id for s in new}  # a failed one is the parts' to score
+        lost = {sid for sid, _ in failed}
+        scored += len(new) - len(lost)
+        tokens += sum(len(s.token_ids) - s.score_from for s in new if s.id not in lost)
+        if time.monotonic() - said >= 30:
+            log(f"{srv.config.name}: fidelity ahead of the samples: {scored} sequences scored so far")
+            said = time.monotonic()
+    if scored:
+        log(f"{srv.config.name}: fidelity ahead of the samples: {scored} sequences ({tokens} scored tokens) scored "
+            "while the baseline sampled")
+    return scored
 
 
 def _score(spec: ReleaseSpec, srv, scored: list[Sequence], folder: Path, label: str, log: Log) -> None:

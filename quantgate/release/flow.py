@@ -42,6 +42,7 @@ from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, Summary, as_
 from quantgate.release import fidelity_step, judge_cache, outcome, pools, publishing, schedule, webhook
 from quantgate.release.adaptive import fidelity_looks, widen
 from quantgate.release.autoschemes import at_flow_start
+from quantgate.release.early import Verdicts
 from quantgate.release import steps as rel
 from quantgate.release.runrecord import recording_status, timed
 from quantgate.release.resolve import load_spec
@@ -58,7 +59,8 @@ def prepare_model(spec: ReleaseSpec, run: Path) -> Path:
 
 
 @task(cache_policy=NO_CACHE)
-def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path, pool: schedule.SlotPool) -> rel.Variant:
+def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path, pool: schedule.SlotPool,
+             verdicts: Verdicts | None = None) -> rel.Variant:
     """llmcompressor in a child process, pinned to a CPU slot; an artifact with the same inputs is reused."""
     log = get_run_logger().info
     try:
@@ -68,6 +70,8 @@ def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path, pool: s
             return rel.quantize_variant(spec, model_dir, scheme, run, log=log)
     except BaseException:
         pool.withdraw(f"quantize {scheme}", scheme)  # its server will not come: lend its slot to the others
+        if verdicts is not None:
+            verdicts.settle(scheme)  # nor its early verdict
         raise
 
 
@@ -84,17 +88,25 @@ def serve_and_evaluate(req: rel.MeasureRequest, pool: schedule.SlotPool,
     spec, variant, reference = req.spec, req.variant, req.reference
     ready = None
     if reference is not None and spec.fidelity is not None:
-        def ready(dumps: bool = False) -> None:  # the baseline's fidelity samples (or its dumps of them), in its cache
+        def ready(dumps: bool = False, block: bool = True) -> bool:  # the baseline's fidelity samples (or its
+            # dumps of them), in its cache; block=False: whether they are complete now
             if dumps:
-                schedule.wait_for_reference(fidelity_step.baseline_dumps(spec, reference), baseline_failed, log,
-                                            final=lambda d: fidelity_run.is_complete(d, None))
+                folders, final = (fidelity_step.baseline_dumps(spec, reference),
+                                  lambda d: fidelity_run.is_complete(d, None))
             else:
-                schedule.wait_for_reference({"samples": fidelity_step.samples_dir(spec, reference)}, baseline_failed,
-                                            log, final=sampling.is_complete)
+                folders, final = {"samples": fidelity_step.samples_dir(spec, reference)}, sampling.is_complete
+            if not block:
+                return schedule.reference_final(folders, baseline_failed, final)
+            schedule.wait_for_reference(folders, baseline_failed, log, final=final)
+            return True
     rank = schedule.BASELINE if req.parity else schedule.CANDIDATE
     with pool.take_for(variant.name, rank, variant.endpoint is not None) as slot, schedule.pinned(slot), \
             progress.reporting(variant.name, log=log), timed(req.run, f"serve and measure {variant.name}") as row:
-        ev = rel.serve_and_evaluate(req, log=log, slot=slot, reference_ready=ready, lender=pool)
+        try:
+            ev = rel.serve_and_evaluate(req, log=log, slot=slot, reference_ready=ready, lender=pool)
+        finally:  # a candidate decides nothing more early (quantgate.release.early.Verdicts)
+            if req.verdicts is not None and reference is not None:
+                req.verdicts.settle(variant.name)
         row.served, row.slot = ev.served, slot.label if slot else None
         return ev
 
@@ -168,8 +180,13 @@ def measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path,
                   for c in candidates]
     coming = _slot_jobs(pool, base if baseline else None, candidates)
     pool.announce(*coming)  # no slot is lent to a variant's extra server while these still have to take theirs
+    # The candidates' early verdicts, for a baseline measured beside them (not one slot: it goes first there) and
+    # not in a ladder (a later rung may need what the baseline would skip)
+    verdicts = (Verdicts([c if isinstance(c, str) else c.name for c in candidates])
+                if baseline and not s.ladder and s.decide_early and s.fidelity and pool.width > 1 else None)
     try:
-        return _measure(pool, model_dir, rel.MeasureRequest(s, base, run, parity=True), reference, candidates, baseline)
+        return _measure(pool, model_dir, rel.MeasureRequest(s, base, run, parity=True, verdicts=verdicts), reference,
+                        candidates, baseline)
     finally:
         pool.withdraw(*coming)
 
@@ -189,10 +206,13 @@ def _measure(pool: schedule.SlotPool, model_dir: Path, base: rel.MeasureRequest,
              candidates: list, baseline: bool) -> tuple[rel.Evidence | None, list[rel.Evidence]]:
     s, run = base.spec, base.run
     base_job = serve_and_evaluate.submit(base, pool=pool) if baseline else None
-    candidates = [quantize.submit(s, model_dir, c, run, pool) if isinstance(c, str) else c for c in candidates]
+    verdicts = base.verdicts
+    candidates = [quantize.submit(s, model_dir, c, run, pool, verdicts) if isinstance(c, str) else c
+                  for c in candidates]
     after = [base_job] if base_job is not None and pool.width == 1 and base.variant.endpoint is None else None
     jobs = [serve_and_evaluate.submit(  # type: ignore[call-overload]  # Task.submit's overloads omit wait_for
-        rel.MeasureRequest(s, c, run, parity=False, tokenizer=model_dir, reference=reference), pool=pool,
+        rel.MeasureRequest(s, c, run, parity=False, tokenizer=model_dir, reference=reference, verdicts=verdicts),
+        pool=pool,
         baseline_failed=_failed(base_job), wait_for=after) for c in candidates]
     base_ev = base_job.result() if base_job is not None else None
     if base_ev is not None and base_ev.evals != reference:

@@ -42,7 +42,7 @@ from quantgate.recall import run as recall
 from quantgate.release import fidelity_step
 from quantgate.release.cachelayout import (eval_complete, eval_dirs, perf_dir, perf_ok, perf_runs_done, perf_settings,
                                            recall_dir)
-from quantgate.release.early import EarlyDecision
+from quantgate.release.early import EarlyDecision, Verdicts
 from quantgate.release.measure import measure_eval, measure_perf, measure_recall
 from quantgate.release.replicas import Step
 from quantgate.release.spec import ReleaseSpec
@@ -59,6 +59,7 @@ class MeasureRequest:
     parity: bool                             # check the engine against the reference implementation (the baseline)
     tokenizer: Path | None = None            # default the variant's; pass the baseline's (same perf/fidelity inputs)
     reference: Mapping[str, Path] | None = None  # the baseline's eval folders; None: this variant's own (a baseline)
+    verdicts: Verdicts | None = None         # the release's early verdicts, shared by its baseline and candidates
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,23 @@ class VariantJob:
     reference: Mapping[str, Path]   # the baseline's eval folders (the baseline's own for the baseline)
     baseline: bool                  # it is the baseline: it samples the fidelity continuations and scores the floor
     log: Log
-    reference_ready: Callable[..., None] | None = None  # blocks until the baseline's samples (or dumps=True) exist
+    # blocks until the baseline's samples (or dumps=True) exist; with block=False, says whether they do now (raises
+    # when the baseline's job failed)
+    reference_ready: Callable[..., object] | None = None
     parts: int = 1                  # a candidate's fidelity scoring in this many steps, for replicas to share
+    verdicts: Verdicts | None = None  # the release's early verdicts (quantgate.release.early)
+
+    def drop_skippable(self, todo: dict[str, list[str]], need_parity: bool) -> None:
+        """The baseline's pending steps that every candidate's decided REJECT makes pointless, dropped before a
+        server is started for them alone (quantgate.release.early.Verdicts.drop_skippable)."""
+        if self.baseline and self.verdicts is not None and not need_parity:
+            self.verdicts.drop_skippable(todo)
+
+    def skips(self, step: str, early: EarlyDecision | None) -> bool:
+        """Whether this variant skips `step`: a candidate's decided REJECT, or (the baseline) every candidate's."""
+        if early is not None:
+            return early.skips(step)
+        return self.baseline and self.verdicts is not None and self.verdicts.skips(step)
 
 
 class Measurement(Protocol):
@@ -142,10 +158,12 @@ class _Single:
             return []
 
         def step(srv: Any) -> None:
-            if early is not None and early.skips(self.name):
+            if job.skips(self.name, early):
                 return
             self.run(job, srv, folders[self.name])
-        return [Step(self.name, step)]
+        verdicts = job.verdicts if job.baseline else None
+        # a step the baseline will skip waits for no extra server of it (quantgate.release.replicas)
+        return [Step(self.name, step, wanted=None if verdicts is None else lambda: not verdicts.all_rejected())]
 
     def run(self, job: VariantJob, srv: Any, out: Path) -> None:
         raise NotImplementedError
@@ -221,8 +239,9 @@ class Fidelity:
             return []
         samples = self._sampling(job)
         if job.parts > 1 and not job.baseline:  # only "main": its parts, each on whichever server is free
-            return [Step(f"fidelity (main, part {i + 1}/{job.parts})",
-                         self._part(job, samples, folders["main"], early, i)) for i in range(job.parts)]
+            parts = [Step(f"fidelity (main, part {i + 1}/{job.parts})",
+                          self._part(job, samples, folders["main"], early, i)) for i in range(job.parts)]
+            return [Step("fidelity (main, ahead of the samples)", self._ahead(job, folders["main"], early)), *parts]
         scoring = [Step(f"fidelity ({p})", self._scorer(job, samples, p, folders[p], early)) for p in pending]
         return [samples, *scoring] if job.baseline else scoring
 
@@ -247,6 +266,19 @@ class Fidelity:
                                       baseline=job.baseline)
             if early is not None and path == "main":
                 early.judge(out)
+        return score
+
+    @staticmethod
+    def _ahead(job: VariantJob, out: Path, early: EarlyDecision | None) -> Callable[[Any], None]:
+        """While the baseline beside it samples, the candidate's server scores each continuation as it comes
+        (fidelity_step.score_ahead) instead of waiting for all of them; its parts then score the rest."""
+        def score(srv: Any) -> None:
+            ready = job.reference_ready
+            if ready is None:  # no baseline beside it: the samples are complete, or come whole from a store
+                return
+            with early.scoring() if early is not None else nullcontext():
+                fidelity_step.score_ahead(job.spec, srv, out, fidelity_step.samples_dir(job.spec, job.reference),
+                                          lambda: bool(ready(block=False)), job.log)
         return score
 
     @staticmethod

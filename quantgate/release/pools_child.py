@@ -256,7 +256,7 @@ def share_reference(store: ResultStore, run: Path, evals: dict[str, Path]) -> No
 
 
 def _reference(spec: ReleaseSpec, run: Path, store: ResultStore, log: Log
-               ) -> tuple[dict[str, Path], Callable[..., None]]:
+               ) -> tuple[dict[str, Path], Callable[..., bool]]:
     """The baseline's eval folders on this host, and the wait (before fidelity) that pulls what the baseline
     measured into them once its child has shared it."""
     store.wait(rel_key(run / REFERENCE), timeout_s=spec.executor.timeout_s, what="the baseline's reference")
@@ -264,12 +264,15 @@ def _reference(spec: ReleaseSpec, run: Path, store: ResultStore, log: Log
     reference = {k: results_dir() / p for k, p in shared["evals"].items()}
     pulled: list[Evidence] = []
 
-    def ready(dumps: bool = False) -> None:
+    def ready(dumps: bool = False, block: bool = True) -> bool:
+        if not block:  # what the store has is pulled whole, so a candidate here scores nothing ahead of it
+            return bool(pulled)
         if not pulled:
             log("waiting for the baseline's answers on the store (fidelity scores them)")
             ev = pull_evidence(store, run, BASELINE, timeout_s=spec.executor.timeout_s)
             assert ev is not None
             pulled.append(ev)
+        return True
 
     # The baseline measured already, in this run or (its cache folder complete on the store) an earlier one, whose
     # answers this run's baseline child only pulls and shares again, soon: waited for and pulled now, so that the

@@ -39,6 +39,7 @@ class StepRun(Protocol):
 class Step:
     name: str
     run: StepRun   # given a running server of the variant
+    wanted: Callable[[], bool] | None = None  # False: the step will skip itself, so no extra server starts for it
 
 
 class Lender(Protocol):
@@ -59,8 +60,9 @@ class _Steps:
             return None if self.errors or not self.todo else self.todo.popleft()
 
     def waiting(self) -> int:
+        """Steps not handed out yet that will do work (those that will skip themselves not counted)."""
         with self.lock:
-            return 0 if self.errors else len(self.todo)
+            return 0 if self.errors else sum(1 for s in self.todo if s.wanted is None or s.wanted())
 
     def work(self, srv: Any, label: str, log: Log, extra: bool = False) -> None:
         """Run steps on `srv` until none is left (or one failed anywhere). On an extra replica whose server died,

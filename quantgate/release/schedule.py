@@ -184,15 +184,23 @@ def answers_final(folder: Path) -> bool:
     return is_scored(folder)
 
 
+def reference_final(reference: Mapping[str, Path], failed: Callable[[], bool],
+                    final: Callable[[Path], bool] = answers_final) -> bool:
+    """Whether every baseline folder in `reference` is final now; raises when the baseline's job failed first."""
+    if all(final(d) for d in reference.values()):
+        return True
+    if failed():
+        raise QuantgateError("the baseline's measurement failed, so there are no baseline answers to score",
+                             where="release flow", fix="see the baseline's error above; fix it and re-run")
+    return False
+
+
 def wait_for_reference(reference: Mapping[str, Path], failed: Callable[[], bool], log: Log = print,
                        poll_s: float = 2.0, final: Callable[[Path], bool] = answers_final) -> None:
     """Block until every baseline folder in `reference` (what it is -> folder) is final; raise when the baseline's
     job failed."""
     said = False
-    while not all(final(d) for d in reference.values()):
-        if failed():
-            raise QuantgateError("the baseline's measurement failed, so there are no baseline answers to score",
-                                 where="release flow", fix="see the baseline's error above; fix it and re-run")
+    while not reference_final(reference, failed, final):
         if not said:
             log(f"waiting for the baseline's {', '.join(reference)} (fidelity scores them)")
             said = True

@@ -139,7 +139,7 @@ def feed_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None
 
 
 def serve_and_evaluate(req: MeasureRequest, *, log: Log = print, slot: Slot | None = None,
-                       reference_ready: Callable[..., None] | None = None, lender: Lender | None = None) -> Evidence:
+                       reference_ready: Callable[..., object] | None = None, lender: Lender | None = None) -> Evidence:
     """Serve one variant under its plan and measure it (`req`: which, in which run, against which reference).
 
     The activation dtype is the plan's (or serving.dtype): on CPU the unquantized baseline runs FP32 (BF16 fails
@@ -167,7 +167,7 @@ def serve_and_evaluate(req: MeasureRequest, *, log: Log = print, slot: Slot | No
         job = VariantJob(spec=spec, variant=variant, run=run, folder=folder, cache=cache,
                          tokenizer=req.tokenizer or variant.path, reference=req.reference or eval_dirs(cache, spec),
                          baseline=req.reference is None, log=log, reference_ready=reference_ready,
-                         parts=FIDELITY_PARTS if _lends(slot, lender, variant) else 1)
+                         parts=FIDELITY_PARTS if _lends(slot, lender, variant) else 1, verdicts=req.verdicts)
         with lock(cache, timeout=None, what=f"measure {variant.name} for run {run.name}"):
             return _measure_cached(job, config, parity=req.parity, replicas=(slot, lender))
     except ServingFailure as exc:  # a candidate's server that cannot start or dies: its failure, the others go on
@@ -191,13 +191,15 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
     parity = parity and variant.endpoint is None  # an endpoint: no local weights for the reference to run
     need_parity = parity and not parity_passed(job.cache)  # a failed check is run again, never reused
     folders, todo = measurements.plan(job)
+    job.drop_skippable(todo, need_parity)
     server = make_server(config, job.folder)
     early = early_decision(job.spec, job.run, variant, None if job.baseline else job.reference,
                            _dumps_ready(job.reference_ready), log)
+    if early is not None:
+        early.verdicts = job.verdicts  # its decided REJECT is the release's to know (the baseline may skip steps)
     if early is not None and not todo["fidelity"]:  # fidelity cached: decided now (as the first run did), before
-        # anything is served: what it skipped stays skipped, and the judge skips the candidate again
-        early.judge(folders["fidelity"]["main"])
-        for kind in SKIPPABLE:
+        early.judge(folders["fidelity"]["main"])  # anything is served: what it skipped stays skipped, and the
+        for kind in SKIPPABLE:  # judge skips the candidate again
             if todo.get(kind) and early.skips(kind):
                 todo[kind] = []
     served = need_parity or any(todo.values())
@@ -220,7 +222,7 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
                 raise
     else:
         log(f"{variant.name}: every result is cached in {job.cache}; not serving")
-    skipped = early.skipped if early is not None else {}
+    skipped = early.skipped if early is not None else (job.verdicts.skipped if job.baseline and job.verdicts else {})
     parity_record = load_parity(job.cache) if parity else None
     if parity_record is not None and parity_record.verdict != "pass":
         raise QuantgateError(f"engine parity failed for the baseline: {parity_record.reason}", where=str(parity_file),
@@ -253,7 +255,7 @@ def _log_serving(variant: Variant, config, server, log: Log) -> None:
         log(f"{variant.name}: serving with `{' '.join(server.command)}` {config.env}")
 
 
-def _dumps_ready(reference_ready: Callable[..., None] | None) -> Callable[[], None] | None:
+def _dumps_ready(reference_ready: Callable[..., object] | None) -> Callable[[], object] | None:
     """The flow's wait for the baseline's fidelity dumps (its `reference_ready(dumps=True)`); None: the caller
     measured the baseline first (nothing to wait for)."""
     return None if reference_ready is None else (lambda: reference_ready(dumps=True))
