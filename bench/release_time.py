@@ -172,6 +172,14 @@ def show(label: str, spec: Path, results: Path, run_id: str, env: dict) -> float
     if serve:
         a, b = min(r["start"] for r in serve), max(r["end"] for r in serve)
         print(f"  serve-and-measure window {b - a:.0f} s: cores busy {cpu.between(a, b) / (b - a):.2f}")
+    for ev_file in sorted(run.glob("*/evidence.json")):  # the time to verdict of a candidate rejected early
+        ev = json.loads(ev_file.read_text())
+        row = next((r for r in rows if r["step"] == f"serve and measure {ev['variant']['name']}"), None)
+        if ev.get("decided") and row is not None:
+            print(f"  {ev['variant']['name']}: REJECT decided by fidelity, its measurement ended at "
+                  f"{row['end'] - t0:.0f} s (of {wall:.0f} s)")
+        for step, why in (ev.get("skipped") or {}).items():
+            print(f"  {ev['variant']['name']}: {step} skipped: {why[:120]}")
     for variant, parts in tokens_by_step(run).items():
         print(f"  prompt tokens, {variant}: " + ", ".join(f"{k} {v:,}" for k, v in parts.items()))
     if rc not in (0, 3, 4):
