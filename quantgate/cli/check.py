@@ -42,7 +42,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.yamlconfig import read_yaml, top_line
 from quantgate.evals.dataset import load_evalset
 from quantgate.evals.setsource import is_evalset_folder, meta_path_for, samples_beside
-from quantgate.release.steps import feed_warnings
+from quantgate.release.spec_warnings import feed_warnings
 from quantgate.gate.policy import CHECK_SECTIONS, DEFAULT_POLICY, GatePolicy, load_policy
 from quantgate.judge.review import check_csv, key_path_for, load_key
 from quantgate.judge.reviewfile import ReviewKey

@@ -24,7 +24,7 @@ from quantgate.release.publishing import env_notes, exit_code, failures
 from quantgate.release.runrecord import check_new_run_id, timings
 from quantgate.release.resolve import load_spec
 from quantgate.release.spec import load_written_spec
-from quantgate.release.steps import sizing_warnings
+from quantgate.release.spec_warnings import sizing_warnings
 from quantgate.release.stopping import run_flow
 
 

@@ -39,7 +39,7 @@ from quantgate.fidelity import run as fidelity_run, sampling
 from quantgate.evals.comparefile import Comparison
 from quantgate.gate.models import Decision
 from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, Summary, as_json, write_summary
-from quantgate.release import fidelity_step, judge_cache, outcome, pools, publishing, schedule, webhook
+from quantgate.release import fidelity_step, judge_cache, outcome, pools, publishing, schedule, spec_warnings, webhook
 from quantgate.release.adaptive import fidelity_looks, widen
 from quantgate.release.autoschemes import at_flow_start
 from quantgate.release.early import Verdicts
@@ -99,6 +99,12 @@ def serve_and_evaluate(req: rel.MeasureRequest, pool: schedule.SlotPool,
                 return schedule.reference_final(folders, baseline_failed, final)
             schedule.wait_for_reference(folders, baseline_failed, log, final=final)
             return True
+    if (req.verdicts is not None and reference is None and variant.endpoint is None  # the baseline, on a slot
+            and rel.only_skippable_left(req, pool.sample)):
+        pool.withdraw(variant.name)  # its slot is the candidates' meanwhile (a quantization or a replica takes it)
+        log(f"{variant.name}: only its recall grid and perf probe are left; waiting for the candidates' early "
+            "verdicts before serving them")
+        req.verdicts.wait_settled()
     rank = schedule.BASELINE if req.parity else schedule.CANDIDATE
     with pool.take_for(variant.name, rank, variant.endpoint is not None) as slot, schedule.pinned(slot), \
             progress.reporting(variant.name, log=log), timed(req.run, f"serve and measure {variant.name}") as row:
@@ -246,10 +252,10 @@ def _release(s: ReleaseSpec, run: Path):
     """The release in its run folder: model, quantize, measure, compare, judge, gate (and widen), promote, publish,
     report, notify."""
     logger = get_run_logger()
-    subsets = rel.eval_subsets(s)  # read once for both kinds of warning
-    for warning in rel.feed_warnings(s, subsets):
+    subsets = spec_warnings.eval_subsets(s)  # read once for both kinds of warning
+    for warning in spec_warnings.feed_warnings(s, subsets):
         logger.warning(f"unfed check: {warning}")
-    for warning in rel.sizing_warnings(s, subsets):
+    for warning in spec_warnings.sizing_warnings(s, subsets):
         logger.warning(f"sample size: {warning}")
     for note in s.machine_notes:  # `hardware: auto` and skip_unsupported: what was decided for this machine, and why
         logger.warning(note)

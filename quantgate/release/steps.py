@@ -19,7 +19,6 @@ promoted (quantgate.release.ladder); schemes never reached have no folder and ar
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,17 +26,11 @@ from typing import Any
 from quantgate.base.runfiles import PARITY
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, lock_holder
-from quantgate.evals.dataset import Sample, load_evalset, stratified_subset
 from quantgate.evals.comparefile import Comparison
 from quantgate.gate.decisionfile import overall, write_decision
 from quantgate.gate.models import Decision
-from quantgate.evals.metrics import load_table
-from quantgate.fidelity.run import CONTEXT_PREFIX
 from quantgate.gate.evidence import decide_run
-from quantgate.gate.feeding import Feed, SetShape, unfed
 from quantgate.gate.policy import load_policy
-from quantgate.gate.sizing import sizing
-from quantgate.gate.sizing import warnings as size_warnings
 from quantgate.gate.summaryfile import Summary
 from quantgate.base.runinfo import write_run_record
 from quantgate.parity.engine import load_parity, passed as parity_passed
@@ -87,57 +80,6 @@ def start_run(spec: ReleaseSpec, spec_path: str | Path, run_id: str | None) -> P
     return run
 
 
-def eval_subsets(spec: ReleaseSpec) -> dict[Path, list[Sample]]:
-    """Each eval set's samples as the release asks them (`eval.limit`, stratified), read once for the warnings."""
-    return {p: stratified_subset(load_evalset(p, with_dataset=False).samples, spec.eval.limit) for p in spec.eval_sets}
-
-
-def sizing_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None = None) -> list[str]:
-    """The task checks whose limits this spec's sample sizes cannot prove (they then only detect harm), per family
-    of the spec's schemes: said at the start of a release, so that nobody reads a pass as a proven limit.
-    `subsets`: eval_subsets(spec), when the caller has them."""
-    policy = load_policy(policy_path(spec))
-    if policy.primary is None:
-        return []
-    counts: dict[str, int] = {}
-    for samples in (eval_subsets(spec) if subsets is None else subsets).values():
-        counts["primary"] = counts.get("primary", 0) + len(samples)
-        for cat in policy.categories:
-            n = sum(1 for s in samples if s.category == cat)
-            if n:
-                counts[f"category:{cat}"] = counts.get(f"category:{cat}", 0) + n
-    if policy.pooled is not None and "primary" in counts:
-        counts["pooled"] = counts["primary"]
-    families = {f for s in [*spec.schemes, *(c.scheme for c in spec.candidates)] if (f := policy.primary.family_of(s))}
-    return [f"{f}: {w}" for f in sorted(families) for w in size_warnings(sizing(policy, f, counts))]
-
-
-def feed_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None = None) -> list[str]:
-    """The policy's checks that this spec's eval sets cannot feed, or feed too thinly to judge
-    (quantgate.gate.feeding): said at `--check`, `quantgate check` and the start of a release.
-    `subsets`: eval_subsets(spec), when the caller has them."""
-    policy = load_policy(policy_path(spec))
-    shapes: list[SetShape] = []
-    everything: list[Sample] = []
-    for path, samples in (eval_subsets(spec) if subsets is None else subsets).items():
-        scored: dict[str, Counter[str]] = {}
-        for s in samples:
-            scored.setdefault(s.category, Counter()).update(set(s.metrics))
-        shapes.append(SetShape(path.name, scored))
-        everything += samples
-    fidelity = None
-    if spec.fidelity is not None:
-        fidelity = Counter(s.category for s in stratified_subset(everything, spec.fidelity.limit))
-        if spec.recall is not None and spec.fidelity.context_prompts:  # its haystacks: a slice per recall length
-            fidelity.update({f"{CONTEXT_PREFIX}{n}": spec.fidelity.context_prompts for n in spec.recall.lengths})
-    binary = {name for name, m in load_table().items() if m.binary}
-    measured = {name for name in ("recall", "fidelity", "judge", "perf") if getattr(spec, name) is not None}
-    r = spec.recall
-    needles = {n: len(r.depths) * len(r.kinds) * r.samples for n in r.lengths} if r is not None else None
-    repeats = spec.perf.settings(spec.workload, spec.hardware, spec.concurrency).repeats if spec.perf else None
-    return unfed(policy, Feed(shapes, binary, fidelity, measured, needles, repeats))
-
-
 def serve_and_evaluate(req: MeasureRequest, *, log: Log = print, slot: Slot | None = None,
                        reference_ready: Callable[..., object] | None = None, lender: Lender | None = None) -> Evidence:
     """Serve one variant under its plan and measure it (`req`: which, in which run, against which reference).
@@ -180,6 +122,19 @@ def planned_evals(spec: ReleaseSpec, variant: Variant, run: Path, slot: Slot | N
     config = server_config(spec, variant, run / variant.name, slot)
     cache = variant_cache(variant, config, engine_of(config), run)
     return eval_dirs(cache, spec)
+
+
+def only_skippable_left(req: MeasureRequest, slot: Slot | None) -> bool:
+    """Whether the baseline `req`, measured on a slot of this size, has nothing left but steps that every
+    candidate's decided REJECT would skip (its engine checked and its answers cached, as in a re-run of a release
+    whose baseline skipped them): the flow then waits for the candidates' verdicts before it takes a slot."""
+    spec, variant = req.spec, req.variant
+    config = server_config(spec, variant, req.run / variant.name, slot)
+    cache = variant_cache(variant, config, engine_of(config), req.run)
+    job = VariantJob(spec=spec, variant=variant, run=req.run, folder=req.run / variant.name, cache=cache,
+                     tokenizer=variant.path, reference=eval_dirs(cache, spec), baseline=True, log=lambda _: None)
+    pending = {kind for kind, keys in measurements.plan(job)[1].items() if keys}
+    return bool(pending) and pending <= set(SKIPPABLE) and parity_passed(cache)
 
 
 def _measure_cached(job: VariantJob, config, *, parity: bool,
