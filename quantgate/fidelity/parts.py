@@ -25,7 +25,6 @@ or holds lines of other samples, changes nothing but the time.
 
 from __future__ import annotations
 
-import json
 import shutil
 import threading
 from pathlib import Path
@@ -33,7 +32,8 @@ from pathlib import Path
 from quantgate.base.fileio import write_text
 from quantgate.base.runfiles import MANIFEST
 from quantgate.base.http import JsonlAppender
-from quantgate.fidelity.run import DUMP, SCHEMA, DumpManifest, Sequence, is_complete, read_lines, sequences_hash
+from quantgate.fidelity.run import (DUMP, SCHEMA, DumpManifest, Sequence, finished_records, is_complete, read_lines,
+                                    sequences_hash)
 
 PARTS = "parts"
 STREAM = "stream"
@@ -82,16 +82,7 @@ def seed(out_dir: Path | str, sequences: list[Sequence], folder: Path, top_k: in
 def finished_lines(path: Path) -> list[dict]:
     """The lines of a file another thread may still append to, read without touching it: up to its last newline,
     any line that does not parse passed over."""
-    data = path.read_bytes()
-    out = []
-    for raw in data[:data.rfind(b"\n") + 1].splitlines():
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    return finished_records(path.read_bytes())[0]
 
 
 def merge_parts(out_dir: Path | str, sequences: list[Sequence], count: int, top_k: int) -> bool:

@@ -182,6 +182,21 @@ def sequences_hash(sequences: Iterable[Sequence]) -> str:
     return h.hexdigest()
 
 
+def finished_records(data: bytes) -> tuple[list[dict], int]:
+    """The JSON objects of `data`'s complete lines (up to its last newline; a line that does not parse is passed
+    over), and how many bytes those lines take: for reading a file another thread or process still appends to."""
+    end = data.rfind(b"\n") + 1
+    out = []
+    for raw in data[:end].splitlines():
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out, end
+
+
 def read_lines(path: Path) -> list[dict]:
     """Complete JSON lines of a dump; a torn last line (killed mid-write) is cut off the file."""
     if not path.is_file():

@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quantgate.base.errors import QuantgateError
 from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json
 from quantgate.base.runfiles import MANIFEST
-from quantgate.fidelity.run import DUMP, SCHEMA as DUMP_SCHEMA, DumpManifest, FolderManifest, Sequence, items_of, prompt_ids, read_lines, sequences_hash, stratified
+from quantgate.fidelity.run import DUMP, SCHEMA as DUMP_SCHEMA, DumpManifest, FolderManifest, Sequence, finished_records, items_of, prompt_ids, read_lines, sequences_hash, stratified
 
 SCHEMA = 2  # 2: the sampled positions' logprobs and top-k (the baseline's dump) come with the samples
 SAMPLES = "samples.jsonl"
@@ -267,15 +267,9 @@ class SamplesTail:
                 data = fh.read()
         except FileNotFoundError:
             return []
-        end = data.rfind(b"\n") + 1
+        lines, end = finished_records(data)
         self.offset += end
-        lines = []
-        for raw in data[:end].splitlines():
-            try:
-                lines.append(json.loads(raw))
-            except json.JSONDecodeError:
-                continue
-        return _sequences([r for r in lines if isinstance(r, dict) and {"id", "category", "prompt_ids", "ids"} <= r.keys()])
+        return _sequences([r for r in lines if {"id", "category", "prompt_ids", "ids"} <= r.keys()])
 
 
 def _complete_lines(out: Path) -> list[dict]:
