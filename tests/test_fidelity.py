@@ -511,3 +511,30 @@ def test_draws_of_one_prompt_merge_into_one_sample():
     assert [m.id for m in merged] == ["set/q1", "set/q2"]
     assert (merged[0].n_tokens, merged[0].kl_sum, merged[0].top1_agree, merged[0].kl_max) == (8, pytest.approx(0.2), 4, 0.9)
     assert merged[1] == c.model_copy(update={"id": "set/q2"})
+
+
+def test_a_comparison_of_the_same_complete_dumps_is_kept_and_one_of_a_rewritten_dump_redone(tmp_path, monkeypatch):
+    # the candidate's early decision compares the dumps; the release's compare step finds that file and keeps it
+    from quantgate.release import fidelity_step
+
+    ids = [f"qa-{k}" for k in range(4)]
+    base, cand = _dump(tmp_path / "base", ids), _dump(tmp_path / "cand", ids)
+    calls: list[str] = []
+    real = fidelity_step.compare_dumps
+    monkeypatch.setattr(fidelity_step, "compare_dumps", lambda b, c, **kw: calls.append(Path(c).name) or real(b, c, **kw))
+    out = tmp_path / "run" / "fidelity" / "cand.json"
+    fidelity_step.compare(tmp_path / "run", {"main": base}, "cand", {"main": cand})
+    first = out.read_bytes()
+    fidelity_step.compare(tmp_path / "run", {"main": base}, "cand", {"main": cand})
+    assert calls == ["cand"] and out.read_bytes() == first
+    # the candidate's dump rewritten since (its manifest is written last): compared again, with the new scores
+    lines = [json.loads(x) for x in (cand / run.DUMP).read_text().splitlines()]
+    (cand / run.DUMP).write_text("".join(json.dumps({**x, "lp": [-2.0, -0.5], "top": [[[4, 2], [-0.2, -2.0]], x["top"][1]]}) + "\n" for x in lines))
+    time.sleep(0.01)
+    (cand / run.MANIFEST).write_text(json.dumps({"status": "complete"}))
+    fidelity_step.compare(tmp_path / "run", {"main": base}, "cand", {"main": cand})
+    assert calls == ["cand", "cand"] and json.loads(out.read_bytes())["summary"]["kl"]["mean"] > 0
+    # a file of other dumps (another candidate's) is no comparison of these
+    other = _dump(tmp_path / "other", ids)
+    fidelity_step.compare(tmp_path / "run", {"main": base}, "cand", {"main": other})
+    assert calls[-1] == "other" and json.loads(out.read_bytes())["dumps"]["candidate"] == str(other)

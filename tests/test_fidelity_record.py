@@ -24,7 +24,7 @@ def _draws() -> list[SampleFidelity]:
 
 def test_the_fidelity_record_writes_the_layout_the_gate_reads(tmp_path):
     dumps = {"baseline": "/cache/b-main", "candidate": "/cache/c-main"}
-    fidelity_step._write(tmp_path / "c.json", _draws(), dumps)
+    fidelity_step._write(tmp_path / "c.json", dumps, _draws)
     samples = merge_draws(_draws(), fidelity_step.DRAW)
     write_json(tmp_path / "old.json", {"summary": summarize(samples).model_dump(mode="json"),
                                        "estimator": fidelity_step.ESTIMATOR,

@@ -8,6 +8,7 @@ what is still to be measured (the cache) and runs the steps on the variant's ser
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from quantgate.base.runfiles import PLAN
 from quantgate.base import progress
 from quantgate.evals.lmeval import run_spec_task, task_of as lmeval_task
 from quantgate.evals.run import run_eval
-from quantgate.parity.engine import run_parity
+from quantgate.parity.engine import Reference, reference_placement, reference_run, run_parity
 from quantgate.perf.probe import run_probe
 from quantgate.plan.slots import Slot
 from quantgate.recall.run import build_checked_grid, run_recall
@@ -53,11 +54,28 @@ def measure_eval(spec: ReleaseSpec, variant: Variant, srv, name: str, out: Path,
                  model_hash=variant.content_hash, max_error_rate=spec.eval.max_error_rate, progress=False)
 
 
-def check_parity(variant: Variant, srv, cache: Path, dtype: str | None, log: Log) -> None:
+def parity_reference(variant: Variant, dtype: str | None, gpus: str | None) -> Future[Reference] | None:
+    """The engine parity's transformers side, started now in a thread when it runs on the CPU: it needs no server,
+    so it runs while the server starts (7 s for the demo model; the start takes 26 s). None on a GPU: a model
+    loaded there while vLLM starts would upset vLLM's measurement of the free GPU memory, so it runs afterwards."""
+    if reference_placement(variant.path, dtype, gpus).device != "cpu":
+        return None
+    pool = ThreadPoolExecutor(1, thread_name_prefix=f"parity-{variant.name}")
+    future = pool.submit(reference_run, variant.path, dtype, gpus=gpus)
+    pool.shutdown(wait=False)  # the thread ends with its one job; nobody waits for it but the future's reader
+    return future
+
+
+def check_parity(variant: Variant, srv, cache: Path, dtype: str | None, log: Log,
+                 reference: Future[Reference] | None = None) -> None:
     with progress.reporting(f"{variant.name}: engine parity", log):
         report = run_parity(variant.path, srv.base_url, srv.api_key, variant.name, cache, dtype=dtype,
-                            gpus=getattr(srv.config, "env", {}).get("CUDA_VISIBLE_DEVICES"))  # its slot's GPUs
+                            gpus=_gpus(srv), reference=reference.result() if reference is not None else None)
     log(f"{variant.name}: engine parity {report.verdict}: {report.reason}")
+
+
+def _gpus(srv) -> str | None:
+    return getattr(srv.config, "env", {}).get("CUDA_VISIBLE_DEVICES")  # its slot's GPUs
 
 
 def replica_starter(spec: ReleaseSpec, variant: Variant, folder: Path) -> Callable[[Slot], Any]:

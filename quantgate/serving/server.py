@@ -34,6 +34,7 @@ from quantgate.serving.watchdog import STALL_S, Watchdog
 log = logging.getLogger(__name__)
 # beyond child_env's own list: a preloaded allocator or OpenMP runtime (vLLM's CPU docs suggest one)
 SERVE_ENV_KEEP = ("LD_PRELOAD",)
+READY_POLL_S = 0.25  # between readiness probes while a server starts (a probe is one local HTTP request)
 
 
 class ServerConfig(BaseModel):
@@ -225,7 +226,7 @@ class VLLMServer:
                 )
             if is_ready(self.base_url, self.api_key, self.config.name):
                 return
-            time.sleep(1.0)
+            time.sleep(READY_POLL_S)
         raise QuantgateError(
             f"vLLM server did not become healthy within {self.config.startup_timeout_s:.0f} s; last log lines:\n{log_tail(self.log_path)}",
             where=str(self.log_path),
