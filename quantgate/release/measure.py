@@ -7,6 +7,7 @@ what is still to be measured (the cache) and runs the steps on the variant's ser
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -56,14 +57,24 @@ def measure_eval(spec: ReleaseSpec, variant: Variant, srv, name: str, out: Path,
 
 def parity_reference(variant: Variant, dtype: str | None, gpus: str | None) -> Future[Reference] | None:
     """The engine parity's transformers side, started now in a thread when it runs on the CPU: it needs no server,
-    so it runs while the server starts (7 s for the demo model; the start takes 26 s). None on a GPU: a model
-    loaded there while vLLM starts would upset vLLM's measurement of the free GPU memory, so it runs afterwards."""
+    so it runs while the server starts (7 s for the demo model; the start takes 26 s), on any core (_unpinned).
+    None on a GPU: a model loaded there while vLLM starts would upset vLLM's measurement of the free GPU memory, so
+    it runs afterwards."""
     if reference_placement(variant.path, dtype, gpus).device != "cpu":
         return None
     pool = ThreadPoolExecutor(1, thread_name_prefix=f"parity-{variant.name}")
-    future = pool.submit(reference_run, variant.path, dtype, gpus=gpus)
+    future = pool.submit(_unpinned, reference_run, variant.path, dtype, gpus=gpus)
     pool.shutdown(wait=False)  # the thread ends with its one job; nobody waits for it but the future's reader
     return future
+
+
+def _unpinned(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn` on every core of the release (the main thread's), not on the caller's slot: a thread starts with the
+    affinity of the thread that started it (quantgate.release.schedule.pinned), and the baseline's slot is busy
+    starting its server. Where another slot quantizes meanwhile, that work yields (quantize.runner.NICE)."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, os.sched_getaffinity(os.getpid()))
+    return fn(*args, **kwargs)
 
 
 def check_parity(variant: Variant, srv, cache: Path, dtype: str | None, log: Log,
