@@ -156,6 +156,7 @@ class Reference(NamedTuple):
     prompt_ids: list[list[int]]  # each prompt through the model's chat template
     outputs: list[list[int]]     # transformers' greedy continuation of each
     where: Placement
+    tokenizer: Any               # the model's tokenizer, loaded once: the check decodes and strips with it
 
 
 def reference_run(model_dir: Path, dtype: str | None = "auto", prompts_file: Path = PROMPTS_FILE,
@@ -169,7 +170,7 @@ def reference_run(model_dir: Path, dtype: str | None = "auto", prompts_file: Pat
     templated = [list(tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False))
                  for p in prompts.prompts]
     where = reference_placement(model_dir, dtype, gpus)
-    return Reference(templated, reference_greedy(model_dir, templated, prompts.max_tokens, where), where)
+    return Reference(templated, reference_greedy(model_dir, templated, prompts.max_tokens, where), where, tok)
 
 
 def run_parity(model_dir: Path, base_url: str, api_key: str, served_name: str, out_dir: Path,
@@ -180,14 +181,12 @@ def run_parity(model_dir: Path, base_url: str, api_key: str, served_name: str, o
 
     The reference decodes from the chat template's prompt tokens. They must be the server's own: a prompt whose
     served tokens differ is a template mismatch, which fails the check whatever the answers."""
-    from transformers import AutoTokenizer
-
     prompts = load_model(prompts_file, ParityPrompts)
     policy = load_model(policy_file, ParityPolicy)
     served = served_greedy(base_url, api_key, served_name, prompts.prompts, prompts.max_tokens)
     ref = reference or reference_run(model_dir, dtype, prompts_file, gpus)
     template_mismatch = [p.id for p, t, (sp, _) in zip(prompts.prompts, ref.prompt_ids, served) if t != list(sp)]
-    tok, where = AutoTokenizer.from_pretrained(model_dir), ref.where
+    tok, where = ref.tokenizer, ref.where
     end_ids = {i for i in (tok.eos_token_id, tok.pad_token_id) if i is not None}
     report = check_parity([_strip_end(list(o), end_ids) for _, o in served], [_strip_end(r, end_ids) for r in ref.outputs],
                           policy, [p.id for p in prompts.prompts])

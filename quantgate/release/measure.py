@@ -81,12 +81,13 @@ def check_parity(variant: Variant, srv, cache: Path, dtype: str | None, log: Log
                  reference: Future[Reference] | None = None) -> None:
     with progress.reporting(f"{variant.name}: engine parity", log):
         report = run_parity(variant.path, srv.base_url, srv.api_key, variant.name, cache, dtype=dtype,
-                            gpus=_gpus(srv), reference=reference.result() if reference is not None else None)
+                            gpus=gpus_of(srv.config), reference=reference.result() if reference is not None else None)
     log(f"{variant.name}: engine parity {report.verdict}: {report.reason}")
 
 
-def _gpus(srv) -> str | None:
-    return getattr(srv.config, "env", {}).get("CUDA_VISIBLE_DEVICES")  # its slot's GPUs
+def gpus_of(config) -> str | None:
+    """A server config's GPUs (its slot's CUDA_VISIBLE_DEVICES), where the parity reference runs; None: not set."""
+    return getattr(config, "env", {}).get("CUDA_VISIBLE_DEVICES")
 
 
 def replica_starter(spec: ReleaseSpec, variant: Variant, folder: Path) -> Callable[[Slot], Any]:

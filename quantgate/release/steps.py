@@ -46,7 +46,7 @@ from quantgate.release.publishing import check_env
 from quantgate.release.external import candidate_names
 from quantgate.release.ladder import describe, next_rung, rungs
 from quantgate.release import measurements
-from quantgate.release.measure import check_parity, parity_reference, replica_starter
+from quantgate.release.measure import check_parity, gpus_of, parity_reference, replica_starter
 from quantgate.release.measurements import MeasureRequest, VariantJob
 from quantgate.release.replicas import Lender, Lending, StepRunner
 from quantgate.release.runrecord import new_run_id, run_dir, run_record
@@ -166,8 +166,8 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
                    if lender is not None and _lends(slot, lender, variant) else None)
         runner = StepRunner(steps, name=variant.name, lending=lending, log=log)
         dtype = _arg(config.args, "--dtype", "auto")
-        reference = parity_reference(variant, dtype, getattr(config, "env", {}).get("CUDA_VISIBLE_DEVICES")) \
-            if need_parity else None  # on a CPU: computed while the server starts
+        # on a CPU the parity reference is computed while the server starts
+        reference = parity_reference(variant, dtype, gpus_of(config)) if need_parity else None
         with runner, server as srv:
             try:
                 if need_parity:  # first, alone: a failed engine stops everything else
