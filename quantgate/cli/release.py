@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from quantgate.base.errors import SettingError
 from quantgate.base.objstore import ResultStore
 from quantgate.base.paths import results_dir
-from quantgate.cli.check import Kind, check
+from quantgate.cli.check import Checked, Kind, validate
 from quantgate.gate.models import EXIT_CODES
 from quantgate.gate.summaryfile import Summary
 from quantgate.release.outcome import summary_of
@@ -59,13 +59,16 @@ def executor_overrides(spec: Path, kind: str | None, store: str | None) -> dict[
 
 def _check_only(spec: Path) -> None:
     """`--check`: the spec, every eval set it names and its policy, validated without serving or quantizing
-    anything; then the sample-size warnings. Exit 0 when all are good, 2 otherwise."""
-    check([spec], kind=Kind.spec)  # raises typer.Exit(2) on a bad file
+    anything; then the sample-size warnings. Exit 0 when all are good, 2 when any is bad, 6 when the spec cannot
+    PROMOTE as written (a required check unfed)."""
+    seen = validate([spec], Kind.spec, Checked())
+    seen.exit(unpromotable=False)  # bad input: exit 2 before the warnings
     loaded = load_spec(spec)
     for warning in sizing_warnings(loaded):
         print(f"sample size: {warning}")
     for note in env_notes(loaded.publish, loaded.notify):  # credentials are read at run time: said now, not fatal
         print(f"note: {note}")
+    seen.exit()
     raise typer.Exit(0)
 
 
@@ -74,7 +77,8 @@ def release(
     run_id: str | None = typer.Option(None, "--run-id", help="name of a new run folder under results/runs "
                                           "(letters, digits, _ . -; default: <name>-<UTC time>-<random>)"),
     check_only: bool = typer.Option(False, "--check", help="validate the spec, its eval sets and its policy, then "
-                                                            "stop: nothing is served or quantized"),
+                                    "stop: nothing is served or quantized. Exit 0: good; 2: bad input; 6: good "
+                                    "files, but the spec cannot PROMOTE as written (a required check unfed)"),
     executor: str | None = typer.Option(None, "--executor", help="local (this host) or pools (each variant on the "
                                         "Prefect work pool named for it; needs PREFECT_API_URL and a store); "
                                         "default: the spec's `executor.kind`"),
@@ -86,13 +90,15 @@ def release(
 
     Exit code 0: a candidate was promoted; 3: REJECT (harm detected in every candidate); 4: INCONCLUSIVE (no candidate
     promoted, at least one for lack of evidence); 5: promoted, but a `publish:` target or a `notify:` webhook failed
-    (the entry stays promoted; <run>/publish.json, notify.json); 2: bad input; 1: a step failed."""
+    (the entry stays promoted; <run>/publish.json, notify.json); 2: bad input; 1: a step failed. With --check: 0
+    good, 2 bad input, 6 the spec cannot PROMOTE as written (a release still runs such a spec: its evidence may
+    be wanted; it warns at its start)."""
 
     if check_only:
         _check_only(spec)
     # refuse bad input before Prefect starts anything: what `--check` checks (the spec, its eval sets, its policy,
     # model and checkpoint folders), in seconds; nothing is written yet
-    check([spec], kind=Kind.spec)
+    validate([spec], Kind.spec, Checked()).exit(unpromotable=False)
     check_new_run_id(run_id)  # and a run id that is no folder name or whose folder exists
     overrides = executor_overrides(spec, executor, store)
     # SIGTERM/SIGHUP/SIGINT stop every server and child of the release, Prefect's API server (guarded: it dies with

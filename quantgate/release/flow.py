@@ -253,8 +253,8 @@ def _release(s: ReleaseSpec, run: Path):
     report, notify."""
     logger = get_run_logger()
     subsets = spec_warnings.eval_subsets(s)  # read once for both kinds of warning
-    for warning in spec_warnings.feed_warnings(s, subsets):
-        logger.warning(f"unfed check: {warning}")
+    for check in spec_warnings.feed_warnings(s, subsets):
+        logger.warning(f"unfed check: {check}")
     for warning in spec_warnings.sizing_warnings(s, subsets):
         logger.warning(f"sample size: {warning}")
     for note in s.machine_notes:  # `hardware: auto` and skip_unsupported: what was decided for this machine, and why

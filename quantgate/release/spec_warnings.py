@@ -11,7 +11,7 @@ from pathlib import Path
 from quantgate.evals.dataset import Sample, load_evalset, stratified_subset
 from quantgate.evals.metrics import load_table
 from quantgate.fidelity.run import CONTEXT_PREFIX
-from quantgate.gate.feeding import Feed, SetShape, unfed
+from quantgate.gate.feeding import Feed, SetShape, Unfed, unfed
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizing import sizing
 from quantgate.gate.sizing import warnings as size_warnings
@@ -44,7 +44,7 @@ def sizing_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | No
     return [f"{f}: {w}" for f in sorted(families) for w in size_warnings(sizing(policy, f, counts))]
 
 
-def feed_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None = None) -> list[str]:
+def feed_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None = None) -> list[Unfed]:
     """The policy's checks that this spec's eval sets cannot feed, or feed too thinly to judge
     (quantgate.gate.feeding): said at `--check`, `quantgate check` and the start of a release.
     `subsets`: eval_subsets(spec), when the caller has them."""
