@@ -7,6 +7,8 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from quantgate.base import progress
 from quantgate.base.http import for_each
 
@@ -97,3 +99,53 @@ def test_watch_counts_what_another_process_finished():
         with progress.watch(3, lambda: done[0], poll_s=0.02):
             work()
     assert lines[-1].startswith("perf: 3/3 (100%)")
+
+
+def _simulated_sampling(items: list[tuple[int, int]], concurrency: int, prefill_s: float, decode_s: float,
+                        lines: list[str]) -> tuple[float, list[float]]:
+    """The baseline's sampling against a simulated server: the client keeps `concurrency` requests in flight, in
+    the order given; each server step prefills up to 512 prompt tokens, first come first served, and decodes one
+    token of every sequence past its prefill, taking 0.02 s + prefill_s per prompt token + decode_s per sequence.
+    Items cost prompt + sampled tokens, as fidelity.sampling counts them. The run's end and when each line was said."""
+    now = [0.0]
+    counter = progress.Counter(progress._Sink("baseline: fidelity", lines.append, 30.0),
+                               sum(p + s for p, s in items), "prompt+sampled tokens", clock=lambda: now[0])
+    queue, live, said = list(items), [], []
+    while queue or live:
+        while queue and len(live) < concurrency:
+            p, s = queue.pop(0)
+            live.append([counter.begin(p + s), p, s])
+        budget, prefilled, decoding = 512, 0, 0
+        for r in live:
+            if r[1]:
+                take = min(budget, r[1])
+                r[1], budget, prefilled = r[1] - take, budget - take, prefilled + take
+            elif r[2]:
+                r[2], decoding = r[2] - 1, decoding + 1
+        now[0] += 0.02 + prefill_s * prefilled + decode_s * decoding
+        for r in [r for r in live if not r[1] and not r[2]]:
+            live.remove(r)
+            counter.end(r[0])
+            said += [now[0]] * (len(lines) - len(said))
+    return now[0], said
+
+
+def _eta_s(text: str) -> float:
+    value, unit = text.rsplit("ETA ", 1)[1].split()
+    return float(value) * (60 if unit == "min" else 1)
+
+
+@pytest.mark.parametrize("prefill_s", [0.0004, 0.002])  # prefill 7.5x and 1.5x cheaper a token than a decode step
+def test_the_first_eta_of_long_then_short_requests_is_within_2x_of_the_truth(prefill_s):
+    """The demo's sampling shape: 36 haystacks (12 each of 2048, 1024 and 512 prompt tokens, 256 sampled) first,
+    then 600 eval prompts (80 tokens, 64 sampled), 64 in flight. Counting finished work only, the first line's ETA
+    was over 50 times the time left (the "ETA 1607.4 min" of a 10-minute job); with the work in flight, within 2x."""
+    items = [(n, 256) for n in (2048, 1024, 512) for _ in range(12)] + [(80, 64)] * 600
+    lines: list[str] = []
+    end, said = _simulated_sampling(items, 64, prefill_s, 0.003, lines)
+    first, at = lines[0], said[0]
+    assert "prompt+sampled tokens" in first and "more in flight" in first, first
+    assert 0.5 <= _eta_s(first) / (end - at) <= 2.0, (first, end - at)
+    done, total = (int(x) for x in first.removeprefix("baseline: fidelity: ").split()[0].split("/"))
+    finished_only = progress.line("x", done, total, at, "tokens")
+    assert _eta_s(finished_only) / (end - at) > 50, finished_only

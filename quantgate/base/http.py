@@ -153,19 +153,21 @@ async def for_each(items: Sequence[T], handle: Callable[[httpx.AsyncClient, T], 
     raises stops every worker and is raised here. Deadlines are post_json's: the client itself has none. Finished
     items count towards the caller's progress display (quantgate.base.progress; nothing without one), or with
     `cost` = (unit, cost of an item) their cost: items of very different sizes (a haystack prompt and a short one)
-    then get an honest rate and ETA."""
+    then get an honest rate and ETA. Items in flight count too (quantgate.base.progress.Counter: the rate is
+    measured on finished items' time in flight, and the work in flight is credited by it)."""
     queue = list(reversed(items))
     width = max(1, concurrency)
     limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
     unit, of = cost if cost is not None else ("", lambda _: 1)
 
-    with progress.loop(sum(of(it) for it in queue), unit) as advance:
+    with progress.loop(sum(of(it) for it in queue), unit) as tally:
         async with httpx.AsyncClient(timeout=None, limits=limits, headers=auth_headers(api_key)) as client:
             async def worker() -> None:
                 while queue:
                     item = queue.pop()
+                    sent = tally.begin(of(item))  # in flight from now: counted towards the rate and ETA
                     await handle(client, item)
-                    advance(of(item))
+                    tally.end(sent)
 
             tasks = [asyncio.create_task(worker()) for _ in range(min(width, len(queue)))]
             try:
