@@ -37,7 +37,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import child_env, is_locked, lock, lock_holder, log_tail, write_json
 from quantgate.base.procs import guarded
 from quantgate.base.paths import RECIPES, REPO, home
-from quantgate.quantize import preflight
+from quantgate.quantize import heartbeat, preflight
 from quantgate.quantize.calibration import CalibrationSet, CalibrationSpec, build, write_jsonl
 from quantgate.quantize.jobfile import RunnerJob, RunnerResult
 from quantgate.quantize.manifest import MANIFEST, CalibrationRecord, QuantManifest, SourceRef
@@ -213,7 +213,7 @@ def _run_child(p: Plan, tmp: Path, work: Path, log: Callable[[str], None], timeo
                                 stdout=logf, stderr=subprocess.STDOUT, cwd=str(REPO), env=runner_env(),
                                 start_new_session=True)
         try:
-            code = proc.wait(timeout=timeout_s)
+            code = heartbeat.wait(proc, work / "quantize.log", f"quantizing {p.scheme.id}", log, timeout_s)
         except subprocess.TimeoutExpired:
             _kill(proc)
             raise QuantgateError(f"quantization ran past {timeout_s:.0f} s and was stopped", fix="raise the timeout or use fewer calibration samples") from None
