@@ -17,8 +17,9 @@ Recall needles that share a haystack are not independent: each haystack draws it
 chance of recalling its needles varies around RECALL_RATE with intra-haystack correlation RECALL_ICC), so the
 simulated evidence has the clustering a real grid has, and the gate's per-needle test is judged on it.
 Fidelity per sample, as the gate measures it on sampled continuations, in one of two models:
-- a real run's (the default: bench/data/demo_int8_fidelity_shape.json, the per-sample figures of a `make demo` run's
-  INT8 candidate, kept with --save-shape; or any run's <run>/fidelity/<candidate>.json with --fidelity-file): its
+- a real run's (the default: bench/data/demo_int8_fidelity_shape.json and demo_int8_fidelity_shape_fresh.json, the
+  per-sample figures of two `make demo` runs' INT8 candidate, kept with --save-shape, each in turn; or any runs'
+  <run>/fidelity/<candidate>.json with --fidelity-file): its
   samples drawn with replacement, each kind for its own slices (haystack continuations for context lengths, eval
   prompts' draws for categories), their token counts as they were and their KL and top-1 residuals moved to the
   scenario's values (`real_shape`: the spread between samples, the estimator's noise and top-1's clustering as
@@ -47,6 +48,15 @@ Scenarios (per scheme family, each with its own limits in the policy):
   context:<length>, with the same spread; long-2x: context:4096 at 2x the KL limit, all else at 0.4x;
   recall-halved-at-4k: the recall of the longest length (a third of the grid) halves, all else fine (the per-length
   recall checks' harm tests see it); long-2x+recall-halved: both;
+- numbers-later-1.4x (looks [150, 300], [75, 150, 300], or the default fidelity.limit of 120 at one look): an
+  ordered set. arithmetic_numbers sits exactly at its KL limit on average, but its first half of ids (file order) at
+  0.6x and its later half at 1.4x; the other categories at 0.5x. Each look reads the subset the release draws
+  (quantgate.fidelity.run.stratified: seeded, nested, within each category); --first-ids draws the first ids
+  instead, as the release did before, to show what that let through;
+- pooled-at-limit, haystacks 0.5x, looks [75, 150, 300], judged with per-category fidelity off: the context slices
+  at 0.5x the limit and the eval categories above it, so that the last look's pooled KL is exactly at the limit
+  (per-slice KL that differs: the mix matters). An interim look weights its eval prompts as the last look will hold
+  them (Look.growth); --unweighted judges each look's own, haystack-heavier mix, as the gate did before;
 - drop-10%: every task measure loses 10% of its baseline value (binary ones by right->wrong flips only,
   continuous ones by a 10% lower score), fidelity at the floor: harm only the task checks can see;
 - drop-10%-binary: the same drop on the binary metrics and recall only, continuous scores unchanged: the hard case,
@@ -56,9 +66,12 @@ Scenarios (per scheme family, each with its own limits in the policy):
 Targets for the default policy at the demo shape: P(PROMOTE | lossless, flips <= 5%) >= 0.90;
 P(PROMOTE | good, fidelity <= 0.5x the limits) >= 0.90; P(PROMOTE | kl-2x-limit) <= 0.05;
 P(PROMOTE | one category at >= 2x its limit, pooled under) <= 0.10; P(PROMOTE | at the limit) <= 0.05 for one look
-and with adaptive widening (pooled only too); P(PROMOTE | drop-10%) <= 0.10 and P(PROMOTE | drop-10%-binary) <= 0.10.
+and with adaptive widening (pooled only too), and on every subset a release draws (numbers-later-1.4x at each look
+plan, pooled-at-limit); P(PROMOTE | drop-10%) <= 0.10 and P(PROMOTE | drop-10%-binary) <= 0.10. Each target is
+checked on every per-sample shape given (--fidelity-file: by default the shipped shape and a fresh run's).
 
     .venv/bin/python bench/gate_oc.py [--trials 200] [--policy releases/policies/default.yaml] [--shape demo r500]
+        [--fidelity-file SHAPE ...] [--scenario NAME ...] [--first-ids] [--unweighted]
 """
 
 from __future__ import annotations
@@ -82,6 +95,7 @@ from quantgate.serving.kernel_probe import cpuinfo  # noqa: E402
 from quantgate.base.paths import EVAL_SETS, RELEASES  # noqa: E402
 from quantgate.evals.compare import compare_runs  # noqa: E402
 from quantgate.fidelity.core import SampleFidelity  # noqa: E402
+from quantgate.fidelity.run import stratified  # noqa: E402
 from quantgate.gate.checks import evaluate  # noqa: E402
 from quantgate.gate.evidence import comparison_evidence, paired_harm  # noqa: E402
 from quantgate.gate.fidelityevidence import fidelity_evidence  # noqa: E402
@@ -155,8 +169,18 @@ class Scenario:
     cat_drop: float = 0.0
     adaptive: bool = False       # INCONCLUSIVE at 120 fidelity samples -> a second look at 240
     long_recall_halved: bool = False  # the recall of the longest length (a third of the grid) halves
+    later: float | None = None   # `category` ordered: its later half (file order) at `later` x the limit, its first
+                                 # half at (2 - later) x: the category's mean at the limit, its first ids below it
+    looks: tuple[int, ...] | None = None  # the fidelity sample of each look (fidelity.limit and adaptive), drawn by
+                                          # the release's own code; None: the spec's (FIDELITY_SAMPLES)
+    pooled_only: bool = False    # judged with per-category fidelity off: the pooled bound alone decides
+    context_kl: float | None = None  # the context slices at this x the limit; with `pooled_at_limit` the eval
+    pooled_at_limit: bool = False    # categories are set so that the last look's pooled KL is exactly at the limit
 
 
+# the looks of the ordered-set scenarios: an adaptive plan of 2 and of 3 looks, and the default fidelity.limit (120
+# eval prompts of the 300) at one look
+ORDERED_LOOKS = {", looks [150, 300]": (150, 300), ", looks [75, 150, 300]": (75, 150, 300), ", limit 120": (120,)}
 SCENARIOS = [Scenario("lossless-2%", 0.02), Scenario("lossless-5%", 0.05), Scenario("lossless-10%", 0.10),
              Scenario("good-0.4x", 0.05, kl_factor=0.4), Scenario("good-0.5x", 0.05, kl_factor=0.5),
              Scenario("kl-2x-limit", 0.05, kl_factor=2.0),
@@ -170,10 +194,15 @@ SCENARIOS = [Scenario("lossless-2%", 0.02), Scenario("lossless-5%", 0.05), Scena
              Scenario("long-2x", 0.05, kl_factor=0.4, category=f"context:{max(LENGTHS)}", cat_kl_factor=2.0),
              Scenario("long-2x+recall-halved", 0.05, kl_factor=0.4, category=f"context:{max(LENGTHS)}",
                       cat_kl_factor=2.0, long_recall_halved=True),
+             *[Scenario(f"numbers-later-1.4x{tag}", 0.05, kl_factor=0.5, category="arithmetic_numbers",
+                        cat_kl_factor=1.0, later=1.4, looks=looks) for tag, looks in ORDERED_LOOKS.items()],
+             Scenario("pooled-at-limit, haystacks 0.5x, looks [75, 150, 300]", 0.05, context_kl=0.5,
+                      pooled_at_limit=True, pooled_only=True, looks=(75, 150, 300)),
              Scenario("drop-10%", 0.0, drop=0.10),
              Scenario("drop-10%-binary", 0.0, drop=0.10, binary_only=True),
              Scenario("drop-10%+2%flips", 0.02, drop=0.10, binary_only=True)]
-AT_LIMIT = {"at-limit", "at-limit+adaptive"}
+AT_LIMIT = {"at-limit", "at-limit+adaptive"}  # also judged under the pooled-only policy, with the same looks
+AT_LIMIT_SUBSETS = [sc.name for sc in SCENARIOS if sc.later is not None or sc.pooled_at_limit]
 
 
 def load_samples(shape: str, rng: np.random.Generator) -> list[dict]:
@@ -244,6 +273,10 @@ def _candidate_recall(rng: np.random.Generator, base: float, sc: Scenario) -> fl
 
 
 SHAPE_FILE = Path(__file__).resolve().parent / "data" / "demo_int8_fidelity_shape.json"
+# a second real run's shape: a fresh `make demo` of 2026-12-06 (AMD EPYC; KL 0.0264, 336 samples with 12 haystacks
+# per length; its heaviest slice instruction_format, per-sample KL CV 1.67 against the shipped run's 1.05)
+FRESH_SHAPE_FILE = SHAPE_FILE.with_name("demo_int8_fidelity_shape_fresh.json")
+SHAPE_FILES = [SHAPE_FILE, FRESH_SHAPE_FILE]
 SHAPE_FIELDS = ("category", "n_tokens", "kl_sum", "top1_agree")
 
 
@@ -327,6 +360,56 @@ def simulate_fidelity(rng: np.random.Generator, kl_of: dict[str, float], n: int,
     return out
 
 
+def first_ids(items: list[dict], limit: int | None) -> list[dict]:
+    """The draw before the seeded one (--first-ids): the first ids of each category, round-robin over the sorted
+    categories, to show what a fixed prefix let through."""
+    if limit is None or limit >= len(items):
+        return items
+    by_cat: dict[str, list[dict]] = defaultdict(list)
+    for it in sorted(items, key=lambda it: it["id"]):
+        by_cat[it["category"]].append(it)
+    groups = [by_cat[c] for c in sorted(by_cat)]
+    return [g[d] for d in range(max(map(len, groups))) for g in groups if d < len(g)][:limit]
+
+
+DRAW = stratified  # how a look's subset is drawn: the release's own (quantgate.fidelity.run), or --first-ids
+REWEIGHT = True  # an interim look's pooled estimate weights the eval prompts as the last look will (--unweighted: not)
+
+
+def eval_fidelity(rng: np.random.Generator, samples: list[dict], sc: Scenario, limit: float, kl_of: dict[str, float],
+                  miss_of: dict[str, float] | None, max_miss: float | None) -> dict[str, SampleFidelity]:
+    """Every eval sample's simulated fidelity, by id: its category's KL (kl_of, "*" for the others) and top-1 cap
+    (miss_of); an ordered category (sc.later) has its later half, in file order, at sc.later x the limit and its
+    first half at (2 - sc.later) x. A look then reads the subset the release draws (fidelity.run.stratified)."""
+    size = Counter(s["category"] for s in samples)
+    seen: Counter = Counter()
+    out = {}
+    for s in samples:
+        cat = s["category"]
+        kl, cap = kl_of.get(cat, kl_of["*"]), (miss_of or {}).get(cat, (miss_of or {}).get("*", 1.0))
+        if sc.later is not None and cat == sc.category:
+            f = sc.later if seen[cat] >= size[cat] / 2 else 2 - sc.later
+            kl, cap = f * limit, f * max_miss if max_miss is not None else 1.0
+        seen[cat] += 1
+        n_tok, est, agree = _sample_estimate(rng, kl, TOKENS_PER_SAMPLE, "eval", cap)
+        out[s["id"]] = SampleFidelity(id=s["id"], category=cat, n_tokens=n_tok, kl_sum=est, top1_agree=agree,
+                                      dnll_sum=est, kl_max=kl, kl_topk_sum=kl * n_tok)
+    return out
+
+
+def _mean_tokens(kind: str, simulated: float) -> float:
+    pool = REAL_SHAPE.get(kind)
+    return statistics.fmean(x[0] for x in pool) if pool else simulated
+
+
+def pooled_mix(sc: Scenario, final_eval: int) -> float:
+    """The factor of the limit at which the eval categories sit so that the last look's pooled KL (its expected
+    tokens: `final_eval` eval prompts and the haystacks) is exactly at the limit, the haystacks at sc.context_kl."""
+    t_eval = _mean_tokens("eval", TOKENS_PER_SAMPLE) * final_eval
+    t_ctx = _mean_tokens("context", CONTEXT_TOKENS) * CONTEXT_PROMPTS * len(CONTEXT)
+    return (t_eval + t_ctx - (sc.context_kl or 0.0) * t_ctx) / t_eval
+
+
 # Speed is not what this bench simulates: every candidate is clearly faster (the pay-off checks pass), so the
 # decisions measure the quality checks alone.
 FAST = PayOffFigures.model_validate({"workload": "latency", "decide": [
@@ -339,6 +422,8 @@ def _kl_of(sc: Scenario, limit: float) -> dict[str, float]:
     kl = {"*": FLOOR_KL if sc.kl_factor is None else sc.kl_factor * limit}
     if sc.category is not None:
         kl[sc.category] = sc.cat_kl_factor * limit
+    if sc.context_kl is not None:
+        kl.update({c: sc.context_kl * limit for c in CONTEXT})
     return kl
 
 
@@ -350,6 +435,8 @@ def _miss_of(sc: Scenario, max_miss: float) -> dict[str, float]:
     miss = {"*": 1.0 if sc.kl_factor is None else sc.kl_factor * max_miss}  # at the floor: the law alone
     if sc.category is not None:
         miss[sc.category] = sc.cat_kl_factor * max_miss
+    if sc.context_kl is not None:
+        miss.update({c: sc.context_kl * max_miss for c in CONTEXT})
     return miss
 
 
@@ -363,12 +450,16 @@ def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: s
     f = policy.fidelity
     limit = f.families[family].max_kl if f else 0.01
     cats = sorted({s["category"] for s in samples})
-    plan = ADAPTIVE_PLAN if sc.adaptive else [FIDELITY_SAMPLES]
-    most = plan[-1]
+    plan = list(sc.looks) if sc.looks else ADAPTIVE_PLAN if sc.adaptive else [FIDELITY_SAMPLES]
+    sequential = len(plan) > 1
     kl_of = _kl_of(sc, limit)
+    if sc.pooled_at_limit:
+        kl_of["*"] = pooled_mix(sc, min(plan[-1], len(samples))) * limit
     lim = f.families[family] if f else None
-    miss_of = _miss_of(sc, 1 - lim.min_top1) if lim and lim.min_top1 is not None else None
-    fid = simulate_fidelity(rng, kl_of, most, cats, miss_of=miss_of)
+    max_miss = 1 - lim.min_top1 if lim and lim.min_top1 is not None else None
+    miss_of = _miss_of(sc, max_miss) if max_miss is not None else None
+    by_id = eval_fidelity(rng, samples, sc, limit, kl_of, miss_of, max_miss)
+    items = [{"id": s["id"], "category": s["category"]} for s in samples]
     floor = simulate_fidelity(rng, {"*": FLOOR_KL}, FLOOR_SAMPLES, cats + CONTEXT)  # its own stratified subset
     n_context = CONTEXT_PROMPTS * len(CONTEXT)  # the same at every look
     context = simulate_fidelity(rng, kl_of, n_context, CONTEXT, CONTEXT_TOKENS, miss_of)
@@ -376,11 +467,13 @@ def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: s
     fixed = dict(recall={"recall": recall}, recall_by_length=recall_by_length, parity=ParityEvidence(verdict="pass"),
                  size_ratio=Ratio(value=0.5), pay_off=FAST,
                  error_rates=[RateEvidence(name="baseline/default", rate=0.0, n=len(samples))])
-    for n in plan:  # each look on the first n samples (a widening adds samples), at its share of alpha
-        look = spend(f.alpha, plan, n) if f and sc.adaptive else None
+    for n in plan:  # each look on the subset of n eval prompts the release draws, at its share of alpha
+        look = spend(f.alpha, plan, n) if f and sequential else None
         level = 1 - 2 * (look.alpha if look else f.alpha) if f else 0.90
-        evidence = GateEvidence(**ev, **fixed, fidelity=fidelity_evidence(fid[:n] + context, level, None),
-                                floor=fidelity_evidence(floor, level, None))
+        fid = [by_id[it["id"]] for it in DRAW(items, n)]
+        evidence = GateEvidence(**ev, **fixed, floor=fidelity_evidence(floor, level, None),
+                                fidelity=fidelity_evidence(fid + context, level, None,
+                                                           growth=look.growth if look and REWEIGHT else 1.0))
         d = evaluate(policy, evidence, look=look)
         if d.decision != "INCONCLUSIVE":
             break
@@ -405,7 +498,7 @@ def run(policy: GatePolicy, shape: str, families: list[str], scenarios: list[Sce
     for family in families:
         for sc in scenarios:
             for _ in range(trials):
-                d = trial(rng, samples, sc, family, policy, metrics)
+                d = trial(rng, samples, sc, family, pooled_only if sc.pooled_only else policy, metrics)
                 counts[(family, sc.name)][d.decision] += 1
                 if sc.name in AT_LIMIT and policy.fidelity:  # the pooled bound alone, with the same looks
                     counts[(family, f"{sc.name} (pooled only)")][trial(rng, samples, sc, family, pooled_only,
@@ -428,6 +521,7 @@ TARGETS = [  # (what, scenarios (the worst of them counts), at least / at most, 
      ["long-2x", "recall-halved-at-4k", "long-2x+recall-halved"], "<=", 0.10),
     *[(f"P(PROMOTE | fidelity exactly at the limit, {v})", [v], "<=", 0.05)
       for name in sorted(AT_LIMIT) for v in (name, f"{name} (pooled only)")],
+    *[(f"P(PROMOTE | at the limit, on the subsets a release draws: {v})", [v], "<=", 0.05) for v in AT_LIMIT_SUBSETS],
     ("P(PROMOTE | 10% accuracy drop, fidelity at floor)", ["drop-10%"], "<=", 0.10),
     ("P(PROMOTE | 10% drop on binary metrics only, fidelity at floor)", ["drop-10%-binary"], "<=", 0.10),
 ]
@@ -454,9 +548,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", nargs="+", default=list(FAMILY_SCHEME), choices=list(FAMILY_SCHEME))
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--rates", type=Path, help="JSON {metric: baseline rate or mean} to simulate instead of RATES")
-    ap.add_argument("--fidelity-file", type=Path, default=SHAPE_FILE, help="a run's fidelity/<candidate>.json (or "
-                    "a shape saved with --save-shape): draw the per-sample shape (tokens, KL, top-1) from its samples, "
-                    "moved to each scenario's values (default: the shipped shape of a real demo run)")
+    ap.add_argument("--fidelity-file", type=Path, nargs="+", default=SHAPE_FILES, help="runs' fidelity/<candidate>"
+                    ".json (or shapes saved with --save-shape): draw the per-sample shape (tokens, KL, top-1) from "
+                    "each one's samples in turn, moved to each scenario's values (default: the two shipped shapes of "
+                    "real demo runs)")
+    ap.add_argument("--first-ids", action="store_true", help="draw each look's subset as the release did before the "
+                    "seeded draw (the first ids of each category), to show what that let through")
+    ap.add_argument("--unweighted", action="store_true", help="judge an interim look's pooled bound on its own mix "
+                    "(haystack-heavier than the last look's), as the gate did before, to show what that let through")
     ap.add_argument("--simulated", action="store_true", help="the simulated per-sample model (gamma spread, "
                     "--fidelity-cv, plus the estimator's noise) instead of a real run's shape")
     ap.add_argument("--save-shape", nargs=2, type=Path, metavar=("RUN_FIDELITY_FILE", "OUT"),
@@ -478,14 +577,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_shape:
         save_shape(*args.save_shape)
         return 0
-    if not args.simulated:
-        REAL_SHAPE.update(real_shape(args.fidelity_file))
+    if args.first_ids:
+        globals()["DRAW"] = first_ids
+    if args.unweighted:
+        globals()["REWEIGHT"] = False
     scenarios = [sc for sc in SCENARIOS if not args.scenario or sc.name in args.scenario]
     policy = load_policy(args.policy)
-    print(f"# gate operating characteristics: policy {args.policy} ({policy.name}), {args.trials} trials per cell, "
+    met_all = True
+    for shape_file in [None] if args.simulated else args.fidelity_file:
+        REAL_SHAPE.clear()
+        if shape_file is not None:
+            REAL_SHAPE.update(real_shape(shape_file))
+        met_all &= report(args, policy, scenarios, shape_file)
+    print(f"\n{'all targets met' if met_all else 'some targets NOT met'}")
+    return 0 if met_all else 1
+
+
+def report(args: argparse.Namespace, policy: GatePolicy, scenarios: list[Scenario], shape_file: Path | None) -> bool:
+    """Run and print every shape of the bench on one per-sample fidelity shape; True when every target is met."""
+    print(f"\n# gate operating characteristics: policy {args.policy} ({policy.name}), {args.trials} trials per cell, "
           f"seed {args.seed}; recall grid {HAYSTACKS} haystacks x {NEEDLES_PER_HAYSTACK} needles "
-          f"(intra-haystack correlation {RECALL_ICC}); fidelity {FIDELITY_SAMPLES} samples (adaptive scenarios: looks {ADAPTIVE_PLAN}), "
-          f"{f'simulated per-sample CV {FIDELITY_CV}' if args.simulated else 'the shape of ' + str(args.fidelity_file)}; "
+          f"(intra-haystack correlation {RECALL_ICC}); fidelity {FIDELITY_SAMPLES} samples (adaptive scenarios: looks "
+          f"{ADAPTIVE_PLAN}), each look's subset drawn {'as the first ids' if args.first_ids else 'by the release'}"
+          f"{', interim pooled estimates unweighted' if args.unweighted else ''}; "
+          f"{f'simulated per-sample CV {FIDELITY_CV}' if shape_file is None else 'the shape of ' + str(shape_file)}; "
           f"{CONTEXT_PROMPTS} haystacks per context length"
           f"{f', about {CONTEXT_TOKENS} scored tokens each' if args.simulated else ''}; "
           f"CPU {cpuinfo()[0]} (a simulation: the figures do not depend on it)")
@@ -498,8 +613,10 @@ def main(argv: list[str] | None = None) -> int:
         for (f, s), c in counts.items():
             print(f"| {f} | {s} | {c['PROMOTE'] / args.trials:.3f} | {c['REJECT'] / args.trials:.3f} | "
                   f"{c['INCONCLUSIVE'] / args.trials:.3f} |")
-        print("\nMinimum detectable drop per check at 80% power (median over lossless-5% trials; units of its limit):\n")
-        print("| family | check | n | MDD | limit | limit below MDD |\n|---|---|---|---|---|---|")
+        if mdds:
+            print("\nMinimum detectable drop per check at 80% power (median over lossless-5% trials; units of its "
+                  "limit):\n")
+            print("| family | check | n | MDD | limit | limit below MDD |\n|---|---|---|---|---|---|")
         for (f, name), vals in sorted(mdds.items()):
             mdd = statistics.median(v[0] for v in vals)
             below = sum(v[2] for v in vals) / len(vals)
@@ -509,8 +626,7 @@ def main(argv: list[str] | None = None) -> int:
             for what, value, target, met in targets(counts, args.trials, args.family):
                 met_all &= met
                 print(f"- {what} = {value:.3f} (target {target}): {'met' if met else 'NOT MET'}")
-    print(f"\n{'all targets met' if met_all else 'some targets NOT met'}")
-    return 0 if met_all else 1
+    return met_all
 
 
 if __name__ == "__main__":

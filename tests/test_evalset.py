@@ -146,5 +146,7 @@ def test_stratified_subset_covers_every_category_in_file_order():
 
     rows = [SimpleNamespace(id=f"{c}{i}", category=c) for c in "abc" for i in range(5)]
     sub = stratified_subset(rows, 7)
-    assert [r.id for r in sub] == ["a0", "a1", "a2", "b0", "b1", "c0", "c1"]
+    assert [r.category for r in sub] == ["a", "a", "a", "b", "b", "c", "c"]  # every category its share
+    assert sub == sorted(sub, key=rows.index)  # in file order
+    assert [r.id for r in sub] != ["a0", "a1", "a2", "b0", "b1", "c0", "c1"]  # a draw, not the first ids
     assert stratified_subset(rows, None) == rows and stratified_subset(rows, 99) == rows

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from quantgate.base import subsets
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.fidelity import sampling
@@ -26,12 +27,16 @@ def test_the_fidelity_record_writes_the_layout_the_gate_reads(tmp_path):
     dumps = {"baseline": "/cache/b-main", "candidate": "/cache/c-main"}
     fidelity_step._write(tmp_path / "c.json", dumps, _draws)
     samples = merge_draws(_draws(), fidelity_step.DRAW)
+    drawn = [s.id for s in subsets.order(samples, lambda s: s.id, lambda s: s.category)]
     write_json(tmp_path / "old.json", {"summary": summarize(samples).model_dump(mode="json"),
                                        "estimator": fidelity_step.ESTIMATOR,
-                                       "samples": [s.model_dump(mode="json") for s in samples], "dumps": dumps})
+                                       "samples": [s.model_dump(mode="json") for s in samples], "dumps": dumps,
+                                       "draw": {"rule": subsets.RULE, "seed": subsets.SEED, "order": drawn}})
     assert (tmp_path / "c.json").read_bytes() == (tmp_path / "old.json").read_bytes()
     rec = load_fidelity_record(tmp_path / "c.json")
     assert rec.kl_estimator == "sampled-logratio" and [s.id for s in rec.samples] == [s.id for s in samples]
+    # the draw order recorded: round-robin over the sorted categories, each in its seeded random order
+    assert rec.draw is not None and [i.split("/")[0] for i in rec.draw.order] == ["context:1024", "factual_qa"] * 6
     doc = json.loads((tmp_path / "c.json").read_text())
     older = {"summary": doc["summary"], "samples": doc["samples"], "later": True}  # no estimator, no dumps
     write_json(tmp_path / "older.json", older)

@@ -119,3 +119,19 @@ def test_a_real_runs_shape_is_moved_to_the_scenarios_kl_kind_by_kind(oc):
         assert per.std() > 0.3 * kl  # a real spread, not the mean alone
     # below the run's KL the residuals shrink like sqrt(r), above it like r: more spread than either alone
     assert oc._moved(1.0, 0.04, 0.01) == 0.5 and oc._moved(1.0, 0.01, 0.04) == 4.0
+
+
+def test_every_subset_a_release_draws_keeps_the_error_rate_that_a_prefix_and_an_interim_mix_broke(oc, monkeypatch):
+    """An ordered category at its limit (its later ids worse) over two looks, and a pooled-only policy at its pooled
+    limit over three looks with haystacks lighter than the eval prompts: promoted rarely with the release's seeded
+    draw and the reweighted interim pooled estimate, often with the first ids and each look's own mix (so the
+    scenarios see what they are about)."""
+    trials, names = 20, {"numbers-later-1.4x, looks [150, 300]", "pooled-at-limit, haystacks 0.5x, looks [75, 150, 300]"}
+    scenarios = [s for s in oc.SCENARIOS if s.name in names]
+    policy = load_policy(RELEASES / "policies" / "default.yaml")
+    counts, _ = oc.run(policy, "demo", ["w4a16"], scenarios, trials, seed=5)
+    assert all(counts[("w4a16", n)]["PROMOTE"] <= 3 for n in names), counts
+    monkeypatch.setattr(oc, "DRAW", oc.first_ids)
+    monkeypatch.setattr(oc, "REWEIGHT", False)
+    before, _ = oc.run(policy, "demo", ["w4a16"], scenarios, trials, seed=5)
+    assert all(before[("w4a16", n)]["PROMOTE"] >= 6 for n in names), before

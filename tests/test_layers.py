@@ -24,7 +24,7 @@ LAYERS = ["base", "target", "plan", "quantize", "serving", "evals", "recall", "p
           "gate", "report", "release", "cli"]
 
 # Pure modules: computation only, no I/O; table-driven unit tests cover them.
-PURE = {"base.errors", "base.stats", "base.runfiles", "plan.knobs", "quantize.devices", "plan.planner", "plan.commands", "plan.models", "plan.slots", "evals.compare", "recall.needle",
+PURE = {"base.errors", "base.stats", "base.subsets", "base.runfiles", "plan.knobs", "quantize.devices", "plan.planner", "plan.commands", "plan.models", "plan.slots", "evals.compare", "recall.needle",
         "recall.score", "parity.core", "perf.compare", "perf.models", "perf.intervals", "perf.sweep", "perf.metrics",
         "gate.payoff", "gate.sizeratio", "judge.core", "judge.corrupt", "judge.report",
         "gate.checks", "gate.models", "gate.statistical", "gate.sizing", "gate.looks", "gate.fidelityevidence", "fidelity.bounds", "release.ladder", "fidelity.core",

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from quantgate.base.errors import ConfigError, did_you_mean
 from quantgate.base.yamlconfig import describe_error, load_model, read_bytes
+from quantgate.base.subsets import draw
 from quantgate.evals.metrics import MetricSpec, TABLE, load_table
 from quantgate.evals.setsource import Row, Source, format_of, mapped_row, meta_path_for, rows_of_lines, rows_of_table
 
@@ -159,20 +160,12 @@ class EvalSet:
 
 
 def stratified_subset(samples: list, limit: int | None) -> list:
-    """The first `limit` samples taken round-robin over categories (in file order within each), so a CI subset still
-    covers every category; the result keeps file order. None or a limit >= len(samples): all samples."""
+    """`limit` samples drawn at random within each category, every category its share (quantgate.base.subsets: a
+    seeded draw, nested as the limit grows), so a CI subset or a release's `eval.limit` covers every category and
+    every part of an ordered set; the result keeps file order. None or a limit >= len(samples): all samples."""
     if not limit or limit >= len(samples):
         return list(samples)
-    by_cat: dict[str, list] = {}
-    for s in samples:
-        by_cat.setdefault(s.category, []).append(s)
-    chosen: set[int] = set()
-    depth = 0
-    while len(chosen) < limit:
-        for group in by_cat.values():
-            if depth < len(group) and len(chosen) < limit:
-                chosen.add(id(group[depth]))
-        depth += 1
+    chosen = {id(s) for s in draw(samples, limit, lambda s: s.id, lambda s: s.category)}
     return [s for s in samples if id(s) in chosen]
 
 

@@ -38,6 +38,7 @@ from quantgate.fidelity.bounds import ratio_bounds
 
 REST_EPS = 1e-9  # floor of a "rest" bucket's probability: keeps log() finite when a side's top-k holds ~all mass
 WORST_N = 10
+CONTEXT_PREFIX = "context:"  # the category of a haystack prompt: context:<length> (quantgate.release.fidelity_step)
 
 
 def kl_topk(base: Mapping[int, float], cand: Mapping[int, float], cand_ranked: Mapping[int, float] | None = None
@@ -220,12 +221,15 @@ class FidelitySummary(FidelityStats):
     worst: list[WorstSample]
 
 
-def _stats(samples: Sequence[SampleFidelity], n_boot: int, seed: int, level: float) -> FidelityStats:
+def _stats(samples: Sequence[SampleFidelity], n_boot: int, seed: int, level: float,
+           weights: Mapping[str, float] | None = None) -> FidelityStats:
     """Ratio-of-sums means; `low` and `high` are one-sided bounds at (1 + level) / 2 each from resampling whole
     samples (the same draws for the three metrics; quantgate.fidelity.bounds, docs/fidelity-bounds.md). Both hold
-    the mean."""
-    sums = np.array([[s.kl_sum, s.top1_agree, s.dnll_sum] for s in samples], dtype=np.float64)
-    tokens = np.array([s.n_tokens for s in samples], dtype=np.float64)
+    the mean. `weights` (category -> weight, 1 for the others) scale a sample's sums and tokens alike: the mean of
+    a mix with the categories in other proportions; n_tokens stays the tokens scored."""
+    w = np.array([(weights or {}).get(s.category, 1.0) for s in samples], dtype=np.float64)
+    sums = np.array([[s.kl_sum, s.top1_agree, s.dnll_sum] for s in samples], dtype=np.float64) * w[:, None]
+    tokens = np.array([s.n_tokens for s in samples], dtype=np.float64) * w
     total = tokens.sum()
     if total <= 0:
         raise QuantgateError("no scored tokens to summarize", where="fidelity summary")
@@ -238,7 +242,8 @@ def _stats(samples: Sequence[SampleFidelity], n_boot: int, seed: int, level: flo
         return Interval(mean=float(means[j]), low=float(min(lo[j], means[j])), high=float(max(hi[j], means[j])),
                         level=level)
 
-    return FidelityStats(n_samples=n, n_tokens=int(total), kl=interval(0), top1=interval(1), dnll=interval(2))
+    return FidelityStats(n_samples=n, n_tokens=sum(s.n_tokens for s in samples), kl=interval(0), top1=interval(1),
+                         dnll=interval(2))
 
 
 def _with_topk(stats: FidelityStats, samples: Sequence[SampleFidelity]) -> FidelityStats:
@@ -246,15 +251,16 @@ def _with_topk(stats: FidelityStats, samples: Sequence[SampleFidelity]) -> Fidel
 
 
 def summarize(samples: Iterable[SampleFidelity], *, n_boot: int = 2000, seed: int = 0,
-              level: float = 0.90) -> FidelitySummary:
+              level: float = 0.90, pooled_weights: Mapping[str, float] | None = None) -> FidelitySummary:
     """Pooled per-token KL, top-1 agreement and dNLL with cluster-bootstrap intervals, per category, and the
-    WORST_N samples by mean KL. Level 0.90 by default: the gate reads `high` as a one-sided 95% upper bound."""
+    WORST_N samples by mean KL. Level 0.90 by default: the gate reads `high` as a one-sided 95% upper bound.
+    `pooled_weights` (category -> weight) reweights the pooled figures only (see `_stats`)."""
     samples = list(samples)
     if not samples:
         raise QuantgateError("no samples to summarize", where="fidelity summary")
     if not 0.0 < level < 1.0:
         raise QuantgateError(f"confidence level must be in (0, 1), got {level}", where="fidelity summary")
-    overall = _with_topk(_stats(samples, n_boot, seed, level), samples)
+    overall = _with_topk(_stats(samples, n_boot, seed, level, pooled_weights), samples)
     cats: dict[str, list[SampleFidelity]] = {}
     for s in samples:
         cats.setdefault(s.category, []).append(s)

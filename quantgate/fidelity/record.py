@@ -17,6 +17,16 @@ from quantgate.fidelity.core import FidelitySummary, SampleFidelity
 TOPK = "topk"  # the estimator of a record that names none (written before the sampled estimator existed)
 
 
+class SubsetDraw(BaseModel):
+    """How the compared prompts were drawn (quantgate.base.subsets): the rule, its seed, and the prompt ids in draw
+    order (a subset of size L, or a look at L samples, reads the first L)."""
+    model_config = ConfigDict(extra="forbid")
+
+    rule: str
+    seed: int
+    order: list[str]
+
+
 class FidelityRecord(BaseModel):
     """A fidelity comparison: its summary, the KL estimator, the per-sample sums the gate bounds, and the dump
     folders it was computed from. Fields in the file's order; a newer writer's keys are kept."""
@@ -26,6 +36,8 @@ class FidelityRecord(BaseModel):
     estimator: str | None = Field(None, description="what the KL figures estimate (None: top-k, an older file)")
     samples: list[SampleFidelity] = Field(description="one per prompt, its draws merged")
     dumps: dict[str, str] = Field(default_factory=dict, description="path name -> the dump folder compared")
+    draw: SubsetDraw | None = Field(None, description="how the prompts were drawn (None: a file from before the "
+                                    "seeded draw)")
 
     @property
     def kl_estimator(self) -> str:

@@ -33,12 +33,12 @@ from quantgate.base.runfiles import MANIFEST
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json, repair_tail
+from quantgate.base.subsets import draw
 from quantgate.fidelity.core import SampleFidelity, ScoredSample, compare_sample
 
 SCHEMA = 1
 DUMP = "logprobs.jsonl"
 CORPUS_CATEGORY = "corpus"
-CONTEXT_PREFIX = "context:"  # the category of a haystack prompt: context:<length> (quantgate.release.fidelity_step)
 Progress = Callable[[int, int], None]
 
 
@@ -91,19 +91,11 @@ class DumpManifest(FolderManifest):
 
 
 def stratified(items: list[dict], limit: int | None) -> list[dict]:
-    """`limit` items round-robin over sorted categories, ids sorted within each (all when limit is None)."""
-    if limit is None or limit >= len(items):
-        return items
-    by_cat: dict[str, list[dict]] = {}
-    for it in sorted(items, key=lambda it: it["id"]):
-        by_cat.setdefault(it["category"], []).append(it)
-    groups = [by_cat[c] for c in sorted(by_cat)]
-    chosen: list[dict] = []
-    depth = 0
-    while len(chosen) < limit:
-        chosen += [g[depth] for g in groups if depth < len(g)][: limit - len(chosen)]
-        depth += 1
-    return chosen
+    """`limit` items drawn at random within each category, round-robin over the sorted categories (the seeded,
+    nested draw of quantgate.base.subsets), in draw order; all, as given, when limit is None. An item ranks by its
+    sample's own id, without the "<eval set>/" prefix: as `eval.limit` ranked it, so that the fidelity subset of an
+    eval subset stays nested when an adaptive round widens both."""
+    return draw(items, limit, lambda it: it["id"].split("/", 1)[-1], lambda it: it["category"])
 
 
 def corpus_passages(path: Path) -> list[str]:
@@ -146,8 +138,8 @@ def build_sequences(records: Iterable[Mapping[str, Any]], tokenizer_dir: Path | 
     "output"}; records whose output is None (failed answers) are skipped. The prompt is the checkpoint's chat
     template with the generation prompt, as the chat endpoint sends it; the output is tokenized on its own (no
     special tokens) and appended. Every position from 1 is scored, prompt and answer alike. A corpus passage is
-    tokenized as plain text. `limit` keeps a stratified subset (round-robin over sorted categories, ids sorted);
-    `max_len` cuts longer sequences (keep it under the server's --max-model-len). Ids sorted in the result.
+    tokenized as plain text. `limit` keeps a stratified random subset (quantgate.base.subsets: seeded, nested, every
+    category its share); `max_len` cuts longer sequences (keep it under the server's --max-model-len). Ids sorted in the result.
     """
     from transformers import AutoTokenizer
 
@@ -291,7 +283,7 @@ async def _score_all(url: str, model: str, api_key: str | None, todo: list[Seque
 
     with JsonlAppender(path) as writer:
         await for_each(todo, score, concurrency=concurrency, api_key=api_key,
-                       cost=("tokens", lambda s: len(s.token_ids)))  # a haystack costs 20 short sequences
+                       cost=("prefilled tokens", lambda s: len(s.token_ids)))  # a haystack costs 20 short sequences
     return failed
 
 

@@ -92,8 +92,8 @@ def build_prompts(records: Iterable[Mapping[str, Any]], tokenizer_dir: Path | st
                   corpus: Path | str | None = None, max_len: int | None = None) -> list[Prompt]:
     """The prompts to continue: each record's chat messages ({"id", "category", "messages" or "prompt"}) through the
     checkpoint's chat template with the generation prompt, as the chat endpoint sends them, and each corpus passage
-    as plain text. `limit` keeps a stratified subset (round-robin over sorted categories: every category gets its
-    share); prompts longer than `max_len` are left out. Ids sorted."""
+    as plain text. `limit` keeps a stratified random subset (quantgate.base.subsets: seeded, nested, every
+    category its share); prompts longer than `max_len` are left out. Ids sorted."""
     from transformers import AutoTokenizer
 
     items = stratified(items_of(records, Path(corpus) if corpus else None, answers=False), limit)
@@ -231,7 +231,7 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
     if todo:
         with JsonlAppender(path) as writer:
             asyncio.run(for_each(todo, one, concurrency=max(1, concurrency), api_key=api_key,
-                                 cost=("tokens", lambda p: len(p.token_ids) + (p.max_tokens or max_tokens))))
+                                 cost=("prompt+sampled tokens", lambda p: len(p.token_ids) + (p.max_tokens or max_tokens))))
     first = f"{failed[0][0]}: {failed[0][1]}" if failed else None
     SamplesManifest(schema=SCHEMA, status="partial" if failed else "complete", n=len(prompts),
                     n_sampled=len(prompts) - len(failed), prompts_hash=digest, max_tokens=max_tokens, top_k=top_k,

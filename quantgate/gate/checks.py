@@ -204,10 +204,17 @@ def operating(policy: GatePolicy, look: Look | None = None) -> OperatingCharacte
         note += (f"; a candidate whose fidelity sits exactly at its limit{where} is promoted with probability at most "
                  f"{f.alpha:.0%} (one-sided bounds, intersection-union over the slices")
         note += (f"; over {look.of} planned looks, this is look {look.index}, judged at alpha {look.alpha:.4g} "
-                 f"({look.spent:.4g} spent so far)" if look else "") + ")"
+                 f"({look.spent:.4g} spent so far){_reweighted(look)}" if look else "") + ")"
     return OperatingCharacteristics(false_reject_bound=st.false_reject, false_promote_at_limit=f.alpha if f else 1.0,
                                     power=st.power, note=note + ". Minimum detectable drops are stated at "
                                     f"{st.power:.0%} power.")
+
+
+def _reweighted(look: Look) -> str:
+    if look.growth == 1.0:
+        return ""
+    return (f"; its pooled estimate weights each eval prompt {look.growth:.3g}x, as the last look's sample will hold "
+            "them beside the same haystacks")
 
 
 def _verdict(checks: list[Check]) -> tuple[str, list[str], str | None]:

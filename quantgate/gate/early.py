@@ -22,6 +22,7 @@ def early_fidelity_checks(run: Path | str, policy_path: Path | str, candidate: s
         return []
     look = spend(policy.fidelity.alpha, *looks) if looks is not None else None
     level = 1 - 2 * (look.alpha if look else policy.fidelity.alpha)
-    evidence = collect(run, candidate, fidelity_level=level).model_copy(update={"scheme": scheme})
+    evidence = collect(run, candidate, fidelity_level=level, fidelity_growth=look.growth if look else 1.0
+                       ).model_copy(update={"scheme": scheme})
     family = policy.primary.family_of(scheme) if policy.primary and scheme else None
     return fidelity_checks(policy, evidence, family)

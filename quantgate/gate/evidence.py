@@ -48,7 +48,7 @@ from quantgate.gate.decisionfile import policy_ref, write_decision
 from quantgate.gate.failurefile import CANDIDATE_ERROR, load_candidate_error
 from quantgate.gate.fidelityevidence import fidelity_evidence
 from quantgate.gate.looks import spend
-from quantgate.gate.models import (Check, Decision, FidelityEvidence, Gap, GateEvidence, JudgeEvidence,
+from quantgate.gate.models import (Check, Decision, Gap, GateEvidence, JudgeEvidence,
                                    KvCacheChange, ParityEvidence, RateEvidence, Ratio, Stat)
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizeratio import size_ratio
@@ -274,16 +274,13 @@ def _judge(path: Path, ev: dict) -> None:
                                 lower_bound=_num(ni.lower_bound), file=str(path))
 
 
-def _fidelity(path: Path, level: float) -> FidelityEvidence:
-    rec = load_fidelity_record(path)
-    if not rec.samples:
-        raise _Bad(f"{path} holds no scored sample")
-    return fidelity_evidence(rec.samples, level, str(path), estimator=rec.kl_estimator)
-
-
-def _fidelity_pair(run: Path, cand: str, level: float, ev: dict) -> None:
-    ev["fidelity"] = _fidelity(run / "fidelity" / f"{cand}.json", level)
-    ev["floor"] = _fidelity(run / FIDELITY_FLOOR, level)
+def _fidelity_pair(run: Path, cand: str, level: float, growth: float, ev: dict) -> None:
+    for slot, path, weight in (("fidelity", run / "fidelity" / f"{cand}.json", growth),
+                               ("floor", run / FIDELITY_FLOOR, 1.0)):
+        rec = load_fidelity_record(path)
+        if not rec.samples:
+            raise _Bad(f"{path} holds no scored sample")
+        ev[slot] = fidelity_evidence(rec.samples, level, str(path), estimator=rec.kl_estimator, growth=weight)
 
 
 def _pay_off(source: Mapping | Path, ev: dict) -> None:
@@ -301,16 +298,16 @@ def _pay_off(source: Mapping | Path, ev: dict) -> None:
 
 def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = None,
             judge_report: Path | str | None = None, pay_off: Mapping | Path | str | None = None,
-            fidelity_level: float = 0.90) -> GateEvidence:
+            fidelity_level: float = 0.90, fidelity_growth: float = 1.0) -> GateEvidence:
     """Evidence of `candidate` (a scheme id, the variant's folder name) from a run folder; see the module docstring.
 
     `pay_off` may be a mapping {"throughput_ratio": float, "size_ratio"?: float, "file"?: str} from the flow.
-    Fidelity intervals are computed at `fidelity_level` (two-sided; the policy's alpha gives 1 - 2 * alpha)."""
+    Fidelity intervals at `fidelity_level` (two-sided: 1 - 2 * alpha); pooled, eval prompts weigh `fidelity_growth`."""
     run = Path(run)
     ev: dict[str, Any] = {"candidate": candidate, "metrics": {}, "categories": {}, "pooled": {}, "recall": {},
                           "recall_by_length": {}, "error_rates": [], "gaps": {}}
     _try(ev, "compare", _compare, run, candidate, ev)
-    _try(ev, "fidelity", _fidelity_pair, run, candidate, fidelity_level, ev)
+    _try(ev, "fidelity", _fidelity_pair, run, candidate, fidelity_level, fidelity_growth, ev)
     base_ev = _try(ev, "error_rate", _variant, run, BASELINE, ev)
     cand_ev = _try(ev, "error_rate", _variant, run, candidate, ev)
     parity = (base_ev or {}).get("parity")
@@ -395,6 +392,7 @@ def decide_run(run: Path | str, policy_path: Path | str, candidate_names: list[s
     level = 1 - 2 * (look.alpha if look else policy.fidelity.alpha) if policy.fidelity else 0.90
     decisions = [evaluate(policy, collect(run, name, pay_off=(pay_off or {}).get(name),
                                           recall_dir=(recall_dirs or {}).get(name),
-                                          judge_report=(judge_reports or {}).get(name), fidelity_level=level),
+                                          judge_report=(judge_reports or {}).get(name), fidelity_level=level,
+                                          fidelity_growth=look.growth if look else 1.0),
                           ref, look=look) for name in names]
     return [with_failure(d, failed) if (failed := serving_failure(run, d.candidate)) else d for d in decisions]

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from quantgate.base.errors import did_you_mean
-from quantgate.fidelity.run import CONTEXT_PREFIX
+from quantgate.fidelity.core import CONTEXT_PREFIX
 from quantgate.gate.policy import GatePolicy
 
 # Exit code of `quantgate check` and `quantgate release --check` for good files whose spec cannot PROMOTE as written

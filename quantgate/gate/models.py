@@ -202,6 +202,13 @@ class Look(_Model):
     planned: list[int] = Field(default_factory=list, description="fidelity samples planned at each look")
     shares: list[float] = Field(default_factory=list, description="alpha of each planned look")
 
+    @property
+    def growth(self) -> float:
+        """How many times this look's eval prompts the last planned look will hold (1.0 at the last look): an
+        interim pooled estimate weights each eval prompt by it, so that it estimates the final sample's pooled
+        quantity (the haystacks are the same at every look; quantgate.gate.fidelityevidence)."""
+        return self.planned[-1] / self.planned[self.index - 1] if self.planned else 1.0
+
 
 class Decision(_Model):
     schema_version: int = SCHEMA

@@ -39,7 +39,7 @@ from quantgate.base.errors import ConfigError, did_you_mean
 from quantgate.base.paths import RELEASES
 from quantgate.base.yamlconfig import item_error, load_model, read_yaml
 from quantgate.evals.metrics import load_table
-from quantgate.fidelity.run import CONTEXT_PREFIX
+from quantgate.fidelity.core import CONTEXT_PREFIX
 from quantgate.gate.models import Bound
 from quantgate.quantize.schemes import load_schemes
 

@@ -69,9 +69,14 @@ def variant_cache(variant: Variant, config, engine: str, run: Path) -> Path:
 
 def eval_dir(cache: Path, evalset: Path, limit: int | None) -> Path:
     """An eval set's folder, keyed by its samples and sidecar (every file of a datasets folder; the sidecar's
-    column mapping decides what the samples are) and the eval limit."""
+    column mapping decides what the samples are) and the eval limit (`draw<N>`: the seeded random subset of
+    quantgate.base.subsets; a folder of an older prefix subset is never reused for it)."""
     digest = file_sha256(evalset, meta_path_for(evalset))[:12]
-    return cache / "evals" / f"{evalset.stem}-{digest}-{limit or 'all'}"
+    return cache / "evals" / f"{evalset.stem}-{digest}-{_subset(limit)}"
+
+
+def _subset(limit: int | None) -> str:
+    return f"draw{limit}" if limit else "all"
 
 
 def lmeval_dir(cache: Path, lm: LmEvalSpec, task: str) -> Path:
@@ -104,7 +109,7 @@ def perf_settings(spec: ReleaseSpec) -> ProbeSettings:
             raise QuantgateError("perf.lengths is eval_sets but the spec lists no eval set", where="perf.lengths",
                                  fix="list an eval set in `eval_sets`, or use `lengths: given`")
         es = spec.eval_sets[0]
-        name = f"{es.stem}-{file_sha256(es, meta_path_for(es))[:12]}-{spec.eval.limit or 'all'}.json"
+        name = f"{es.stem}-{file_sha256(es, meta_path_for(es))[:12]}-{_subset(spec.eval.limit)}.json"
         s = s.model_copy(update={"requests": str(write_requests(es, results_dir() / "cache" / "perf-requests" / name,
                                                                 spec.eval.limit))})
     return s

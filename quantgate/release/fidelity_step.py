@@ -39,13 +39,14 @@ from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base import progress
 from quantgate.base.fileio import lock
 from quantgate.base.runfiles import MANIFEST
+from quantgate.base.subsets import DRAW as SUBSET_DRAW, RULE as SUBSET_RULE, SEED as SUBSET_SEED, order
 from quantgate.base.http import Retry
 from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.fidelity import sampling
-from quantgate.fidelity.core import SampleFidelity, merge_draws, summarize
+from quantgate.fidelity.core import CONTEXT_PREFIX, SampleFidelity, merge_draws, summarize
 from quantgate.fidelity.parts import finished_lines, merge_parts, part, part_dir, seed, stream_dir
-from quantgate.fidelity.record import FidelityRecord
-from quantgate.fidelity.run import (CONTEXT_PREFIX, DUMP, Sequence, append_scores, compare_dumps, is_complete,
+from quantgate.fidelity.record import FidelityRecord, SubsetDraw
+from quantgate.fidelity.run import (DUMP, Sequence, append_scores, compare_dumps, is_complete,
                                     score_sequences, stratified)
 from quantgate.recall.run import build_checked_grid, load_needle_data
 from quantgate.release.spec import ReleaseSpec
@@ -67,7 +68,7 @@ def _key(spec: ReleaseSpec, reference: Mapping[str, Path]) -> str:
     where the results root is: the same on every host of a release on work pools, and after a results folder moves."""
     assert spec.fidelity is not None
     blob = json.dumps({"evals": sorted(p.relative_to(p.parents[2]).as_posix() for p in reference.values()), "samples_schema": sampling.SCHEMA,
-                       "fidelity": spec.fidelity.model_dump(mode="json")}, sort_keys=True)
+                       "draw": SUBSET_DRAW, "fidelity": spec.fidelity.model_dump(mode="json")}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -148,6 +149,20 @@ def document_of(messages: list[dict]) -> str:
     return text[len(head): text.index(tail, len(head))]
 
 
+def sampled_prompts(spec: ReleaseSpec, tokenizer: Path) -> tuple[list[sampling.Prompt], int]:
+    """(every prompt the baseline continues, how many of them are haystacks): `fidelity.limit` eval prompts of the
+    release's eval subset drawn at random within each category (quantgate.base.subsets), `fidelity.draws` times
+    each, then `fidelity.context_prompts` haystacks per recall length."""
+    f = spec.fidelity
+    assert f is not None
+    prompts = sampling.build_prompts(prompt_records(spec), tokenizer, limit=f.limit, corpus=f.corpus,
+                                     max_len=spec.context - f.max_new_tokens)
+    prompts = [p.model_copy(update={"id": f"{p.id}{DRAW}{k}"}) for p in prompts for k in range(f.draws)]
+    context = sampling.build_prompts(context_records(spec, tokenizer), tokenizer,
+                                     max_len=spec.context - f.context_new_tokens + 1)
+    return prompts + [p.model_copy(update={"max_tokens": f.context_new_tokens}) for p in context], len(context)
+
+
 def sample(spec: ReleaseSpec, reference: Mapping[str, Path], tokenizer: Path, srv, log: Log) -> Path:
     """The baseline's continuations of the fidelity prompts, sampled on `srv` unless already complete. Under a lock:
     two of the baseline's servers asking at once sample once (the second finds them complete)."""
@@ -157,21 +172,15 @@ def sample(spec: ReleaseSpec, reference: Mapping[str, Path], tokenizer: Path, sr
     out.parent.mkdir(parents=True, exist_ok=True)
     with lock(out, timeout=None, what="sample the fidelity continuations"):
         if not sampling.is_complete(out):
-            room = spec.context - f.max_new_tokens
-            prompts = sampling.build_prompts(prompt_records(spec), tokenizer, limit=f.limit, corpus=f.corpus,
-                                             max_len=room)
-            prompts = [p.model_copy(update={"id": f"{p.id}{DRAW}{k}"}) for p in prompts for k in range(f.draws)]
-            context = sampling.build_prompts(context_records(spec, tokenizer), tokenizer,
-                                             max_len=spec.context - f.context_new_tokens + 1)
-            prompts += [p.model_copy(update={"max_tokens": f.context_new_tokens}) for p in context]
-            log(f"baseline: fidelity continuations: {len(prompts) - len(context)} eval prompts up to "
-                f"{f.max_new_tokens} tokens, {len(context)} haystack documents up to {f.context_new_tokens}, "
+            prompts, context = sampled_prompts(spec, tokenizer)
+            log(f"baseline: fidelity continuations: {len(prompts) - context} eval prompts up to "
+                f"{f.max_new_tokens} tokens, {context} haystack documents up to {f.context_new_tokens}, "
                 "sampled at temperature 1")
             every = max(1, len(prompts) // 5)
 
             def progress(n: int, total: int) -> None:
                 if n % every == 0 or n == total:
-                    log(f"baseline: fidelity continuations {n}/{total}")
+                    log(f"baseline: fidelity continuations {n}/{total} prompts")
 
             sampling.sample_continuations(srv.base_url, srv.config.name, srv.api_key, prompts, out,
                                           max_tokens=f.max_new_tokens, top_k=f.top_k,
@@ -253,22 +262,22 @@ def _score(spec: ReleaseSpec, srv, scored: list[Sequence], folder: Path, label: 
 
     def progress(n: int, total: int) -> None:
         if n % every == 0 or n == total:
-            log(f"{label} {n}/{total}")
+            log(f"{label} {n}/{total} sequences")
 
     score_sequences(srv.base_url, srv.config.name, srv.api_key, scored, folder, top_k=f.top_k,
                     concurrency=f.concurrency, progress=progress)
 
 
 def floor_subset(seqs: list[Sequence], limit: int | None) -> list[Sequence]:
-    """The sequences the floor's path scores: `limit` of them round-robin over the categories, of which each
-    context length gives at most FLOOR_CONTEXT (its first ids), ids sorted; all when limit is None."""
+    """The sequences the floor's path scores: `limit` of them drawn at random within each category, round-robin over
+    the categories (quantgate.base.subsets), of which each context length gives at most FLOOR_CONTEXT (the first of
+    its draw order); all when limit is None."""
     if limit is None:
         return seqs
-    context: dict[str, list[Sequence]] = {}
-    for s in sorted(seqs, key=lambda s: s.id):
-        if s.category.startswith(CONTEXT_PREFIX):
-            context.setdefault(s.category, []).append(s)
-    capped = [s for group in context.values() for s in group[:FLOOR_CONTEXT]]
+    per_length: dict[str, list[Sequence]] = {}
+    for s in order([s for s in seqs if s.category.startswith(CONTEXT_PREFIX)], lambda s: s.id, lambda s: s.category):
+        per_length.setdefault(s.category, []).append(s)
+    capped = [s for group in per_length.values() for s in group[:FLOOR_CONTEXT]]
     rest = [{"id": s.id, "category": s.category} for s in seqs if not s.category.startswith(CONTEXT_PREFIX)]
     keep = {it["id"] for it in stratified(rest, max(0, limit - len(capped)))} | {s.id for s in capped}
     return [s for s in seqs if s.id in keep]
@@ -281,7 +290,10 @@ def _write(path: Path, dumps: dict[str, str], compare: Callable[[], list[SampleF
     if _current(path, dumps):
         return
     samples = merge_draws(compare(), DRAW)  # a prompt's draws are one sample (cluster) in the intervals
-    FidelityRecord(summary=summarize(samples), estimator=ESTIMATOR, samples=samples, dumps=dumps).write(path)
+    drawn = SubsetDraw(rule=SUBSET_RULE, seed=SUBSET_SEED,
+                       order=[s.id for s in order(samples, lambda s: s.id, lambda s: s.category)])
+    FidelityRecord(summary=summarize(samples), estimator=ESTIMATOR, samples=samples, dumps=dumps,
+                   draw=drawn).write(path)
 
 
 def _current(path: Path, dumps: dict[str, str]) -> bool:

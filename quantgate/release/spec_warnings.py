@@ -10,7 +10,7 @@ from pathlib import Path
 
 from quantgate.evals.dataset import Sample, load_evalset, stratified_subset
 from quantgate.evals.metrics import load_table
-from quantgate.fidelity.run import CONTEXT_PREFIX
+from quantgate.fidelity.core import CONTEXT_PREFIX
 from quantgate.gate.feeding import Feed, SetShape, Unfed, unfed
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizing import sizing
