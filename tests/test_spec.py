@@ -38,6 +38,10 @@ def test_minimal_spec_gets_defaults(tmp_path):
     assert spec.nodes == 1 and spec.serving.dtype is None and spec.eval.limit is None and spec.eval_sets == []
 
 
+def test_the_license_is_the_model_cards(tmp_path):
+    assert load_spec(write(tmp_path, GOOD + "license: llama3.1\n")).license == "llama3.1"
+
+
 def test_hardware_id_is_case_insensitive(tmp_path):
     assert load_spec(write(tmp_path, GOOD.replace("x86-cpu", "X86-CPU"))).hardware == "x86-cpu"
 
@@ -52,6 +56,7 @@ def test_hardware_id_is_case_insensitive(tmp_path):
         (("name: mine", "name: mine\nmodle: demo"), 3, "modle", "Extra inputs"),
         (("model: demo\n", "model: demo\neval_sets: [nowhere.jsonl]\n"), 4, "eval_sets", "file not found"),
         (("version: 1", "version: 2"), 1, "version", "1"),
+        (("model: demo\n", "model: demo\nlicense: Apache 2.0\n"), 4, "license", "lower case without spaces (apache-2.0"),
     ],
 )
 def test_errors_name_file_line_and_field(tmp_path, edit, line, field, words):

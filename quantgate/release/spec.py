@@ -3,6 +3,7 @@
     version: 1                      # schema version of this file
     name: demo                      # run ids and registry entries start with it
     model: demo                     # catalogue id (releases/models.yaml) or a checkpoint folder
+    license: apache-2.0             # the model card's license; default: the catalogue's or the checkpoint's own
     hardware: x86-cpu               # profile id in quant_recipes/hardware.yaml, or auto (this machine's CPU profile)
     workload: latency               # latency | throughput | fit
     schemes: [w4a16-gptq]           # candidate schemes, each must run on the hardware; or `auto` / {auto: N}: the
@@ -40,6 +41,7 @@ decides what depends on it (`auto`, the kernel probe, which schemes run here). B
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +51,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.runinfo import ResolvedRelease
 from quantgate.base.yamlconfig import field_error, item_error, load_model
 from quantgate.evals.lmeval_tasks import LmEvalSpec
+from quantgate.evals.setsource import SameName, set_names
 from quantgate.release.autoschemes import auto_count
 from quantgate.release.external import CandidateSpec, EndpointRef, folder_problem
 from quantgate.release.publishing import NotifySpec, PublishTarget
@@ -68,6 +71,9 @@ class ReleaseSpec(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100,
                       description="run ids (<name>-<time>-<random>, at most 128 characters) start with it")
     model: str = Field(description="catalogue id or checkpoint folder")
+    license: str | None = Field(None, description="the model's license as the Hub spells it (apache-2.0, llama3.1, "
+                                "other): the model card's `license`, before the catalogue's and what the checkpoint's "
+                                "README.md or config.json states")
     serving: ServingSpec = Field(default_factory=ServingSpec)
     hardware: str = Field(description="profile id in quant_recipes/hardware.yaml, or `auto`: the profile of this "
                                       "machine's CPU as its serving build runs it (quantgate.serving.cpu_kernels)")
@@ -117,6 +123,10 @@ class ReleaseSpec(BaseModel):
                 out.append(_resolve(p, info))
             except ValueError as exc:
                 raise item_error(i, str(exc)) from None  # at the item's own line
+        try:
+            set_names(out)  # the name each set's evidence is filed under: one per set
+        except SameName as exc:
+            raise item_error(exc.index, str(exc)) from None
         return out
 
     @field_validator("policy")
@@ -133,6 +143,15 @@ class ReleaseSpec(BaseModel):
         why = folder_problem(path) if v not in load_catalogue() and os.path.lexists(path) else None
         if why:
             raise ValueError(f"model folder {why}: give a catalogue id or a Hugging Face checkpoint folder")
+        return v
+
+    @field_validator("license")
+    @classmethod
+    def _license_is_a_hub_id(cls, v: str | None) -> str | None:
+        """The card's front matter is read by the Hub, which knows licenses by id: `Apache 2.0` would not match one."""
+        if v is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", v):
+            raise ValueError(f"'{v}' is not a license id as the Hub spells it: write it in lower case without spaces "
+                             "(apache-2.0, mit, llama3.1, cc-by-4.0; `other` for a license of its own)")
         return v
 
     @field_validator("judge", mode="before")

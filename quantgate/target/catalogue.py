@@ -53,6 +53,13 @@ class CatalogueModel(BaseModel):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     folder: str
     expected_sha256: dict[str, str] = Field(default_factory=dict, description="file -> sha256 of the converted checkpoint")
+    provenance: str = Field(min_length=1, description="what the weights are, in words (a dequantized GGUF is not the "
+                            "original model): the baseline line of every model card made from them")
+    base_model: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                                   description="the Hub id (org/name) of the model the weights were made from: the "
+                                   "card's `base_model`")
+    license: str | None = Field(None, min_length=1, description="the weights' license as the Hub spells it "
+                                "(apache-2.0): the card's `license`")
 
 
 class Catalogue(BaseModel):
