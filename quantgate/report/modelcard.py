@@ -9,14 +9,16 @@ reader that fills CardInputs from the run folder's files:
     <run>/<candidate>/quantization.json the quantize manifest: scheme, recipe text and file, calibration, versions
     <run>/<candidate>/plan.json         the planned layout and vLLM arguments; evidence.json its served dtype;
     <run>/run.json                      the spec (hardware, workload, serving.extra_args, model)
-    the baseline's checkpoint           config.json and README.md (base model id, license) of the folder the
-                                        candidate was quantized from: the quantize manifest's source, else the
-                                        path in <run>/baseline/evidence.json
+    the baseline                        what it is, its Hub id and license: the model catalogue's entry
+                                        (releases/models.yaml), the spec's `license`, else config.json and
+                                        README.md of the folder the candidate was quantized from (the quantize
+                                        manifest's source, else <run>/baseline/evidence.json): cardbaseline
 A file that is missing (a run made before, or a promotion outside a release) leaves its section saying so; the
-card is never refused for it.
+card is never refused for it. A card is published: the recipe and calibration files it names are shown relative to
+the project or the run, else by file name (shown_path), never as this machine's absolute paths.
 
 The YAML front matter is the metadata the Hugging Face Hub reads: the base model and `base_model_relation: quantized`
-(only when the baseline's Hub id is known), the baseline's own license (only when its card or config states one),
+(only when the baseline's Hub id is known), the license (only when the spec, the catalogue or the baseline states one),
 `library_name`, `pipeline_tag`, the tags, the gate's decision under `quantgate:`, and a `model-index` with the
 candidate's mean on each eval set and metric. It has the keys, order and shapes huggingface_hub's ModelCardData and
 EvalResult write (tests/test_modelcard.py builds both and compares), but is written with PyYAML: a promotion must
@@ -42,20 +44,20 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
+from quantgate.base.paths import REPO
 from quantgate.base.runfiles import COMPARE_DIR, DECISION, EVIDENCE, PLAN, QUANTIZATION, SUMMARY
 from quantgate.evals.comparefile import load_comparison
 from quantgate.base.runinfo import load_run_record
 from quantgate.gate.summaryfile import load_summary
 from quantgate.quantize.manifest import QuantManifest, read_quantization
+from quantgate.report.cardbaseline import baseline_facts, baseline_folder
 from quantgate.serving.server import plan_args
 
 CARD = "README.md"
 QUANT_MANIFEST = "quantgate-quant.json"  # quantgate.quantize.run.MANIFEST, inside the checkpoint folder
-BASELINE = "baseline"  # the baseline's folder in a run folder (quantgate.gate.evidence.BASELINE)
 TASK = "text-generation"  # the Hub's pipeline tag, and the task of every model-index row
 LIBRARY = "transformers"  # see card_metadata for why not "vllm"
-HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*", re.ASCII)
-_FRONT_MATTER = re.compile(r"\A\s*---\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.S)
+_DATASET = re.compile(r"datasets:(.*)\[([^\]]*)\]", re.S)  # a calibration source read with `datasets`
 
 
 class _Model(BaseModel):
@@ -109,8 +111,9 @@ class CardInputs(_Model):
     workload: str | None = None
     run: str | None = None
     sha256: str | None = None
+    baseline: str | None = None       # what the baseline is, in words (cardbaseline); None when the run does not say
     base_model: str | None = None     # the baseline's Hub id (org/name); None when the run does not know one
-    license: str | None = None        # the baseline's license as its card or config states it; never a default
+    license: str | None = None        # as the spec, the catalogue or the baseline states it; never a default
     license_name: str | None = None   # with `license: other`, the name and link the baseline's card gives
     license_link: str | None = None
 
@@ -216,9 +219,10 @@ def render_card(c: CardInputs) -> str:
     """The card's Markdown, after its YAML front matter (the metadata the Hugging Face Hub reads: card_metadata)."""
     reasons = [f"- {r}" for r in c.reasons] or ["- every required check passed"]
     lines = ["", f"# {c.model} {c.version}", "",
-             f"`{c.candidate}` quantized by quantgate and gated against the unquantized baseline"
+             f"`{c.candidate}` quantized by quantgate and gated against its baseline"
              + (f" for `{c.hardware}`" if c.hardware else "") + (f", workload `{c.workload}`" if c.workload else "")
              + (f" (run `{c.run}`)." if c.run else "."), "",
+             f"Baseline: {c.baseline or 'not recorded (the run names no baseline checkpoint on this machine)'}.", "",
              "## Decision", "", f"**{c.decision}**" + (f" under policy {c.policy}" if c.policy else ""), "", *reasons]
     if c.needs:
         lines += [f"- needs: {c.needs}"]
@@ -281,68 +285,20 @@ def _json(path: Path) -> Any:
         return None
 
 
-def _mapping(path: Path) -> dict[str, Any]:
-    """A JSON object file, or {} when it is missing, unreadable or not an object."""
-    doc = _json(path)
-    return doc if isinstance(doc, dict) else {}
-
-
-def _card_data(path: Path) -> dict[str, Any]:
-    """The YAML front matter of a model card file, or {} when there is none or it does not parse to a mapping."""
-    try:
-        found = _FRONT_MATTER.match(path.read_text(encoding="utf-8"))
-        doc = yaml.safe_load(found.group(1)) if found else None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def hub_id(value: Any) -> str | None:
-    """`value` when it reads as a Hub model id, `org/name` (the form base_model takes), else None: a local path
-    (absolute, `./`, `~`), a display name, a bare catalogue id."""
-    if not isinstance(value, str) or not HUB_ID.fullmatch(value) or "--" in value or ".." in value:
-        return None
-    return value if all(len(part) <= 96 for part in value.split("/")) else None
-
-
-def baseline_folder(run: Path, quant: QuantManifest) -> Path | None:
-    """The unquantized checkpoint the candidate was made from: the quantize manifest's source, else the run's
-    baseline variant; None for an endpoint baseline, or a folder that is not on this machine (any more)."""
-    variant = _mapping(run / BASELINE / EVIDENCE).get("variant")
-    for path in (quant.source.path if quant.source else None,
-                 (variant or {}).get("path") if isinstance(variant, dict) else None):
-        if isinstance(path, str) and path and Path(path).is_dir():
-            return Path(path)
-    return None
-
-
-def base_model_of(folder: Path | None, spec_model: Any) -> str | None:
-    """The baseline's Hub id, from the first of: the Hugging Face cache layout of its folder
-    (`.../models--org--name/snapshots/<commit>`, which names the repository), `_name_or_path` in its config.json
-    (what transformers recorded loading it from), the release spec's `model` (a catalogue id or a checkpoint folder:
-    a folder given as `org/name` is taken to be named after its Hub repository). None when none reads as a Hub id
-    (the demo's catalogue id, absolute paths, display names): the card then names no base model."""
-    if folder is not None:
-        for part in reversed(folder.parts):
-            bits = part.split("--")
-            if len(bits) == 3 and bits[0] == "models" and (found := hub_id(f"{bits[1]}/{bits[2]}")):
-                return found
-        if found := hub_id(_mapping(folder / "config.json").get("_name_or_path")):
-            return found
-    return hub_id(spec_model)
-
-
-def license_of(folder: Path | None) -> dict[str, str]:
-    """The baseline's license as it states it: `license` from its README.md front matter (with `license_name` and
-    `license_link`, which a `license: other` card gives), else `license` in its config.json; {} when neither says.
-    Never a default: the quantized weights carry the baseline's license, and a card without one says nothing wrong."""
-    if folder is None:
-        return {}
-    card = _card_data(folder / CARD)
-    if isinstance(card.get("license"), str):
-        return {k: card[k] for k in ("license", "license_name", "license_link") if isinstance(card.get(k), str)}
-    config = _mapping(folder / "config.json")
-    return {"license": config["license"]} if isinstance(config.get("license"), str) else {}
+def shown_path(path: str | None, run: Path | None) -> str | None:
+    """A file as a published card names it: relative to the run when it is inside it (a run folder may lie inside
+    the project), else to the project (`quant_recipes/w4a16-gptq.yaml`), else its file name; a relative path as it
+    is. `datasets:<folder>[split]` shows its folder so. An absolute path would only tell the reader where one
+    machine keeps its files."""
+    if not path:
+        return path
+    if found := _DATASET.fullmatch(path):
+        return f"datasets:{shown_path(found.group(1), run)}[{found.group(2)}]"
+    p = Path(path)
+    if not p.is_absolute():
+        return path
+    inside = [root for root in (run.resolve() if run else None, REPO) if root is not None and p.is_relative_to(root)]
+    return p.relative_to(inside[0]).as_posix() if inside else p.name
 
 
 def _typed(load: Callable[[Path], Any], path: Path) -> Any:
@@ -380,14 +336,17 @@ def card_inputs(run: Path | str | None, candidate: str, *, model: str, version: 
     versions = dict(quant.versions or {})
     ratio = quant.compression_ratio
     base = baseline_folder(run, quant) if run else None
+    calibration = quant.calibration.model_dump(exclude_unset=True) if quant.calibration else None
+    if calibration and isinstance(calibration.get("source"), str):
+        calibration["source"] = shown_path(calibration["source"], run)
     return CardInputs(model=model, version=version, candidate=candidate, scheme=d.get("scheme") or quant.scheme,
                       family=d.get("family"), decision=str(d.get("decision") or "unknown"),
                       reasons=[str(r) for r in d.get("reasons") or []], needs=d.get("needs"),
                       policy=f"{policy.get('name')} v{policy.get('version')}" if policy.get("name") else None,
                       checks=checks_of(d), scores=_scores_from(run, candidate) if run else {},
                       size_ratio=round(1 / ratio, 4) if isinstance(ratio, (int, float)) and ratio else None,
-                      recipe_file=quant.recipe_file, recipe_text=quant.recipe_applied,
-                      calibration=quant.calibration.model_dump(exclude_unset=True) if quant.calibration else None,
+                      recipe_file=shown_path(quant.recipe_file, run), recipe_text=quant.recipe_applied,
+                      calibration=calibration,
                       versions=versions, serving=serving,
                       hardware=spec.get("hardware"), workload=spec.get("workload"), run=run.name if run else None,
-                      sha256=sha256, base_model=base_model_of(base, spec.get("model")), **license_of(base))
+                      sha256=sha256, **baseline_facts(base, spec))
