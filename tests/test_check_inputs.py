@@ -336,3 +336,141 @@ def test_a_truncated_weights_file_is_refused_by_check_in_seconds(tmp_path):
     r = quantgate("release", str(path), "--check")
     assert r.returncode == 2 and "truncated" in r.stderr and str(weights) in r.stderr, r.stdout + r.stderr
     assert time.monotonic() - t0 < 60
+
+
+# --- 6. eval sets that share a file name: each evaluated and gated under its own name, or refused ----------------
+
+def test_sets_sharing_a_file_name_get_names_that_tell_them_apart(tmp_path):
+    """The cache, the evidence, compare files and the gate key a set by its name: by the stem alone, a second
+    `small.jsonl` was filed under the first's name and never evaluated."""
+    from quantgate.release.cachelayout import eval_dirs
+    from quantgate.evals.setsource import set_names
+
+    a, b = evalset(tmp_path / "a", "small", samples(3)), evalset(tmp_path / "b", "small", samples(4))
+    tickets = evalset(tmp_path, "tickets", samples(2))
+    parquet = tickets.with_suffix(".parquet")
+    parquet.write_bytes(b"PAR1")
+    assert set_names([a, b, tickets, parquet]) == ["a.small", "b.small", "tickets.jsonl", "tickets.parquet"]
+    assert set_names([a, tickets]) == ["small", "tickets"]  # a unique stem keeps the name runs always had
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC + f"model: demo\nschemes: [int8-w8a8]\neval_sets: [{a}, {b}]\n")
+    spec = load_spec(path)
+    dirs = eval_dirs(tmp_path / "cache", spec)
+    assert list(dirs) == ["a.small", "b.small"] and dirs["a.small"] != dirs["b.small"], dirs
+
+
+def test_one_set_listed_twice_is_refused_at_its_line_naming_both(tmp_path):
+    a = evalset(tmp_path / "a", "small", samples(3))
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC + f"model: demo\nschemes: [int8-w8a8]\neval_sets:\n  - {a}\n  - a/small.jsonl\n")
+    r = quantgate("check", str(path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{path}:9 field 'eval_sets' (list item 2): eval sets {a} (list item 1) and {a} would both be named " \
+           "'small'" in r.stderr and "the same file is listed twice; list it once" in r.stderr, r.stderr
+
+
+# --- 7. a sidecar's column mapping against the file's columns; row-level decoding -----------------------------------
+
+
+
+def mapped(id: str = "ticket_id", ref: str = "answer") -> str:
+    """A sidecar mapping the table's columns (line 7: columns.id, line 9: columns.references)."""
+    return META + f"source:\n  columns:\n    id: {id}\n    prompt: question\n    references: {ref}\n  defaults: " \
+        "{category: factual_qa, metrics: [exact_match]}\n"
+
+
+def table_set(folder: Path, name: str, suffix: str, meta: str, rows: list[dict] | None = None) -> Path:
+    import datasets
+
+    rows = rows if rows is not None else [{"ticket_id": f"T{k}", "question": f"Q{k}?", "answer": f"A{k}"}
+                                          for k in range(30)]
+    path = folder / f"{name}{suffix}"
+    if suffix == ".parquet":
+        datasets.Dataset.from_list(rows).to_parquet(str(path))
+    else:
+        path.write_text("ticket_id,question,answer\n" + "".join(f"{r['ticket_id']},{r['question']},{r['answer']}\n"
+                                                              for r in rows), encoding="utf-8")
+    (folder / f"{name}.meta.yaml").write_text(meta)
+    return path
+
+
+def test_a_column_mapping_that_names_no_column_is_refused_at_the_sidecar_line(tmp_path):
+    """`id: ticket_no` over a `ticket_id` column gave ids row-1 ... row-30; `references: answer_text` over an
+    `answer` column gave 30 row errors naming no sidecar line."""
+    ids = table_set(tmp_path, "ids", ".parquet", mapped(id="ticket_no"))
+    refs = table_set(tmp_path, "refs", ".csv", mapped(ref="answer_text"))
+    good = table_set(tmp_path, "good", ".csv", mapped())
+    r = quantgate("check", str(ids), str(refs), str(good))
+    assert r.returncode == 2 and f"ok evalset {good}" in r.stdout, r.stdout + r.stderr
+    assert f"{tmp_path / 'ids.meta.yaml'}:7 field 'source.columns.id': source.columns.id maps column 'ticket_no' " \
+           "(did you mean 'ticket_id'?), which the file does not have; its columns: ticket_id, question, answer" \
+           in r.stderr, r.stderr
+    assert f"{tmp_path / 'refs.meta.yaml'}:9 field 'source.columns.references': source.columns.references maps " \
+           "column 'answer_text'" in r.stderr and r.stderr.count("answer_text") == 1, r.stderr
+
+
+def test_a_lone_surrogate_is_refused_at_its_line_by_check_and_by_eval(tmp_path):
+    """json.loads takes `\\ud83d` alone; `quantgate eval` then died with a UnicodeEncodeError traceback, sent
+    nothing and left its manifest `running`."""
+    from _fake_openai import FakeServer
+
+    lines = samples(8) + [json.dumps({**SAMPLE, "id": "s8"}).replace("Capital", "\\ud83d Capital")]
+    path = evalset(tmp_path, "emoji", lines)
+    where = f"{path}:9: 1 problem(s) in the eval set: field 'prompt': a lone surrogate escape \\ud83d at character 1"
+    r = quantgate("check", str(path))
+    assert r.returncode == 2 and where in r.stderr, r.stderr
+    out = tmp_path / "run"
+    with FakeServer() as server:
+        r = quantgate("eval", "--endpoint", server.url, "--model", "fake-model", "--evalset", str(path), "--out",
+                      str(out), "--no-progress")
+        assert not server.requests
+    assert r.returncode == 2 and where in r.stderr, r.stdout + r.stderr
+    assert not (out / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("encoding, name", [("utf-16", "UTF-16LE"), ("utf-16-be", "UTF-16BE"), ("utf-32", "UTF-32LE")])
+def test_a_utf16_file_is_one_error_saying_how_to_save_it_as_utf8(tmp_path, encoding, name):
+    jsonl = evalset(tmp_path / "j", "wide", samples(21))
+    jsonl.write_bytes(jsonl.read_text().encode(encoding))
+    csv = table_set(tmp_path, "wide", ".csv", mapped())
+    csv.write_bytes(csv.read_text().encode(encoding))
+    r = quantgate("check", str(jsonl), str(csv))
+    assert r.returncode == 2, r.stdout + r.stderr
+    for path in (jsonl, csv):
+        assert f"{path}:1: the file is {name}, not UTF-8" in r.stderr, r.stderr
+        assert f"fix: save it as UTF-8: `iconv -f {name} -t UTF-8 {path.name} > wide.utf8{path.suffix}`" in r.stderr
+    assert r.stderr.count("not UTF-8") == 2, r.stderr  # one cause, one message per file
+
+
+def test_a_csv_reference_cut_short_is_refused_at_its_row(tmp_path):
+    path = tmp_path / "cut.csv"
+    path.write_text('ticket_id,question,answer\nT1,Three?,"[""tres"", ""three""]"\nT2,Three again?,"[""tres"", "\n',
+                    encoding="utf-8")
+    (tmp_path / "cut.meta.yaml").write_text(mapped())
+    with pytest.raises(ConfigError) as err:
+        load_evalset(path)
+    assert err.value.where == f"{path}:row 2" and "column 'answer': starts like a JSON array but is not one" \
+        in err.value.message, err.value.render()
+    path.write_text('ticket_id,question,answer\nT1,Cite?,"[""[1] Smith""]"\n', encoding="utf-8")
+    assert load_evalset(path).samples[0].references == ["[1] Smith"]  # the one-item array the fix suggests
+
+
+@pytest.mark.parametrize("kind", ["parquet", "csv header", "csv empty", "datasets folder"])
+def test_a_set_with_no_rows_says_no_rows(tmp_path, kind):
+    """datasets said "BatchSize must be greater than 0" or "Instruction "train" corresponds to no data!"."""
+    import datasets
+
+    meta = mapped()
+    if kind == "parquet":
+        path = table_set(tmp_path, "none", ".parquet", meta)
+        datasets.Dataset.from_dict({"ticket_id": [], "question": [], "answer": []}).to_parquet(str(path))
+    elif kind == "datasets folder":
+        path = tmp_path / "none"
+        datasets.Dataset.from_dict({"ticket_id": [], "question": [], "answer": []}).save_to_disk(str(path))
+        (tmp_path / "none.meta.yaml").write_text(meta)
+    else:
+        path = table_set(tmp_path, "none", ".csv", meta)
+        path.write_text("ticket_id,question,answer\n" if kind == "csv header" else "")
+    with pytest.raises(ConfigError) as err:
+        load_evalset(path)
+    assert err.value.message.startswith("no rows") and err.value.where == str(path), err.value.render()

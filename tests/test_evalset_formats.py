@@ -82,8 +82,13 @@ def test_bad_parquet_rows_are_named_by_row_and_field(tmp_path):
 
 def test_a_set_without_a_category_column_or_default_says_how_to_give_one(tmp_path):
     rows = [{k: v for k, v in r.items() if k != "topic"} for r in ROWS]
-    text = refused(parquet_set(tmp_path, rows))
+    text = refused(parquet_set(tmp_path, rows, META.replace(", category: topic", "")))
     assert "row 1: no category: map a column to it (source.columns.category) or give source.defaults.category" in text
+    with pytest.raises(ConfigError) as err:  # mapped to a column the file does not have: said once, at the mapping
+        load_evalset(parquet_set(tmp_path, rows))
+    assert err.value.where == f"{tmp_path / 'tickets.meta.yaml'}:11 field 'source.columns.category'"
+    assert "maps column 'topic', which the file does not have; its columns: ticket, question, answer, agent" \
+        in err.value.message and "source.defaults" in err.value.fix, err.value.render()
 
 
 def test_a_csv_set_takes_text_cells_for_its_lists(tmp_path):

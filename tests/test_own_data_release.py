@@ -1,7 +1,9 @@
 """A team's own release, end to end: a copied checkpoint as the model, a compressed-tensors checkpoint as the
 candidate, two eval sets of its own (a Parquet file and a folder saved by `datasets`, with their own columns and
 categories) under the DEFAULT policy. `release --check` says beforehand which of the policy's checks the sets do not
-feed; the release then reaches a decision in which every check is fed or skipped as not applicable, none missing."""
+feed; the release then reaches a decision in which every check is fed or skipped as not applicable, none missing.
+The two sets share a file name in two folders (`emea/tickets.parquet`, `apac/tickets`): both are evaluated and
+gated, each under its own name (`emea.tickets`, `apac.tickets`)."""
 
 from __future__ import annotations
 
@@ -59,13 +61,14 @@ def test_a_teams_own_model_and_data_reach_a_decision_with_every_check_fed(demo_m
                                                                             tmp_path):
     model = tmp_path / "acme-support-135m"
     shutil.copytree(demo_model, model, copy_function=os.link)  # a team's checkpoint folder (hard links: no copy)
-    parquet = tmp_path / "tickets.parquet"
+    (tmp_path / "emea").mkdir()
+    parquet = tmp_path / "emea" / "tickets.parquet"
     datasets.Dataset.from_list(rows(["billing", "shipping"], 0)).to_parquet(str(parquet))
-    (tmp_path / "tickets.meta.yaml").write_text(META.format(name="tickets", cats="billing: x, shipping: y"))
-    folder = tmp_path / "chats"
+    (tmp_path / "emea" / "tickets.meta.yaml").write_text(META.format(name="tickets", cats="billing: x, shipping: y"))
+    folder = tmp_path / "apac" / "tickets"
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows(["returns", "warranty"], 100))}).save_to_disk(
         str(folder))
-    (tmp_path / "chats.meta.yaml").write_text(META.format(name="chats", cats="returns: x, warranty: y"))
+    (tmp_path / "apac" / "tickets.meta.yaml").write_text(META.format(name="tickets", cats="returns: x, warranty: y"))
     spec = tmp_path / "own.yaml"
     spec.write_text(SPEC.format(model=model, ckpt=layer0_int8, parquet=parquet, folder=folder))
     env = {**os.environ, "QUANTGATE_RESULTS": str(tmp_path / "results"), "PREFECT_HOME": str(tmp_path / "prefect"),
@@ -93,5 +96,9 @@ def test_a_teams_own_model_and_data_reach_a_decision_with_every_check_fed(demo_m
         assert c["outcome"] == "skipped" and c["measured"] == "not applicable", c
     for cat in ("billing", "shipping", "returns", "warranty", "context:512"):  # fidelity judged in each own slice
         assert checks[f"fidelity:kl:{cat}"]["outcome"] in ("pass", "fail", "inconclusive"), checks[f"fidelity:kl:{cat}"]
-    assert {"primary:tickets/exact_match", "primary:chats/exact_match", "pooled:tickets", "pooled:chats"} <= set(checks)
+    names = ("emea.tickets", "apac.tickets")
+    assert {f"{c}:{n}" for c in ("primary", "pooled") for n in names} <= {n.split("/")[0] for n in checks}, checks
+    evidence = json.loads((tmp_path / "results" / "runs" / "own" / "own-int8" / "evidence.json").read_text())
+    assert sorted(evidence["evals"]) == sorted(names), evidence["evals"]  # each measured in its own folder
+    assert len({*evidence["evals"].values()}) == 2
     print(json.dumps({"decision": cand["decision"], "reasons": cand["reasons"][:4]}, indent=1))

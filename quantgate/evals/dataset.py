@@ -28,7 +28,7 @@ from quantgate.base.errors import ConfigError, did_you_mean
 from quantgate.base.yamlconfig import describe_error, load_model, read_bytes
 from quantgate.base.subsets import draw
 from quantgate.evals.metrics import MetricSpec, TABLE, load_table
-from quantgate.evals.setsource import Row, Source, format_of, mapped_row, meta_path_for, rows_of_lines, rows_of_table
+from quantgate.evals.setsource import Row, Source, check_columns, format_of, mapped_row, meta_path_for, rows_of_lines, rows_of_table
 
 MAX_PROBLEMS_SHOWN = 40
 
@@ -281,6 +281,8 @@ def load_evalset(
         rows = rows_of_lines(path)
     else:
         rows, dataset = rows_of_table(path, fmt, (meta.source or Source()).split)
+    if meta.source is not None:
+        check_columns(meta.source, rows, dataset, meta_path)
     problems, samples, lines = _check_rows(rows, meta, fmt, max_context=max_context, count_tokens=count_tokens)
     if not samples and not problems:
         problems.append(f"{path}:1: the eval set has no samples")

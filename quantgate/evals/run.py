@@ -140,12 +140,16 @@ def run_eval(
     requests = [Request(s.id, s.chat(), es.max_tokens(s)) for s in samples]
     try:
         stats = run(requests, out / RESULTS, cfg)
+        loader.result()
+        summary = _score(out, samples, metrics)
     except ErrorRateExceeded as exc:
         failed = {"status": "failed", "error": exc.message, "error_rate": exc.share}
         manifest.model_copy(update=failed).write(manifest_path)
         raise
-    loader.result()
-    summary = _score(out, samples, metrics)
+    except Exception as exc:  # the manifest says why, not `running` forever; an interrupt leaves it running
+        why = exc.render() if isinstance(exc, QuantgateError) else f"{type(exc).__name__}: {exc}"
+        manifest.model_copy(update={"status": "failed", "error": why}).write(manifest_path)
+        raise
     status = "complete" if summary["n_failed"] == 0 else "partial"  # partial: the failed ids are asked again next run
     client = ClientStats(answered_now=stats.answered, failed_now=stats.failed, skipped=stats.skipped,
                          elapsed_s=round(stats.elapsed_s, 3))

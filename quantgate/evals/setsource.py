@@ -8,14 +8,15 @@ A chat log in OpenAI's messages format becomes prompt turns and a reference here
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import ConfigError, did_you_mean
-from quantgate.base.yamlconfig import not_utf8, read_bytes
+from quantgate.base.yamlconfig import not_utf8, read_bytes, read_yaml
+from quantgate.evals.settext import json_list_cell, lone_surrogate, wrong_encoding
 
 SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet", ".csv": "csv"}  # file name -> format; a folder: datasets
 FIELDS = ("id", "category", "messages", "prompt", "references", "metrics", "criteria", "max_tokens")
@@ -74,6 +75,46 @@ def samples_beside(meta: Path) -> Path:
     return next((p for p in found if p.exists() and p != meta), found[0])
 
 
+class SameName(ValueError):
+    """Two eval sets of one release that no name tells apart (one file listed twice): `index` is the second's."""
+
+    def __init__(self, message: str, index: int) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def _qualified(path: Path, depth: int, whole: bool) -> str:
+    """`depth` folders before the file's stem (its whole name with `whole`), joined by dots: `emea.tickets`."""
+    folders = path.parent.parts[len(path.parent.parts) - depth:] if depth else ()
+    return ".".join([*folders, path.name if whole else path.stem])
+
+
+def set_names(paths: Sequence[Path]) -> list[str]:
+    """Each eval set's name in a release, in order: its cache folder, its key in the evidence, the compare files,
+    the report and the gate's checks (`primary:<set>/<metric>`). The file's stem where no other set of the release
+    has it (the names runs always had); where two share a stem, the fewest folders before it that tell them apart
+    (`emea/tickets.parquet`, `apac/tickets` -> `emea.tickets`, `apac.tickets`), or the file name where only the
+    format differs (`tickets.jsonl`, `tickets.parquet`). Dots, never `/`: a check name splits set from metric at
+    `/`. Raises SameName naming both files when two still share a name (one file listed twice)."""
+    names = [p.stem for p in paths]
+    for stem in {n for n in names if names.count(n) > 1}:
+        group = [i for i, n in enumerate(names) if n == stem]
+        deepest = max(len(paths[i].parent.parts) for i in group)
+        for depth, whole in [(d, w) for d in range(deepest + 1) for w in (False, True) if d or w]:
+            tried = {i: _qualified(paths[i], depth, whole) for i in group}
+            if len(set(tried.values())) == len(group):
+                names = [tried.get(i, n) for i, n in enumerate(names)]
+                break
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            first = names.index(name)
+            raise SameName(f"eval sets {paths[first]} (list item {first + 1}) and {paths[i]} would both be named "
+                           f"{name!r} in the run, its compare files and the gate: "
+                           + ("the same file is listed twice; list it once" if paths[first] == paths[i] else
+                              "rename one of the files"), i)
+    return names
+
+
 def format_of(path: Path, source: Source | None) -> str:
     """The set's format: the sidecar's `source.format`, else from the path (a folder: datasets)."""
     if source is not None and source.format is not None:
@@ -90,8 +131,11 @@ def is_evalset_folder(path: Path) -> bool:
 
 def _jsonl_lines(path: Path) -> list[tuple[int, str | None, str | None]]:
     """(line number, text, problem) per line of a JSONL file: UTF-8, a byte-order mark and CRLF accepted; a line
-    that is not UTF-8 has no text and a problem naming its column."""
-    data = read_bytes(path).removeprefix(b"\xef\xbb\xbf")
+    that is not UTF-8 has no text and a problem naming its column. A file in UTF-16 or UTF-32 is refused whole."""
+    data = read_bytes(path)
+    if (wrong := wrong_encoding(data, path)) is not None:  # one cause, said once, not once per line
+        raise wrong
+    data = data.removeprefix(b"\xef\xbb\xbf")
     out: list[tuple[int, str | None, str | None]] = []
     for no, raw in enumerate(data.split(b"\n"), start=1):
         try:
@@ -105,7 +149,8 @@ def parse_json_line(raw: str) -> tuple[Any, str | None]:
     """One JSONL line -> (value, None), or (None, the problem): bad syntax, and the parser's limits (nesting deeper
     than Python's stack allows, a number of more than 4300 digits), which are the input's fault, not quantgate's."""
     try:
-        return json.loads(raw), None
+        value = json.loads(raw)
+        return (None, bad) if (bad := lone_surrogate(value)) else (value, None)
     except json.JSONDecodeError as exc:
         return None, f"invalid JSON: {exc.msg} (column {exc.colno})"
     except RecursionError:
@@ -113,20 +158,6 @@ def parse_json_line(raw: str) -> tuple[Any, str | None]:
                       "a sample nests at most 3 levels")
     except ValueError as exc:  # int("1" * 5000): Python's limit on digits
         return None, f"invalid JSON: a value Python cannot read: {str(exc).split('; use sys.', 1)[0]}"
-
-
-def _listish(value: Any) -> Any:
-    """A CSV cell for a list field: a JSON array written as text becomes the list, other text one item."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                parsed = json.loads(text)
-            except json.JSONDecodeError:
-                return [value]
-            return parsed
-        return [value]
-    return value
 
 
 def _chat_turns(messages: Any) -> tuple[list[dict], str] | str:
@@ -162,10 +193,13 @@ def mapped_row(obj: Mapping[str, Any], source: Source, fmt: str) -> tuple[dict[s
         default = getattr(source.defaults, name)
         if name not in out and default is not None:
             out[name] = default
-    for name in ("references", "metrics"):
-        if name in out:
-            out[name] = _listish(out[name])
     problems = []
+    for name in ("references", "metrics"):
+        if isinstance(out.get(name), str):  # a CSV cell: one item, or a JSON array written as text
+            out[name], bad = json_list_cell(out[name])
+            if bad:
+                problems.append(f"column '{getattr(cols, name)}': {bad}")
+                out.pop(name)
     if fmt == "chat":
         turns = _chat_turns(out.pop("messages", None))
         if isinstance(turns, str):
@@ -177,6 +211,29 @@ def mapped_row(obj: Mapping[str, Any], source: Source, fmt: str) -> tuple[dict[s
         if name not in out:
             problems.append(f"no {name}: map a column to it (source.columns.{name}) or give source.defaults.{name}")
     return out, problems
+
+
+def check_columns(source: Source, rows: list[Row], dataset: Any, meta: Path) -> None:
+    """Refuse, before any row, a column the sidecar maps that the file does not have, at the mapping's line with
+    the columns the file has: a mapped `id` that names no column used to give every row the id `row-N` (and resume
+    and pairing go by id), a mapped `references` an error on every row naming no sidecar line."""
+    have = list(dataset.column_names) if dataset is not None else \
+        list(dict.fromkeys(k for _, _, obj, _ in rows if isinstance(obj, Mapping) for k in obj))
+    if not have:  # no row could be read: the rows' own problems say why
+        return
+    given = [f for f in FIELDS if f in source.columns.model_fields_set]  # mapped in the sidecar, not by default
+    missing = [(f, getattr(source.columns, f)) for f in given if getattr(source.columns, f) not in have]
+    if not missing:
+        return
+    _, lines = read_yaml(meta)
+    field, column = missing[0]
+    line = lines.get(("source", "columns", field)) or lines.get(("source", "columns")) or 1
+    more = "".join(f"; source.columns.{f} maps {c!r}, not there either" for f, c in missing[1:])
+    raise ConfigError(f"source.columns.{field} maps column {column!r}{did_you_mean(column, have)}, which the file does "
+                      f"not have{more}; its columns: {', '.join(have)}",
+                      where=f"{meta}:{line} field 'source.columns.{field}'",
+                      fix="name one of the file's columns, or remove the mapping to read the field's own name"
+                          + (f" (or give source.defaults.{field})" if field in Defaults.model_fields else ""))
 
 
 Row = tuple[str, int, Any, str | None]  # (where: 'file:line' or 'file:row N', line or row, the row, its problem)
@@ -195,26 +252,19 @@ def rows_of_lines(path: Path) -> list[Row]:
 
 def rows_of_table(path: Path, fmt: str, split: str | None) -> tuple[list[Row], Any]:
     """One Row per row of a Parquet or CSV file or a `datasets` folder, read through `datasets` (rows 1-based), and
-    the Dataset itself."""
+    the Dataset itself. A file with no rows is refused as such (datasets says "BatchSize must be greater than 0" or
+    "corresponds to no data"); a CSV's text is checked first (encoding, the line of a byte that is not UTF-8)."""
     import datasets
 
     datasets.disable_progress_bars()
+    csv = not path.is_dir() and (fmt == "csv" or path.name.endswith(".csv"))
+    if csv:
+        _csv_has_rows(path)
+    elif (_parquet_rows(path) if not path.is_dir() else _saved_shards(path)) == 0:
+        raise ConfigError(f"no rows: the {'folder' if path.is_dir() else 'Parquet file'} holds its columns but no "
+                          "row", where=str(path), fix="write the samples into it, or remove it from the spec's eval_sets")
     try:
-        if path.is_dir():
-            ds = datasets.load_from_disk(str(path))
-            if isinstance(ds, datasets.DatasetDict):
-                names = list(ds)
-                if split is None and len(names) != 1:
-                    raise ConfigError(f"the folder holds splits {', '.join(names)}", where=str(path),
-                                      fix="name one in the sidecar: source.split")
-                if split is not None and split not in ds:
-                    raise ConfigError(f"no split {split!r}{did_you_mean(split, names)}; the folder has "
-                                      f"{', '.join(names)}", where=str(meta_path_for(path)),
-                                      fix="correct source.split")
-                ds = ds[split or names[0]]
-        else:
-            builder = "csv" if fmt == "csv" or path.name.endswith(".csv") else "parquet"
-            ds = datasets.load_dataset(builder, data_files=str(path), split="train")
+        ds = _load_table(datasets, path, "csv" if csv else "parquet", split)
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow and datasets name the problem; the user's file, not a bug
@@ -222,4 +272,62 @@ def rows_of_table(path: Path, fmt: str, split: str | None) -> tuple[list[Row], A
             "a CSV file" if fmt == "csv" else "a Parquet file"
         raise ConfigError(f"datasets could not read it as {kind}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                           where=str(path), fix="check the file, or set source.format in the sidecar") from None
+    if len(ds) == 0:
+        raise ConfigError("no rows: the dataset holds its columns but no row", where=str(path),
+                          fix="save the samples into it, or name another split (source.split)")
     return [(f"{path}:row {i}", i, row, None) for i, row in enumerate(ds, start=1)], ds
+
+
+def _load_table(datasets: Any, path: Path, builder: str, split: str | None) -> Any:
+    """The Dataset of a file (by `builder`) or of a folder saved by `datasets` (its split)."""
+    if not path.is_dir():
+        return datasets.load_dataset(builder, data_files=str(path), split="train")
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        names = list(ds)
+        if split is None and len(names) != 1:
+            raise ConfigError(f"the folder holds splits {', '.join(names)}", where=str(path),
+                              fix="name one in the sidecar: source.split")
+        if split is not None and split not in ds:
+            raise ConfigError(f"no split {split!r}{did_you_mean(split, names)}; the folder has "
+                              f"{', '.join(names)}", where=str(meta_path_for(path)), fix="correct source.split")
+        ds = ds[split or names[0]]
+    return ds
+
+
+def _csv_has_rows(path: Path) -> None:
+    """A CSV's text before `datasets` reads it: UTF-16/32 named once, a byte that is not UTF-8 at its line, and a
+    file of a header alone (or nothing) refused as having no rows."""
+    data = read_bytes(path)
+    if (wrong := wrong_encoding(data, path)) is not None:
+        raise wrong
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise not_utf8(exc, data, path) from None
+    lines = [x for x in text.splitlines() if x.strip()]
+    if len(lines) < 2:
+        raise ConfigError("no rows: the CSV file " + ("holds only its header line" if lines else "is empty"),
+                          where=str(path), fix="write one sample per line under the header, or remove it from the "
+                                               "spec's eval_sets")
+
+
+def _saved_shards(path: Path) -> int | None:
+    """Data files of a folder that `datasets` saved with one split (its state.json); None where it says none (a
+    folder of splits, or not one `datasets` wrote). An empty Dataset saves none, and load_from_disk then fails with
+    "list index out of range"."""
+    try:
+        files = json.loads((path / "state.json").read_bytes()).get("_data_files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return len(files) if isinstance(files, list) else None
+
+
+def _parquet_rows(path: Path) -> int | None:
+    """Rows of a Parquet file by its footer; None when it has none to read (datasets then says why)."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type hints
+
+    try:
+        return pq.read_metadata(str(path)).num_rows
+    except Exception:  # noqa: BLE001 - not Parquet, or damaged: the load names the problem
+        return None

@@ -25,7 +25,7 @@ from quantgate.base.runfiles import PERF
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import results_dir
 from quantgate.evals.dataset import file_sha256
-from quantgate.evals.setsource import meta_path_for
+from quantgate.evals.setsource import meta_path_for, set_names
 from quantgate.evals.lmeval import settings as lmeval_settings
 from quantgate.evals.lmeval_tasks import LmEvalSpec, set_name, task_digest
 from quantgate.evals.manifestfile import read_status
@@ -85,9 +85,16 @@ def lmeval_dir(cache: Path, lm: LmEvalSpec, task: str) -> Path:
     return cache / "evals" / f"lm_eval-{task}-{digest}-{lm.limit or 'all'}"
 
 
+def eval_sets_by_name(spec: ReleaseSpec) -> dict[str, Path]:
+    """Eval set name -> its file, in the spec's order: the stem, or where two sets share one, the folders that tell
+    them apart (quantgate.evals.setsource.set_names): every set is evaluated and gated under its own name."""
+    return dict(zip(set_names(spec.eval_sets), spec.eval_sets))
+
+
 def eval_dirs(cache: Path, spec: ReleaseSpec) -> dict[str, Path]:
-    """Eval set name -> run folder: each JSONL set by its file stem, each `lm_eval` task as `lm_eval:<task>`."""
-    dirs = {p.stem: eval_dir(cache, p, spec.eval.limit) for p in spec.eval_sets}
+    """Eval set name -> run folder: each set by its name (eval_sets_by_name), each `lm_eval` task as
+    `lm_eval:<task>`."""
+    dirs = {name: eval_dir(cache, p, spec.eval.limit) for name, p in eval_sets_by_name(spec).items()}
     if spec.lm_eval is not None:
         dirs.update({set_name(t): lmeval_dir(cache, spec.lm_eval, t) for t in spec.lm_eval.tasks})
     return dirs

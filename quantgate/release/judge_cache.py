@@ -17,6 +17,7 @@ from typing import Any
 
 from quantgate.base.runfiles import JUDGE_REPORT
 from quantgate.base.paths import results_dir
+from quantgate.release.cachelayout import eval_sets_by_name
 from quantgate.release.judge_step import ERROR, margin
 from quantgate.release.spec import ReleaseSpec
 
@@ -65,7 +66,7 @@ def judge(spec: ReleaseSpec, run: Path, baseline: Any, candidates: list, run_jud
           log: Log = print) -> dict[str, Path]:
     """`run_judge(spec, run, baseline, candidates, log=)` (quantgate.release.steps.judge) on the candidates whose
     verdicts are not cached; the others are copied from the cache. Returns candidate -> report.json."""
-    first = spec.eval_sets[0].stem
+    first = next(iter(eval_sets_by_name(spec)))  # the judge's eval set (judge_step)
     caches = {c.variant.name: folder(spec, baseline.evals[first], c.evals[first]) for c in candidates
               if first in c.evals}
     reports = {n: run / n / "judge" / JUDGE_REPORT for n, d in caches.items() if restore(d, run / n / "judge")}

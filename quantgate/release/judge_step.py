@@ -21,6 +21,7 @@ from quantgate.base.fileio import write_json
 from quantgate.gate.policy import load_policy
 from quantgate.judge.reportfile import JudgeReport, load_judge_report
 from quantgate.judge.run import JudgeEndpoint, run_judge
+from quantgate.release.cachelayout import eval_sets_by_name
 from quantgate.release.secrets import spec_api_key
 from quantgate.release.spec import JudgeSpec, ReleaseSpec
 from quantgate.release.variants import Variant, make_server, policy_path, server_config, size_bytes
@@ -108,7 +109,7 @@ def judge_candidates(spec: ReleaseSpec, run: Path, base, cands: list, log: Calla
     j = spec.judge
     if j is None or not cands:
         return {}
-    evalset, settings = spec.eval_sets[0], j.settings(margin(spec))
+    (set_name, evalset), settings = next(iter(eval_sets_by_name(spec).items())), j.settings(margin(spec))
     outs = {c.variant.name: run / c.variant.name / JUDGE_DIR for c in cands}
     for out in outs.values():
         (out / ERROR).unlink(missing_ok=True)
@@ -118,11 +119,11 @@ def judge_candidates(spec: ReleaseSpec, run: Path, base, cands: list, log: Calla
         with judge_endpoint(spec, run, log) as ep:
             for c in cands:
                 name = c.variant.name
-                log(f"{name}: judging {j.limit or 'all'} pairs of {evalset.stem} against the baseline ({ep.model})")
+                log(f"{name}: judging {j.limit or 'all'} pairs of {set_name} against the baseline ({ep.model})")
                 try:
                     run_judge(JudgeEndpoint(url=ep.url, model=ep.model, api_key=ep.api_key, model_hash=ep.model_hash),
-                              settings, evalset=evalset, baseline=base.evals[evalset.stem],
-                              candidate=c.evals[evalset.stem], out=outs[name])
+                              settings, evalset=evalset, baseline=base.evals[set_name],
+                              candidate=c.evals[set_name], out=outs[name])
                 except Exception as exc:  # noqa: BLE001 - recorded for the gate, raised below
                     why = ep.dead()
                     errors[name] = QuantgateError(why, where=str(run / SERVER_DIR)) if why else exc

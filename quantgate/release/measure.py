@@ -21,7 +21,7 @@ from quantgate.parity.engine import Reference, reference_placement, reference_ru
 from quantgate.perf.probe import run_probe
 from quantgate.plan.slots import Slot
 from quantgate.recall.run import build_checked_grid, run_recall
-from quantgate.release.cachelayout import perf_settings
+from quantgate.release.cachelayout import eval_sets_by_name, perf_settings
 from quantgate.release.spec import ReleaseSpec
 from quantgate.release.variants import Log, Variant, make_server, server_config
 
@@ -50,7 +50,7 @@ def measure_eval(spec: ReleaseSpec, variant: Variant, srv, name: str, out: Path,
         return
     log(f"{variant.name}: eval set {name} ({spec.eval.limit or 'all'} samples)")
     with progress.reporting(f"{variant.name}: eval {name}", log):  # counts, rate, ETA (quantgate.base.progress)
-        run_eval(next(p for p in spec.eval_sets if p.stem == name), srv.base_url, srv.config.name, out,
+        run_eval(eval_sets_by_name(spec)[name], srv.base_url, srv.config.name, out,
                  concurrency=spec.eval.concurrency, limit=spec.eval.limit, api_key=srv.api_key,
                  model_hash=variant.content_hash, max_error_rate=spec.eval.max_error_rate, progress=False)
 

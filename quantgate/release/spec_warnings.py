@@ -10,6 +10,7 @@ from pathlib import Path
 
 from quantgate.evals.dataset import Sample, load_evalset, stratified_subset
 from quantgate.evals.metrics import load_table
+from quantgate.evals.setsource import set_names
 from quantgate.fidelity.core import CONTEXT_PREFIX
 from quantgate.gate.feeding import Feed, SetShape, Unfed, unfed
 from quantgate.gate.policy import load_policy
@@ -51,11 +52,12 @@ def feed_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None
     policy = load_policy(policy_path(spec))
     shapes: list[SetShape] = []
     everything: list[Sample] = []
+    names = dict(zip(spec.eval_sets, set_names(spec.eval_sets)))
     for path, samples in (eval_subsets(spec) if subsets is None else subsets).items():
         scored: dict[str, Counter[str]] = {}
         for s in samples:
             scored.setdefault(s.category, Counter()).update(set(s.metrics))
-        shapes.append(SetShape(path.name, scored))
+        shapes.append(SetShape(names[path], scored))
         everything += samples
     fidelity = None
     if spec.fidelity is not None:
