@@ -3,13 +3,19 @@ run folders listed and shown (`quantgate runs`, `quantgate show RUN`) from real 
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 
+import pytest
+import typer
 from _gate_fixtures import make_run
 from typer.testing import CliRunner
 
 from quantgate import __version__
-from quantgate.cli.main import app
+from quantgate.base.paths import REPO
+from quantgate.cli.main import COMMANDS, INSPECT, MEASURE, QUANTIZE, RELEASE, SETUP, app
 from quantgate.gate.evidence import gate_run
 from quantgate.gate.policy import DEFAULT_POLICY
 
@@ -23,6 +29,52 @@ def test_version_and_short_help():
     assert run_cli(app, ["-h"]).exit_code == 0 and "release" in run_cli(app, ["-h"]).output
     res = run_cli(app, ["gate", "-h"])
     assert res.exit_code == 0 and "--junit-inconclusive" in res.output
+
+
+def test_version_imports_no_command_module():
+    """`quantgate --version` answers without importing a command module or what they import (1.7-2.1 s before, on
+    a loaded 2-core machine): the modules Python reports importing, read from -X importtime."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "quantgate.cli.main", "--version"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"quantgate {__version__}", proc.stderr[-2000:]
+    imported = {line.rpartition("|")[2].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "quantgate.cli.lazy" in imported  # what is read is really the import list
+    assert not {e.module for e in COMMANDS.values()} & imported
+    assert not {"numpy", "pydantic", "httpx", "yaml", "quantgate.release.spec"} & imported
+
+
+def _listed(output: str) -> list[tuple[str, str]]:
+    """(command, its --help panel) in the order listed, from typer's boxes: `╭─ Panel ─...╮`, then `│ name  help │`
+    rows (a wrapped help line starts with spaces: no name)."""
+    found, panel = [], None
+    for line in output.splitlines():
+        if line.startswith("╭─"):
+            panel = line.strip("╭─╮ ").rstrip("─").strip()
+        elif line.startswith("│ ") and panel not in (None, "Options") and (name := line[2:].split(" ", 1)[0]):
+            found.append((name, panel))
+    return found
+
+
+def test_help_lists_every_command_once_grouped_in_panels():
+    res = run_cli(app, ["--help"], terminal_width=160)
+    assert res.exit_code == 0, res.output
+    assert _listed(res.output) == [(name, e.panel) for name, e in COMMANDS.items()] and len(COMMANDS) == 22
+    order = [res.output.index(f"╭─ {panel} ") for panel in (RELEASE, INSPECT, QUANTIZE, MEASURE, SETUP)]
+    assert order == sorted(order) and "╭─ Commands " not in res.output
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_command_loads_and_answers_help(name):
+    target = COMMANDS[name].target()
+    assert isinstance(target, typer.Typer) or callable(target)
+    res = run_cli(app, [name, "-h"])
+    assert res.exit_code == 0 and "Usage: " in res.output and name in res.output, res.output
+
+
+def test_a_mistyped_command_is_named_with_a_suggestion():
+    res = run_cli(app, ["relase"])
+    assert res.exit_code == 2 and "No such command 'relase'" in res.output and "Did you mean 'release'" in res.output
 
 
 def test_an_unknown_family_is_refused_naming_the_known_ones():

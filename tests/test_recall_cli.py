@@ -37,9 +37,9 @@ def error_of(result) -> QuantgateError:
 
 
 def test_recall_is_registered_on_the_main_cli():
-    from quantgate.cli.main import app
+    from quantgate.cli.main import COMMANDS
 
-    assert recall in [c.callback for c in app.registered_commands if c.name == "recall"]
+    assert COMMANDS["recall"].target() is recall
 
 
 @pytest.mark.parametrize("extra,where,words", [

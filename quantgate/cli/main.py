@@ -1,4 +1,8 @@
-"""The `quantgate` command line: the sub-commands of every command module, and the console-script entry point."""
+"""The `quantgate` command line: the sub-commands of every command module, and the console-script entry point.
+
+The commands are listed in COMMANDS, grouped into --help panels in the order a release team meets them, and each
+module is imported only when its command runs (quantgate.cli.lazy): `quantgate --version` imports none of them.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,36 @@ import typer
 
 import quantgate
 from quantgate.base.errors import QuantgateError, SettingError, as_flag
-from quantgate.cli import eval as eval_cmds
-from quantgate.cli import check, export, gate, judge, models, perf, plan, pools, quant, recall, release, report, runs
-from quantgate.cli import registry as registry_cmds
+from quantgate.cli.lazy import LazyCommand, LazyGroup
+
+RELEASE, INSPECT, QUANTIZE, MEASURE, SETUP = "Release", "Inspect results", "Quantize and plan", "Measure", "Setup"
+
+
+def _table(panel: str, *rows: tuple[str, str, str]) -> dict[str, LazyCommand]:
+    return {name: LazyCommand(f"quantgate.cli.{module}", attr, panel) for name, module, attr in rows}
+
+
+# One line per command (name, module in quantgate/cli, attribute: a command function or a Typer of sub-commands);
+# the commands' logic lives in their capability packages.
+COMMANDS: dict[str, LazyCommand] = {
+    **_table(RELEASE, ("check", "check", "check"), ("release", "release", "release"), ("gate", "gate", "gate"),
+             ("sizing", "gate", "sizing_cmd"), ("registry", "registry", "registry_app")),
+    **_table(INSPECT, ("runs", "runs", "runs"), ("show", "runs", "show"), ("report", "report", "report"),
+             ("dashboard", "report", "dashboard"), ("export", "export", "export_app")),
+    **_table(QUANTIZE, ("schemes", "quant", "schemes"), ("plan", "plan", "plan"), ("quantize", "quant", "quantize")),
+    **_table(MEASURE, ("eval", "eval", "eval_cmd"), ("compare", "eval", "compare_cmd"), ("recall", "recall", "recall"),
+             ("perf", "perf", "perf"), ("perf-compare", "perf", "perf_compare"), ("judge", "judge", "judge_cmd"),
+             ("review", "judge", "review_app")),
+    **_table(SETUP, ("models", "models", "models_app"), ("pools", "pools", "pools_app")),
+}
+
+
+class Quantgate(LazyGroup):
+    lazy = COMMANDS
+
 
 app = typer.Typer(
+    cls=Quantgate,
     help="Quantize an LLM for its target hardware, validate it against the baseline, gate its release.",
     no_args_is_help=True,
     add_completion=False,
@@ -31,30 +60,6 @@ def _version(value: bool) -> None:
 def _options(version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
                                           help="print quantgate's version and exit")) -> None:
     """Quantize an LLM for its target hardware, validate it against the baseline, gate its release."""
-
-# One line per command; the commands' logic lives in their capability packages.
-app.command("report")(report.report)
-app.command("dashboard")(report.dashboard)
-app.command("gate")(gate.gate)
-app.command("sizing")(gate.sizing_cmd)
-app.command("perf")(perf.perf)
-app.command("perf-compare")(perf.perf_compare)
-app.command("release")(release.release)
-app.command("judge")(judge.judge_cmd)
-app.add_typer(judge.review_app, name="review")
-app.command("recall")(recall.recall)
-app.command("eval")(eval_cmds.eval_cmd)
-app.command("compare")(eval_cmds.compare_cmd)
-app.command("schemes")(quant.schemes)
-app.command("quantize")(quant.quantize)
-app.command("plan")(plan.plan)
-app.add_typer(models.models_app, name="models")
-app.add_typer(registry_cmds.registry_app, name="registry")
-app.add_typer(export.export_app, name="export")
-app.add_typer(pools.pools_app, name="pools")
-app.command("check")(check.check)
-app.command("runs")(runs.runs)
-app.command("show")(runs.show)
 
 
 def user_error(exc: QuantgateError) -> QuantgateError:
