@@ -352,6 +352,7 @@ def test_sets_sharing_a_file_name_get_names_that_tell_them_apart(tmp_path):
     parquet.write_bytes(b"PAR1")
     assert set_names([a, b, tickets, parquet]) == ["a.small", "b.small", "tickets.jsonl", "tickets.parquet"]
     assert set_names([a, tickets]) == ["small", "tickets"]  # a unique stem keeps the name runs always had
+    assert set_names([a, b.with_suffix(".parquet")]) == ["a.small", "b.small"]  # folders first, where they differ
     path = tmp_path / "spec.yaml"
     path.write_text(SPEC + f"model: demo\nschemes: [int8-w8a8]\neval_sets: [{a}, {b}]\n")
     spec = load_spec(path)
@@ -474,3 +475,18 @@ def test_a_set_with_no_rows_says_no_rows(tmp_path, kind):
     with pytest.raises(ConfigError) as err:
         load_evalset(path)
     assert err.value.message.startswith("no rows") and err.value.where == str(path), err.value.render()
+
+
+# --- 8. what the release would refuse before work, refused by check -------------------------------------------------
+
+def test_a_context_longer_than_the_models_is_refused_at_its_line(tmp_path):
+    """vLLM refused the --max-model-len 13 s into the release: exit 1 and a Prefect traceback in the log."""
+    model = checkpoint(tmp_path / "m", {"max_position_embeddings": 8192}, BF16_TENSORS)
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC + f"model: {model}\nschemes: [int8-w8a8]\ncontext: 131072\n")
+    r = quantgate("check", str(path))
+    assert r.returncode == 2 and f"{path}:7 field 'context': context 131072 is longer than the model's " \
+        f"max_position_embeddings 8192 ({model / 'config.json'})" in r.stderr, r.stderr
+    path.write_text(SPEC + f"model: {model}\nschemes: [int8-w8a8]\ncontext: 8192\n")
+    r = quantgate("check", str(path))
+    assert f"ok spec {path}" in r.stdout, r.stdout + r.stderr

@@ -14,7 +14,8 @@ A spec is checked with everything it names: each eval set (prompts against the s
 (default: releases/policies/default.yaml); its model folder (unless a catalogue id), each candidate checkpoint and a
 judge it serves from a folder: there, readable, no symlink loop, a config.json, weights files, and for a quantized
 checkpoint weights stored as its scheme says (safetensors headers; quantgate.release.external.checkpoint_problems).
-A relative `model` folder is taken from the current directory, as the release resolves it. Its schemes are checked
+A relative `model` folder is taken from the current directory, as the release resolves it; the spec's `context`
+must fit the model's max_position_embeddings (its config.json, where the model is on disk). Its schemes are checked
 against what this machine's serving build runs (the kernel probe, quantgate.serving.cpu_kernels) when its hardware is a CPU profile:
 an explicit scheme that cannot run here is an error naming the probe's finding (`skip_unsupported: true` drops it
 instead); what `hardware: auto` and `skip_unsupported` decided is printed as `note` lines on stderr.
@@ -157,12 +158,31 @@ def _check_folders(path: Path, spec: ReleaseSpec) -> None:
     raise QuantgateError(why + rest, where=where[0], fix=fix)
 
 
+def _context_fits(path: Path, spec: ReleaseSpec) -> None:
+    """Refuse a `context` longer than the model's max_position_embeddings (its config.json, where the model is on
+    disk): vLLM refuses such a --max-model-len at the first server start, seconds into the release, with exit 1."""
+    config = local_config(spec.model)
+    try:
+        most = read_config(config.parent).get("max_position_embeddings") if config is not None else None
+    except ValueError:  # an unreadable config.json: the folder check names it
+        return
+    if not isinstance(most, int) or isinstance(most, bool) or spec.context <= most:
+        return
+    _, lines = read_yaml(path)
+    given = ("context",) in lines
+    raise QuantgateError(f"context {spec.context}{'' if given else ' (the default)'} is longer than the model's "
+                         f"max_position_embeddings {most} ({config}): vLLM would refuse to serve it",
+                         where=f"{path}:{lines.get(('context',), top_line(lines))} field 'context'",
+                         fix=f"set `context` to {most} or less (and recall.lengths to fit it)")
+
+
 def _load_spec(path: Path) -> ReleaseSpec:
-    """The spec, its schemes checked against this machine, its model and checkpoint folders looked at; the notes
-    of `hardware: auto` / skip_unsupported."""
+    """The spec, its schemes checked against this machine, its model and checkpoint folders looked at, its context
+    against the model's; the notes of `hardware: auto` / skip_unsupported."""
     spec = load_spec(path)
     refuse_unservable(spec, path)
     _check_folders(path, spec)
+    _context_fits(path, spec)
     for note in spec.machine_notes:
         print(f"note spec {_show(path)}: {note}", file=sys.stderr, flush=True)
     return spec

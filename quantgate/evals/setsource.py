@@ -93,14 +93,15 @@ def set_names(paths: Sequence[Path]) -> list[str]:
     """Each eval set's name in a release, in order: its cache folder, its key in the evidence, the compare files,
     the report and the gate's checks (`primary:<set>/<metric>`). The file's stem where no other set of the release
     has it (the names runs always had); where two share a stem, the fewest folders before it that tell them apart
-    (`emea/tickets.parquet`, `apac/tickets` -> `emea.tickets`, `apac.tickets`), or the file name where only the
-    format differs (`tickets.jsonl`, `tickets.parquet`). Dots, never `/`: a check name splits set from metric at
+    (`emea/tickets.parquet`, `apac/tickets` -> `emea.tickets`, `apac.tickets`), or the file names where they share
+    a folder (`tickets.jsonl`, `tickets.parquet`). Dots, never `/`: a check name splits set from metric at
     `/`. Raises SameName naming both files when two still share a name (one file listed twice)."""
     names = [p.stem for p in paths]
     for stem in {n for n in names if names.count(n) > 1}:
         group = [i for i, n in enumerate(names) if n == stem]
         deepest = max(len(paths[i].parent.parts) for i in group)
-        for depth, whole in [(d, w) for d in range(deepest + 1) for w in (False, True) if d or w]:
+        same_folder = len({paths[i].parent for i in group}) == 1  # then only the file names tell them apart
+        for depth, whole in [(0, True)] * same_folder + [(d, w) for d in range(1, deepest + 1) for w in (False, True)]:
             tried = {i: _qualified(paths[i], depth, whole) for i in group}
             if len(set(tried.values())) == len(group):
                 names = [tried.get(i, n) for i, n in enumerate(names)]
