@@ -95,3 +95,20 @@ def test_the_gate_reads_a_failed_runs_error_rate_through_the_model(tmp_path):
     rate = _eval_error_rate("cand", "set", tmp_path)
     assert (rate.rate, rate.n) == (0.25, 8)
     assert parse_manifest({"status": "running"}).status == "running"
+
+
+def test_a_run_that_fails_after_its_claim_leaves_its_manifest_failed_not_running(tmp_path, monkeypatch):
+    """Anything that stops the run after the manifest is claimed (here scoring) is written into it, so that the
+    run is not shown as running forever; the error still reaches the caller."""
+    from _fake_openai import FakeServer
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("scoring broke")
+
+    monkeypatch.setattr(evrun, "_score", broken)
+    out = tmp_path / "run"
+    with FakeServer() as server, pytest.raises(RuntimeError, match="scoring broke"):
+        evrun.run_eval(Path(__file__).parents[1] / "eval_sets" / "default.jsonl", server.url, "fake-model", out,
+                       limit=3, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["error"] == "RuntimeError: scoring broke", manifest
