@@ -62,7 +62,7 @@ def check_page(browser: Browser, url: str) -> list[str]:
     browser.open(url)
     assert browser.problems() == [], url
     assert browser.evaluate(BROKEN_IMAGES) == [], url
-    assert browser.evaluate("document.images.length") > 0, url
+    assert browser.evaluate("document.querySelectorAll('img, figure.chart svg').length") > 0, url
     assert spread(browser.screenshot()) > 15, f"blank screenshot of {url}"
     return browser.evaluate(LINKS)
 

@@ -326,8 +326,8 @@ def test_report_sections_and_chart_of_the_probe():
     assert row["figure"] == "tpot_p50_ms" and row["speed"] == pytest.approx(20 / 45, rel=1e-6)
     assert row["speed_low"] <= row["speed"] <= row["speed_high"] and table["slo_concurrency"] == {"baseline": 4, "candidate": 1}
     assert sections.pay_off({"throughput_ratio": 1.2}) is None  # an older pay_off.json: no profile table
-    uri = charts.perf_curves([curve, sections.perf_curve("c", cand.model_dump(mode="json"))])
-    assert uri.startswith("data:image/png;base64,") and charts.perf_curves([]) is None
+    svg = charts.perf_curves([curve, sections.perf_curve("c", cand.model_dump(mode="json"))])
+    assert svg.startswith("<svg") and "goodput vs concurrency" in svg and charts.perf_curves([]) is None
     with pytest.raises(TypeError):
         sections.perf_curve("x", {"medians": {"not": "a list"}})
 

@@ -1,4 +1,4 @@
-"""`quantgate report RUN_DIR [--out FILE]` and `quantgate dashboard [--serve] [--port P] [--results DIR]`."""
+"""`quantgate report RUN_DIR [--out FILE]` and `quantgate dashboard [--serve] [--port P] [--results DIR] [--out DIR]`."""
 
 from __future__ import annotations
 
@@ -33,12 +33,18 @@ def dashboard(
     results: Annotated[Path | None, typer.Option(help="results folder (default $QUANTGATE_RESULTS or <repo>/results)")] = None,
     serve: Annotated[bool, typer.Option("--serve", help="serve the results folder on 127.0.0.1 after building")] = False,
     port: Annotated[int, typer.Option(help="port for --serve (0: any free port)")] = 8765,
+    out: Annotated[Path | None, typer.Option(help="write the dashboard here instead (index.html, runs/<run>/report.html "
+                                                  "and its quantgate.db), leaving the results folder untouched")] = None,
 ) -> None:
-    """Ingest every run into results/quantgate.db, write each run's report and results/dashboard/index.html."""
+    """Ingest every run into results/quantgate.db, write each run's report and results/dashboard/index.html (with
+    --out: all of it into that folder)."""
     root = results or results_dir()
     if not root.is_dir():
         raise QuantgateError("results folder not found", where=str(root), fix="run a release first, or pass --results DIR")
-    index = build(root)
+    if serve and out is not None:
+        raise QuantgateError("--serve serves the results folder; a dashboard written elsewhere (--out) is opened from "
+                             "disk", where="--out", fix="drop --out to serve, or open <out>/index.html")
+    index = build(root, out=out)
     print(f"dashboard: {index}")
     if serve:
         try:

@@ -1,5 +1,8 @@
 """The dashboard: every run under <results>/runs ingested into the store, a report per run, and one index page
-(<results>/dashboard/index.html) with trends per model across releases, filters and links to the reports.
+(<results>/dashboard/index.html) with trends per model across releases, filters and links to the reports. The
+trends lead with fidelity, the figure that decides most releases: per run its KL and top-1 with the 95% bound the
+gate judged and the limit (from the stored checks). Built into another folder (`out`), the dashboard writes there
+only: index.html, runs/<run>/report.html and its store, the run folders untouched.
 
 Served (`serve`) on 127.0.0.1 only, from the results folder, so the index's relative links work the same from disk.
 What is served is the dashboard page, each run's report (runs/<run>/report.html, report.md), charts, and the JSON
@@ -24,6 +27,7 @@ from quantgate.base.runstatus import load_status
 from quantgate.report import charts
 from quantgate.report.page import TEMPLATES, _env, write_report
 from quantgate.report.runview import ENDED, run_folders
+from quantgate.report.sections import bound_of, num
 from quantgate.report.store import Store, default_path
 
 # PROMOTE, REJECT (harm detected), INCONCLUSIVE (too little evidence to decide: not promoted), then anything else
@@ -35,20 +39,22 @@ def _ended(run_decision: str | None) -> str | None:
     return run_decision if run_decision in ENDED else None
 
 
-def build(results: Path | str, db: Path | str | None = None, *, log=print) -> Path:
-    """Ingest every run, (re)write the reports of new or changed runs, write the index; returns its path."""
+def build(results: Path | str, db: Path | str | None = None, *, out: Path | str | None = None, log=print) -> Path:
+    """Ingest every run, (re)write the reports of new or changed runs, write the index; returns its path. `out`: a
+    folder to write everything to (the index, runs/<run>/report.html and the store) instead of the results folder."""
     results = Path(results)
-    out = results / "dashboard" / "index.html"
-    with Store(db or results / default_path().name) as store:
+    index = Path(out) / "index.html" if out else results / "dashboard" / "index.html"
+    report_of = (lambda f: Path(out) / "runs" / f.name / REPORT_HTML) if out else (lambda f: f / REPORT_HTML)
+    with Store(db or (Path(out) if out else results) / default_path().name) as store:
         for folder in run_folders(results):
             status = store.ingest(folder)
-            if status != "unchanged" or not (folder / REPORT_HTML).is_file():
-                write_report(folder, link_root=results)
+            if status != "unchanged" or not report_of(folder).is_file():
+                write_report(folder, report_of(folder), link_root=results)
                 log(f"{folder.name}: {status}, report written")
-        html = render(store, results, out.parent)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(html, encoding="utf-8")
-    return out
+        html = render(store, index.parent, report_of)
+    index.parent.mkdir(parents=True, exist_ok=True)
+    index.write_text(html, encoding="utf-8")
+    return index
 
 
 def _series(rows: list[dict]) -> dict[str, list[tuple]]:
@@ -58,10 +64,35 @@ def _series(rows: list[dict]) -> dict[str, list[tuple]]:
     return dict(out)
 
 
+FIDELITY_CHECKS = ("fidelity:kl", "fidelity:top1")  # the pooled checks: the deciding figure over releases
+
+
+def run_label(started: str | None, run_id: str) -> str:
+    """A run on a trend's axis: when it started, month-day hour:minute (the run id when that is unknown)."""
+    return started[5:16].replace("T", " ") if started and len(started) >= 16 else run_id
+
+
+def _fidelity_points(store: Store, cands: list[dict]) -> list[dict]:
+    """The pooled fidelity checks of these (run, candidate) pairs: mean, the bound its reason states, limit, outcome."""
+    mine = {(c["run_id"], c["candidate"]) for c in cands}
+    rows = store.query("SELECT c.run_id, c.candidate, c.name, c.measured, c.limit_value, c.outcome, c.reason FROM checks c "
+                       "JOIN runs r USING (run_id) WHERE c.name IN (?, ?) ORDER BY r.started, r.run_id", *FIDELITY_CHECKS)
+    return [{"run_id": r["run_id"], "measure": r["name"].split(":")[1], "mean": num(_float(r["measured"])),
+             "bound": bound_of(r["reason"]), "limit": num(_float(r["limit_value"])), "outcome": r["outcome"]}
+            for r in rows if (r["run_id"], r["candidate"]) in mine]
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
 def trends(store: Store) -> list[dict]:
-    """One block per (model, hardware, scheme): metric deltas and size/throughput ratios over the runs, oldest first
-    (runs that ended without a decision are left out: they measured nothing to trend)."""
-    blocks = []
+    """One block per (model, hardware, scheme): fidelity, metric deltas and size/throughput ratios over the runs,
+    oldest first (runs that ended without a decision are left out: they measured nothing to trend)."""
+    blocks: list[dict] = []
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for c in store.candidates():
         if c["decision"] is None:  # a run that ended before its gate: nothing to trend
@@ -69,22 +100,29 @@ def trends(store: Store) -> list[dict]:
         groups[(c["model"], c["hardware"] or "?", c["scheme"] or c["candidate"])].append(c)
     for (raw_model, hardware, scheme), cands in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         runs, model = {c["run_id"] for c in cands}, raw_model or "?"
+        labels = {c["run_id"]: run_label(c["started"], c["run_id"]) for c in cands}
+        key = f"{len(blocks)}"  # the charts' id prefix: unique on the page
         rows = [r for r in store.metric_history(raw_model) if r["run_id"] in runs and (r["scheme"] or r["candidate"]) == scheme]
-        quality = charts.trend(_series(rows), f"{model} / {scheme} on {hardware}: quality delta", "candidate - baseline")
+        fidelity = charts.fidelity_trend(_fidelity_points(store, cands), f"{model} / {scheme} on {hardware}: fidelity",
+                                         labels, f"fidelity-trend-{key}")
+        quality = charts.trend(_series(rows), f"{model} / {scheme} on {hardware}: quality delta", "candidate - baseline",
+                               labels, f"quality-trend-{key}")
         cost = charts.trend({"size ratio": [(c["run_id"], c["size_ratio"], None, None) for c in cands],
                              "throughput ratio": [(c["run_id"], c["throughput_ratio"], None, None) for c in cands]},
-                            f"{model} / {scheme} on {hardware}: cost and speed", "candidate / baseline")
-        blocks.append({"model": model, "hardware": hardware, "scheme": scheme, "n": len(runs), "quality": quality,
-                       "cost": cost})
+                            f"{model} / {scheme} on {hardware}: cost and speed", "candidate / baseline", labels,
+                            f"cost-trend-{key}")
+        blocks.append({"model": model, "hardware": hardware, "scheme": scheme, "n": len(runs), "fidelity": fidelity,
+                       "quality": quality, "cost": cost})
     return blocks
 
 
-def render(store: Store, results: Path, out_dir: Path) -> str:
+def render(store: Store, out_dir: Path, report_of=lambda folder: folder / REPORT_HTML) -> str:
+    """The index page in `out_dir`, linking each run's report where `report_of(run folder)` puts it."""
     rows = []
     cands = store.candidates()
     with_cands = {c["run_id"] for c in cands}
     for r in store.runs():
-        report = Path(r["folder"]) / REPORT_HTML
+        report = report_of(Path(r["folder"]))
         href = os.path.relpath(report, out_dir) if report.is_file() else None
         mine = [c for c in cands if c["run_id"] == r["run_id"]] if r["run_id"] in with_cands else [
             {"candidate": None, "scheme": None, "decision": r["decision"], "needs": None, "size_ratio": None,
@@ -101,7 +139,7 @@ def render(store: Store, results: Path, out_dir: Path) -> str:
     options["decision"] = sorted({r["cand_decision"] for r in rows}, key=lambda v: (DECISION_ORDER.get(v, 9), v))
     return _env(True).get_template("dashboard.html").render(
         css=(TEMPLATES / "style.css").read_text(encoding="utf-8"), rows=rows, options=options, blocks=trends(store),
-        results=str(results), n_runs=len(store.runs()))
+        n_runs=len(store.runs()))
 
 
 REPORT_FILES = frozenset({REPORT_HTML, REPORT_MD})

@@ -2,8 +2,11 @@
 
 `context(view)` turns a run's evidence (quantgate.report.runview) into plain values (the gate checks, flips ledger
 and fidelity sections come from quantgate.report.sections); templates/report.html and templates/report.md.j2 lay
-them out. A section whose evidence is missing or malformed shows the gap instead of
-failing: every section is built on its own, and an unexpected shape becomes a gap naming the file.
+them out. The page leads with the decision: per candidate the checks that decided it, each in one line
+(sections.deciding), and what would change it; steps the release skipped on purpose (decided early by fidelity)
+are named once, in grey, and are no gap. A section whose evidence is missing or malformed shows the gap instead of
+failing: every section is built on its own, and an unexpected shape becomes a gap naming the file. Paths are
+relative to the run folder (runview.shorten over the rendered text): a report is published, the machine is not.
 Links point only at files that exist and lie under `link_root` (the results folder), so they resolve both from
 disk and when the results folder is served. The Markdown goes into a Prefect artifact, where inline HTML would
 render: every value read from a file passes through `mdcell` (HTML and link syntax escaped) or `mdcode`.
@@ -18,17 +21,22 @@ from typing import Any
 
 from quantgate.base.runfiles import REPORT_HTML
 from quantgate.report import charts, sections
-from quantgate.report.runview import BASELINE, Candidate, Gap, RunView, load_run, outcome_of, size_ratio
+from quantgate.report.runview import (BASELINE, Candidate, Gap, RunView, load_run, outcome_of, shorten, size_ratio,
+                                      skipped_steps)
 from quantgate.report.sections import d as _d, need as _need, num as _num
 
 TEMPLATES = Path(__file__).with_name("templates")
 MD_FLIPS = 10            # flips listed in the Markdown summary (the HTML report lists up to sections.MAX_REGRESSIONS)
 MD_OUTPUT_CHARS = 160    # model outputs are cut to this in the Markdown summary
 BADGES = {"pass": "pass", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "skip"}
+WORDS = {"pass": "passed", "fail": "failed"}  # the outcome counts as the report words them
+STEPS = {"recall": "recall grid", "perf": "perf probe", "judge": "judge"}  # evidence.json `skipped` keys, in words
 
 
 class Links:
-    """Relative hrefs from the report's folder to evidence files under `root`; None for anything else."""
+    """Relative hrefs from the report's folder to evidence files under `root`; None for anything else. A file
+    outside `root` is named by its file name alone (its place on the machine that ran the release means nothing
+    to a reader of the report)."""
     def __init__(self, out_dir: Path, root: Path):
         self.out_dir, self.root = out_dir.resolve(), root.resolve()
 
@@ -36,8 +44,9 @@ class Links:
         if not path:
             return {"href": None, "text": ""}
         p = Path(path).resolve()
-        ok = p.is_file() and (p == self.root or self.root in p.parents)
-        return {"href": os.path.relpath(p, self.out_dir) if ok else None, "text": str(path)}
+        inside = p == self.root or self.root in p.parents
+        return {"href": os.path.relpath(p, self.out_dir) if inside and p.is_file() else None,
+                "text": str(path) if inside else p.name}
 
 
 def _section(view: RunView, name: str, fn: Callable[[], Any]) -> Any:
@@ -121,19 +130,30 @@ def _perf(view: RunView, c: Candidate) -> dict:
                                              "weights_bytes": q.get("weights_bytes"), "compression": _num(q.get("compression_ratio"))}}
 
 
+def _checks_of(view: RunView, c: Candidate, link: Callable[[Any], dict]) -> dict | None:
+    """The candidate's checks (sections.checks), those skipped for its early decision known by the recorded whys."""
+    early = {*c.skipped.values(), *([c.decided] if c.decided else [])}
+    return _section(view, f"{c.name}: checks", lambda: sections.checks(c.decision, link, early))
+
+
 def _candidate(view: RunView, c: Candidate, link: Links, floor: dict | None) -> dict:
     out: dict[str, Any] = {"name": c.name, "scheme": _d(c.summary).get("scheme") or c.name}
-    out["checks"] = _section(view, f"{c.name}: checks", lambda: sections.checks(c.decision, link))
+    out["checks"] = _checks_of(view, c, link)
+    out["lead"] = sections.deciding(out["checks"])
     out["deltas"] = _section(view, f"{c.name}: comparison", lambda: _deltas(c)) or []
     out["forest"] = _section(view, f"{c.name}: chart", lambda: charts.forest(
-        [{**r, "label": f"{r['set']}/{r['metric']}/{r['category']}"} for r in out["deltas"]], f"{c.name} vs baseline"))
+        [{**r, "label": f"{r['set']}/{r['metric']}/{r['category']}"} for r in out["deltas"]], f"{c.name} vs baseline",
+        f"forest-{c.name}"))
     out["flips"] = _section(view, f"{c.name}: flips", lambda: sections.flips(c.compare))
     out["fidelity"] = _section(view, f"{c.name}: fidelity", lambda: sections.fidelity(c.fidelity, floor))
+    out["slices"] = _section(view, f"{c.name}: fidelity chart", lambda: charts.fidelity_slices(
+        sections.slices(out["fidelity"], out["checks"]), f"fidelity-{c.name}"))
     out["judge"] = _section(view, f"{c.name}: judge", lambda: _judge(c))
     out["human"] = _section(view, f"{c.name}: human review", lambda: _human(c))
     out["recall"] = _section(view, f"{c.name}: recall", lambda: _recall(c))
     out["perf"] = _section(view, f"{c.name}: performance", lambda: _perf(view, c)) or \
         {"size_ratio": None, "ratios": {}, "concurrency": None, "quant": None}
+    out["skipped"] = list(c.skipped)
     out["decision"] = (out["checks"] or {}).get("decision") or _d(c.summary).get("decision")
     out["gaps"] = [g for g in view.gaps if g.what.startswith(f"{c.name}:")]  # the sections' own gaps included
     return out
@@ -145,6 +165,23 @@ def _list(x: Any) -> list:
 
 def _evidence_files(view: RunView, link: Links) -> list[dict]:
     return [link(p) for p in sorted(set(view.files))]
+
+
+def _said(note: str, decided: list[str]) -> str:
+    """A note with an early decision's text (its failed checks) replaced by a pointer to the deciding checks."""
+    for text in decided:
+        note = note.replace(text, "the deciding checks above")
+    return note
+
+
+def _skipped(view: RunView) -> list[dict]:
+    """Each variant's steps skipped on purpose (evidence.json `skipped`), in words: not gaps, nothing to fetch."""
+    out = []
+    for name, v in view.variants.items():
+        steps = skipped_steps(v.evidence)
+        if steps:
+            out.append({"variant": name, "steps": [STEPS.get(k, k) for k in steps]})
+    return out
 
 
 def context(view: RunView, out_dir: Path, link_root: Path) -> dict:
@@ -162,7 +199,9 @@ def context(view: RunView, out_dir: Path, link_root: Path) -> dict:
         [sections.perf_curve(n, v.perf) for n, v in view.variants.items()]))
     policy = _d(dec.get("policy") or _d(view.summary).get("policy"))
     parity = _d(_d(view.variants[BASELINE].evidence).get("parity"))
-    notes = _d(view.summary).get("notes") or []
+    decided = [c.decided for c in view.candidates.values() if c.decided]  # said once, by the deciding checks
+    notes = [_said(str(n), decided) for n in _d(view.summary).get("notes") or []] \
+        if isinstance(_d(view.summary).get("notes"), list) else []
     return {
         "run_id": view.run_id, "started": view.started, "release": view.get("release", "name") or "?",
         "model": view.get("model") or "?", "hardware": view.get("hardware") or "?",
@@ -172,8 +211,9 @@ def context(view: RunView, out_dir: Path, link_root: Path) -> dict:
         "policy": policy, "git": view.run.git.model_dump() if view.run else {},
         "packages": dict(view.run.packages) if view.run else {},
         "parity": {"verdict": parity.get("verdict"), "reason": parity.get("reason")} if parity else None,
-        "notes": [str(n) for n in notes] if isinstance(notes, list) else [],
-        "candidates": cands, "trade_off": trade, "perf_curves": curves, "gaps": list(view.gaps), "files": _evidence_files(view, link),
+        "notes": notes,
+        "candidates": cands, "trade_off": trade, "perf_curves": curves, "gaps": list(view.gaps),
+        "skipped": _skipped(view), "early": sections.EARLY, "files": _evidence_files(view, link),
     }
 
 
@@ -183,7 +223,7 @@ def _env(autoescape: bool):
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=autoescape,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(num=_fmt_num, pct=_pct, signed=_fmt_signed, sig=_fmt_sig, interval=_fmt_interval,
-                       mdcell=_mdcell, mdcode=_mdcode, cut=_cut, mark=_mark)
+                       bounded=_fmt_bounded, mdcell=_mdcell, mdcode=_mdcode, cut=_cut, mark=_mark)
     return env
 
 
@@ -208,6 +248,15 @@ def _fmt_interval(iv: Any, fmt: str = "sig") -> str:
     f = _pct if fmt == "pct" else _fmt_sig
     ends = f" [{f(iv.get('low'))}, {f(iv.get('high'))}]" if iv.get("low") is not None or iv.get("high") is not None else ""
     return f"{f(iv['mean'])}{ends}"
+
+
+def _fmt_bounded(iv: Any, fmt: str, side: str, level: float | None) -> str:
+    """"mean (95% upper bound high)" of a sections.interval, the bound the gate judges on `side` at the one-sided
+    `level` (sections.one_sided): the gate's own wording. Without a level, "mean [low, high]"."""
+    if level is None or not isinstance(iv, dict) or iv.get("low" if side == "lower" else "high") is None:
+        return _fmt_interval(iv, fmt)
+    f = _pct if fmt == "pct" else _fmt_sig
+    return f"{f(iv['mean'])} ({level:.0%} {side} bound {f(iv['low' if side == 'lower' else 'high'])})"
 
 
 def _mark(outcome: Any) -> str:
@@ -261,13 +310,41 @@ def write_report(run: Path | str, out: Path | str | None = None, *, link_root: P
     results = default_root(run)
     # under the results folder: links stay inside it (they must resolve when it is served); elsewhere: any file
     root = link_root or (results if results in html.resolve().parents else Path(html.resolve().anchor))
-    ctx = context(load_run(run), html.parent, root)
-    html.write_text(render_html(ctx), encoding="utf-8")
-    md.write_text(render_markdown(ctx, html.name), encoding="utf-8")
+    view = load_run(run)
+    ctx = context(view, html.parent, root)
+    html.write_text(shorten(view, render_html(ctx)), encoding="utf-8")
+    md.write_text(shorten(view, render_markdown(ctx, html.name)), encoding="utf-8")
     return html, md
 
 
 def markdown_summary(run: Path | str) -> str:
     """The Markdown summary alone (for a Prefect artifact): no files written."""
-    run = Path(run)
-    return render_markdown(context(load_run(run), run, default_root(run)))
+    view = load_run(Path(run))
+    return shorten(view, render_markdown(context(view, Path(run), default_root(Path(run)))))
+
+
+def lead_lines(view: RunView) -> list[str]:
+    """The report's first screen as text, for `quantgate show`: per candidate its decision, its deciding checks one
+    a line (value, bound, limit, the samples it would need) and what would change it; the steps skipped on purpose
+    once. Paths are the caller's to shorten (runview.shorten)."""
+    out = []
+    for c in view.candidates.values():
+        ctx = _checks_of(view, c, lambda _p: {})
+        verdict = (ctx or {}).get("decision") or _d(c.summary).get("decision") or "no decision"
+        counts = ", ".join(f"{n} {WORDS.get(o, o)}" for o, n in (ctx or {}).get("counts", {}).items())
+        out.append(f"  {c.name}: {verdict}" + (f" ({counts})" if counts else ""))
+        lead = sections.deciding(ctx)
+        for r in lead["rows"]:
+            ln = r["line"]
+            out.append(f"    {r['name']}  {_mark(r['outcome'])}  {ln['value']}"
+                       + (f", {ln['bound_label']} {ln['bound']}" if ln["bound"] else "") + f", limit {ln['limit']}"
+                       + (f"; needs about {ln['needs']} samples" if ln["needs"] else ""))
+        if lead["more"]:
+            out.append(f"    and {lead['more']} more (the report lists every check)")
+        if verdict == "REJECT":
+            out.append("    what would change it: nothing more samples can show (each failed check lies beyond its limit)")
+        elif ctx and ctx.get("needs"):
+            out.append(f"    what would change it: {ctx['needs']}")
+    for s in _skipped(view):
+        out.append(f"  {s['variant']}: {', '.join(s['steps'])}: {sections.EARLY}")
+    return out

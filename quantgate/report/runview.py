@@ -1,7 +1,9 @@
 """Read a release run folder for people and the results store (adapter): every file tolerated, never an exception.
 
 A file that is missing, unreadable or of the wrong shape leaves its slot None and adds a `Gap` saying which file
-and why; evidence a spec did not ask for (no judge, no recall) is `absent` rather than a gap. Files read (see
+and why; evidence a spec did not ask for (no judge, no recall) is `absent` rather than a gap, and so is a step the
+release skipped on purpose (a variant's evidence.json `skipped`, quantgate.release.early: decided early by fidelity):
+that file is not missing, it was never to be written, and the report says so in grey instead. Files read (see
 quantgate/release/steps.py and quantgate/gate/evidence.py for who writes them):
 
     run.json, summary.json, decision.json, compare/<cand>.json, fidelity/<cand>.json, fidelity/floor.json
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +73,8 @@ class Candidate:
     human: dict | None = None
     review_key: dict | None = None
     fidelity: dict | None = None  # fidelity/<name>.json: teacher-forced fidelity against the baseline
+    skipped: dict[str, str] = field(default_factory=dict)  # step -> why it did not run (evidence.json `skipped`)
+    decided: str | None = None    # the early decision's failed checks (evidence.json `decided`), None when none
 
 
 @dataclass
@@ -216,15 +221,24 @@ def _want_fidelity(view: RunView) -> bool:
     return _optional(view, "fidelity") or (view.folder / "fidelity").is_dir()
 
 
+def skipped_steps(evidence: dict | None) -> dict[str, str]:
+    """A variant's steps skipped on purpose (evidence.json `skipped`: step -> why); {} for anything else."""
+    steps = (evidence or {}).get("skipped")
+    return {str(k): str(v) for k, v in steps.items()} if isinstance(steps, dict) else {}
+
+
 def _candidate(view: RunView, name: str) -> Candidate:
     c = Candidate(name)
     folder = view.folder / name
+    ev = view.variants[name].evidence or {}
+    c.skipped = skipped_steps(ev)
+    c.decided = ev["decided"] if isinstance(ev.get("decided"), str) else None
     c.summary = _row(view, view.summary, name, "summary", "no row for this candidate")
     c.decision = _row(view, view.decision, name, "decision", "no decision for this candidate")
     c.compare = _read(view, view.folder / COMPARE_DIR / f"{name}.json", f"{name}: comparison")
     c.fidelity = _read(view, view.folder / "fidelity" / f"{name}.json", f"{name}: fidelity", required=_want_fidelity(view))
     recall = folder / "recall"
-    want_recall = _optional(view, "recall") or recall.is_dir()
+    want_recall = (_optional(view, "recall") or recall.is_dir()) and "recall" not in c.skipped
     c.recall_cells = _read_typed(view, recall / CELLS, f"{name}: recall cells", load_recall_cells, required=want_recall)
     c.recall_delta = _read_typed(view, recall / DELTA, f"{name}: recall delta", load_recall_delta, required=want_recall)
     for key in ("heatmap", "delta_heatmap"):
@@ -233,11 +247,11 @@ def _candidate(view: RunView, name: str) -> Candidate:
         elif want_recall:
             view.gaps.append(Gap(f"{name}: recall {key.replace('_', ' ')}", str(recall / f"{key}.png"), "missing file"))
     c.pay_off = _read_typed(view, folder / PAY_OFF, f"{name}: perf ratios", load_pay_off,
-                            required=_optional(view, "perf"))
+                            required=_optional(view, "perf") and "perf" not in c.skipped)
     judge = folder / JUDGE_DIR
     c.judge_dir = judge if judge.is_dir() else None
     c.judge = _read_typed(view, judge / JUDGE_REPORT, f"{name}: judge report", load_judge_report,
-                          required=_optional(view, "judge") or judge.is_dir())
+                          required=(_optional(view, "judge") or judge.is_dir()) and "judge" not in c.skipped)
     c.human = _read(view, judge / HUMAN_REVIEW, f"{name}: human review", required=False)
     c.review_key = _read(view, judge / REVIEW_KEY, f"{name}: review key", required=False)
     return c
@@ -285,6 +299,22 @@ def outcome_of(view: RunView) -> str | None:
     if view.status is not None and view.status.status != "completed":
         return view.status.status.upper()
     return None
+
+
+def shorten(view: RunView, text: str) -> str:
+    """Text (a rendered report, a line of `show`) with every absolute path into the run made relative to the run
+    folder: its own files by their names in it (int8/evidence.json), the rest of the results folder (the cache)
+    as ../../cache/... The run folder is known by where it is now and where decision.json says it was written
+    (a copied or moved run still names its old place in its files)."""
+    runs = {view.folder.resolve()}
+    written = (view.decision or {}).get("run")
+    if isinstance(written, str) and os.path.isabs(written):
+        runs.add(Path(written))
+    for run in sorted(runs, key=lambda r: -len(str(r))):
+        results = run.parent.parent if run.parent.name == "runs" else run.parent
+        text = text.replace(f"{run}/", "").replace(str(run), ".")
+        text = text.replace(f"{results}/", os.path.relpath(results, run) + "/")
+    return text
 
 
 def is_run(folder: Path) -> bool:

@@ -10,6 +10,8 @@ quantgate/gate/models.py) both read.
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Collection
 from typing import Any
 
 from quantgate.base.stats import num
@@ -20,9 +22,15 @@ MAX_GAINS = 40
 MAX_WORST = 10         # worst fidelity samples shown
 OUTCOMES = ("pass", "fail", "inconclusive", "skipped")
 PASSED: dict[Any, str] = {True: "pass", False: "fail"}  # schema 1's `passed` -> the outcome
-FIDELITY_MEASURES = (("kl", "KL", "KL(baseline || candidate), nats/token", "sig"),  # key, short, label, format
-                     ("top1", "top-1", "top-1 agreement", "pct"),
-                     ("dnll", "NLL increase", "NLL increase of the baseline's tokens, nats/token", "sig"))
+# key, short, label, format, the side the gate bounds (a larger KL or NLL increase is worse, a smaller top-1)
+FIDELITY_MEASURES = (("kl", "KL", "KL(baseline || candidate), nats/token", "sig", "upper"),
+                     ("top1", "top-1", "top-1 agreement", "pct", "lower"),
+                     ("dnll", "NLL increase", "NLL increase of the baseline's tokens, nats/token", "sig", "upper"))
+NON_NEGATIVE = ("kl",)  # a KL below zero is estimator noise: its interval is shown from 0
+EARLY = "skipped: decided early by fidelity"
+MAX_LEAD = 8  # deciding checks on the first screen (the rest are in the checks table)
+BOUND = re.compile(r"\((\d+(?:\.\d+)?% (?:upper|lower) bound) ([^)]+)\)")
+_NEEDS = re.compile(r"needs about (\d+)")
 
 
 def d(x: Any) -> dict:
@@ -74,22 +82,94 @@ def operating(o: Any) -> dict | None:
             "note": note if isinstance(note, str) else None}
 
 
-def checks(decision: dict | None, link) -> dict | None:
-    """The candidate's decision: verdict, reasons, what would decide it, operating characteristics and the checks."""
+def skipped_early(check: dict, why: Collection[str]) -> bool:
+    """Whether a check lacks its evidence because the release skipped that step on purpose: its reason carries
+    one of the recorded whys (the candidate's evidence.json `skipped` values, or its `decided` text, which the gate
+    quotes in "not measured: <why>"). Such a check could not change the decision it was skipped for."""
+    reason = str(check.get("reason") or "")
+    return outcome(check) in ("inconclusive", "skipped") and any(w and w in reason for w in why)
+
+
+def checks(decision: dict | None, link, early: Collection[str] = ()) -> dict | None:
+    """The candidate's decision: verdict, reasons, what would decide it, operating characteristics and the checks.
+    A check skipped early (`skipped_early`) shows as skipped with one short reason, not the early decision's text
+    again in each row (the deciding checks say it once)."""
     if decision is None:
         return None
     rows = []
     for ch in need(decision.get("checks") or [], list, "checks"):
         ch = need(ch, dict, "a check")
+        early_row = skipped_early(ch, early)
         rows.append({"name": ch.get("name"), "measured": ch.get("measured"), "limit": ch.get("limit"),
-                     "bound": ch.get("bound"), "required": ch.get("required"), "outcome": outcome(ch),
-                     "power": power(ch.get("power")), "evidence": link(ch.get("evidence_file")), "reason": ch.get("reason")})
+                     "bound": ch.get("bound"), "required": ch.get("required"),
+                     "outcome": "skipped" if early_row else outcome(ch), "early": early_row,
+                     "power": power(ch.get("power")), "evidence": link(ch.get("evidence_file")),
+                     "reason": EARLY if early_row else ch.get("reason"), "line": headline(ch)})
     counts = {o: sum(1 for r in rows if r["outcome"] == o) for o in OUTCOMES}
     needs = decision.get("needs")
+    reasons = [r for r in need(decision.get("reasons") or [], list, "reasons")
+               if not any(w and w in str(r) for w in early)]
     return {"decision": decision.get("decision"), "family": decision.get("family"),
-            "schema": decision.get("schema_version", 1), "reasons": need(decision.get("reasons") or [], list, "reasons"),
+            "schema": decision.get("schema_version", 1), "reasons": reasons,
             "needs": needs if isinstance(needs, str) else None, "operating": operating(decision.get("operating")),
-            "checks": rows, "counts": counts}
+            "checks": rows, "counts": counts, "early": sum(1 for r in rows if r["early"])}
+
+
+def _fmt(x: Any, pct: bool) -> str:
+    v = num(x)
+    if v is None:
+        return "—" if x is None else str(x)
+    return f"{v + 0.0:.2%}" if pct else f"{v + 0.0:.4g}"
+
+
+def headline(check: dict) -> dict:
+    """A check in one line: its value, the bound the gate judged (as the gate words it: "95% upper bound 0.0289")
+    and its limit, in the units of the gate's own reason (percent where the reason states the limit in percent),
+    and the samples it would need to decide when the reason or its power says so."""
+    reason = str(check.get("reason") or "")
+    m = BOUND.search(reason)
+    pct = num(check.get("limit")) is not None and f"{num(check.get('limit')):.2%}" in reason
+    p, wanted = power(check.get("power")), _NEEDS.search(reason)
+    needs = (p or {}).get("needs_samples") or (int(wanted.group(1)) if wanted else None)
+    return {"value": _fmt(check.get("measured"), pct), "bound_label": m.group(1) if m else None,
+            "bound": m.group(2).strip() if m else None, "limit": _fmt(check.get("limit"), pct),
+            "needs": needs if outcome(check) != "pass" else None}
+
+
+def bound_of(reason: Any) -> float | None:
+    """The number of the bound a check's reason states ("95% upper bound 0.0289" -> 0.0289, "... 89.61%" -> 0.8961)."""
+    m = BOUND.search(str(reason or ""))
+    text = m.group(2).strip() if m else ""
+    value = num(_float(text.rstrip("%")))
+    return None if value is None else (value / 100 if text.endswith("%") else value)
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _headroom(row: dict) -> float:
+    """How far a passed check sits inside its limit, relative to it (the smallest first on the first screen)."""
+    value, limit = num(row["measured"]), num(row["limit"])
+    return abs(limit - value) / abs(limit) if value is not None and limit else math.inf
+
+
+def deciding(checks_ctx: dict | None) -> dict:
+    """The checks that decided: a REJECT's failed ones, an INCONCLUSIVE's undecided ones (not those skipped early),
+    a PROMOTE's required statistical ones closest to their limits; at most MAX_LEAD, with how many more."""
+    if not checks_ctx:
+        return {"rows": [], "more": 0}
+    rows, verdict = checks_ctx["checks"], checks_ctx.get("decision")
+    if verdict == "REJECT":
+        picked = [r for r in rows if r["outcome"] == "fail"]
+    elif verdict == "PROMOTE":
+        picked = sorted((r for r in rows if r["required"] and r["bound"] and r["outcome"] == "pass"), key=_headroom)
+    else:
+        picked = [r for r in rows if r["outcome"] == "inconclusive"]
+    return {"rows": picked[:MAX_LEAD], "more": max(0, len(picked) - MAX_LEAD)}
 
 
 # --- flips ledger -------------------------------------------------------------------------------------------------
@@ -143,8 +223,9 @@ def flips(compare: dict | None) -> dict | None:
 
 # --- fidelity -----------------------------------------------------------------------------------------------------
 
-def interval(x: Any) -> dict | None:
-    """{"mean", "low", "high", "level"} from an interval object (or a bare number: the mean alone)."""
+def interval(x: Any, key: str = "") -> dict | None:
+    """{"mean", "low", "high", "level"} from an interval object (or a bare number: the mean alone); a measure that
+    cannot be negative (NON_NEGATIVE, by `key`) has its ends clipped at 0."""
     if num(x) is not None:
         return {"mean": num(x), "low": None, "high": None, "level": None}
     if not isinstance(x, dict):
@@ -152,8 +233,15 @@ def interval(x: Any) -> dict | None:
     mean = _first(x, "mean", "value", "estimate")
     if mean is None:
         return None
-    return {"mean": mean, "low": _first(x, "low", "ci_low", "lower"), "high": _first(x, "high", "ci_high", "upper"),
-            "level": _first(x, "level")}
+    low, high = _first(x, "low", "ci_low", "lower"), _first(x, "high", "ci_high", "upper")
+    if key in NON_NEGATIVE:
+        mean, low, high = (None if v is None else max(v, 0.0) for v in (mean, low, high))
+    return {"mean": mean, "low": low, "high": high, "level": _first(x, "level")}
+
+
+def one_sided(level: float | None) -> float | None:
+    """The one-sided level of a two-sided interval's end: the gate judges the end of a 90% interval as a 95% bound."""
+    return None if level is None else 1 - (1 - level) / 2
 
 
 def fidelity_summary(doc: dict | None) -> dict | None:
@@ -169,20 +257,27 @@ def fidelity_summary(doc: dict | None) -> dict | None:
 
 
 def _measures(s: dict, floor: dict | None) -> list[dict]:
-    return [{"key": k, "short": short, "label": label, "fmt": fmt, "cand": interval(s.get(k)),
-             "floor": interval(floor.get(k)) if floor else None} for k, short, label, fmt in FIDELITY_MEASURES
+    return [{"key": k, "short": short, "label": label, "fmt": fmt, "side": side, "cand": interval(s.get(k), k),
+             "floor": interval(floor.get(k), k) if floor else None} for k, short, label, fmt, side in FIDELITY_MEASURES
             if k in s or (floor and k in floor)]
 
 
 def _categories(s: dict, floor: dict | None) -> list[dict]:
     fcats = d(d(floor).get("by_category"))
     out = []
-    for cat, v in sorted(need(s.get("by_category") or {}, dict, "fidelity by_category").items()):
+    for cat, v in sorted(need(s.get("by_category") or {}, dict, "fidelity by_category").items(), key=_slice_order):
         v = d(v)
         out.append({"category": cat, "n_samples": _int(v.get("n_samples")), "n_tokens": _int(v.get("n_tokens")),
-                    **{k: interval(v.get(k)) for k, *_ in FIDELITY_MEASURES},
-                    "floor_kl": interval(d(fcats.get(cat)).get("kl"))})
+                    **{k: interval(v.get(k), k) for k, *_ in FIDELITY_MEASURES},
+                    "floor_kl": interval(d(fcats.get(cat)).get("kl"), "kl")})
     return out
+
+
+def _slice_order(item: tuple[str, Any]) -> tuple:
+    """Task categories by name, then context lengths by length (context:512 before context:1024)."""
+    name = item[0]
+    length = name.partition(":")[2]
+    return (1, int(length), name) if name.startswith("context:") and length.isdigit() else (0, 0, name)
 
 
 def _worst(s: dict) -> list[dict]:
@@ -195,15 +290,36 @@ def _worst(s: dict) -> list[dict]:
     return rows
 
 
+def slices(fid: dict | None, checks_ctx: dict | None) -> list[dict]:
+    """The fidelity chart's rows: the pooled sample, then each category and context length, per measure (KL and
+    top-1) its mean, the bound the gate judges (KL's upper, top-1's lower end) and, from the gate's check of that
+    slice (fidelity:<measure>[:<slice>]), its limit and outcome. A slice the gate did not judge has no limit."""
+    if not fid:
+        return []
+    by_name = {r["name"]: r for r in (checks_ctx or {}).get("checks") or []}
+    pooled = {"category": "all", **{m["key"]: m["cand"] for m in fid["measures"]}}
+    out = []
+    for row in [pooled, *fid["categories"]]:
+        suffix = "" if row["category"] == "all" else f":{row['category']}"
+        for key, side in (("kl", "high"), ("top1", "low")):
+            iv, check = row.get(key), by_name.get(f"fidelity:{key}{suffix}", {})
+            if iv is None:
+                continue
+            out.append({"slice": row["category"], "measure": key, "mean": iv["mean"], "bound": iv[side],
+                        "limit": num(check.get("limit")), "outcome": check.get("outcome")})
+    return out
+
+
 def fidelity(doc: dict | None, floor: dict | None) -> dict | None:
-    """Teacher-forced fidelity against the baseline, with the noise floor (the baseline against itself) beside it."""
+    """Teacher-forced fidelity against the baseline, with the noise floor (the baseline against itself) beside it.
+    `bound`: the one-sided level of the intervals' ends (what the gate calls its "95% upper bound")."""
     s = fidelity_summary(doc)
     if s is None:
         return None
     levels = [iv["level"] for m in _measures(s, None) if (iv := m["cand"]) and iv["level"] is not None]
     return {"n_samples": _int(s.get("n_samples")), "n_tokens": _int(s.get("n_tokens")),
             "floor_n_samples": _int(d(floor).get("n_samples")), "has_floor": floor is not None,
-            "level": levels[0] if levels else None, "measures": _measures(s, floor),
+            "bound": one_sided(levels[0]) if levels else None, "measures": _measures(s, floor),
             "categories": _categories(s, floor), "worst": _worst(s)}
 
 
