@@ -106,6 +106,7 @@ def test_runs_lists_and_filters_and_show_tells_one_run(tmp_path):
     res = run_cli(app, ["runs", "--results", str(results), "--decision", "reject"])
     assert [ln.split()[0] for ln in res.output.splitlines()] == ["r-bad"]
     res = run_cli(app, ["show", "r-bad", "--results", str(results)])
-    assert res.exit_code == 0 and "w4a16-gptq: REJECT" in res.output and "    - " in res.output
+    assert res.exit_code == 0 and res.output.startswith("REJECT: run r-bad") and "w4a16-gptq: REJECT (" in res.output
+    assert "  FAIL  " in res.output  # the deciding checks, one a line
     assert "report.html (not written)" in res.output
     assert run_cli(app, ["show", "nope", "--results", str(results)]).exit_code == 2

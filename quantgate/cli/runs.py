@@ -12,7 +12,8 @@ import typer
 
 from quantgate.base.runfiles import REPORT_HTML, SUMMARY
 from quantgate.base.paths import results_dir
-from quantgate.report.runview import RunView, load_run, outcome_of, run_folders
+from quantgate.report.page import lead_lines
+from quantgate.report.runview import RunView, load_run, outcome_of, run_folders, shorten
 
 
 def _status(view: RunView) -> str:
@@ -50,24 +51,20 @@ def show(
     run: Annotated[str, typer.Argument(help="run id (a folder of results/runs) or a run folder's path")],
     results: Annotated[Path | None, typer.Option(help="results folder (default: $QUANTGATE_RESULTS or results/)")] = None,
 ) -> None:
-    """One run: its decision, each candidate's decision with the reasons, and where its files are."""
+    """One run, decision first: each candidate's decision and the checks that decided it (value, bound, limit), what
+    would change it, the steps skipped on purpose, what is missing, and where its files are."""
     folder = Path(run) if Path(run).is_dir() else (results or results_dir()) / "runs" / run
     if not folder.is_dir():
         print(f"error: no run folder {folder}: `quantgate runs` lists them", file=sys.stderr)
         raise typer.Exit(2)
     view = load_run(folder)
-    print(f"run {view.run_id} ({view.started[:19]}), release {view.get('name', 'release', default='-')}, "
-          f"model {view.get('model', default='-')}: {_status(view)}")
-    for name, cand in view.candidates.items():
-        row = (view.decision or {}).get("candidates", {}).get(name) or cand.summary or {}
-        print(f"  {name}: {row.get('decision', 'no decision')}")
-        for reason in row.get("reasons") or []:
-            print(f"    - {reason}")
+    lines = [f"{_status(view)}: run {view.run_id} ({view.started[:19]}), release "
+             f"{view.get('name', 'release', default='-')}, model {view.get('model', default='-')}", *lead_lines(view)]
     st = view.status
     if st is not None and st.status != "completed":
-        print(f"  {st.ended()}" + (f" (log: {st.log})" if st.log else ""))
-    for gap in view.gaps:
-        print(f"  missing {gap.what}: {gap.reason}" + (f" ({gap.file})" if gap.file else ""))
-    for label, path in (("report", folder / REPORT_HTML), ("summary", folder / SUMMARY),
-                        ("decision", folder / "decision.json")):
-        print(f"  {label}: {path}" + ("" if path.exists() else " (not written)"))
+        lines.append(f"  {st.ended()}" + (f" (log: {st.log})" if st.log else ""))
+    lines += [f"  missing {gap.what}: {gap.reason}" + (f" ({gap.file})" if gap.file else "") for gap in view.gaps]
+    files = [f"{p.name}" + ("" if p.exists() else " (not written)")
+             for p in (folder / REPORT_HTML, folder / SUMMARY, folder / "decision.json")]
+    print("\n".join(shorten(view, line) for line in lines))
+    print(f"  files in {folder}: {', '.join(files)}")
