@@ -24,6 +24,8 @@ from quantgate.base.paths import RELEASES
 from quantgate.evals.compare import compare_runs
 from quantgate.evals.metrics import load_table
 from quantgate.fidelity.core import SampleFidelity, summarize
+from quantgate.gate.early import early_fidelity_checks
+from quantgate.gate.evidence import decide_run
 from quantgate.gate.models import Check, Decision, OperatingCharacteristics, Power
 from quantgate.recall import score as recall_score
 from quantgate.recall.run import heatmap
@@ -140,6 +142,10 @@ def decide(run: Path, *, fidelity: bool = False) -> Decision:
     checks += [_stat_check(f"category:default/{cat}/{m}", rep["metrics"][m]["by_category"][cat], lim, file)
                for cat, (m, lim) in CATEGORIES.items()]
     checks += _fixed_checks(run, fidelity)
+    return _verdict(checks)
+
+
+def _verdict(checks: list[Check]) -> Decision:
     failed = [c for c in checks if c.outcome == "fail"]
     undecided = [c for c in checks if c.outcome == "inconclusive"]
     verdict = "REJECT" if failed else "INCONCLUSIVE" if undecided else "PROMOTE"
@@ -177,14 +183,16 @@ def as_schema1(run: Path) -> None:
 # --- fidelity -----------------------------------------------------------------------------------------------------
 
 FIDELITY_CATEGORIES = ("arithmetic_numbers", "factual_qa", "multilingual", "proper_nouns")
+CONTEXT_SLICES = ("context:512", "context:1024")  # the fidelity slices at long context, as the release names them
 
 
-def fidelity_doc(scale: float, top1: float, *, n: int = 10, tokens: int = 40) -> dict:
+def fidelity_doc(scale: float, top1: float, *, n: int = 10, tokens: int = 40,
+                 categories: tuple[str, ...] = FIDELITY_CATEGORIES) -> dict:
     """A fidelity file as the release's fidelity step writes it ({"summary", "samples"}, quantgate.fidelity.core):
     `n` samples per category with a per-token KL about `scale` (arithmetic_numbers about three times that) and
     top-1 agreement about `top1`."""
     samples = []
-    for k, cat in enumerate(FIDELITY_CATEGORIES):
+    for k, cat in enumerate(categories):
         for i in range(n):
             kl = scale * (3.0 if cat == "arithmetic_numbers" else 0.6 + 0.1 * k) * (0.5 + i / n)
             agree = min(tokens, round(tokens * top1) + (i % 3) - 1)
@@ -261,3 +269,47 @@ def inconclusive_run(results: Path, run_id: str, **kw) -> Path:
     noise floor, regressions and gains, and a model output full of HTML."""
     return release_run(results, run_id, lose={"arithmetic_numbers": 1}, gain={"factual_qa": 2, "arithmetic_numbers": 1},
                        hostile=True, fidelity=True, **kw)
+
+
+# --- the gate's own fidelity checks, and the demo's early REJECT ---------------------------------------------------
+
+def _slices_doc(run: Path, scale: float, top1: float) -> None:
+    _dump(run / "fidelity" / f"{CAND}.json", fidelity_doc(scale, top1, categories=FIDELITY_CATEGORIES + CONTEXT_SLICES))
+
+
+def promote_run(results: Path, run_id: str, **kw) -> Path:
+    """A PROMOTE whose fidelity checks are the gate's own (quantgate.gate.early: its wording, a check per category
+    and context length), over fidelity close to the baseline; the other checks by this module's fixed rules."""
+    run = release_run(results, run_id, fidelity=True, **kw)
+    _slices_doc(run, 0.004, 0.985)
+    doc = json.loads((run / CAND / "decision.json").read_text())
+    kept = [Check.model_validate(c) for c in doc["checks"] if not c["name"].startswith("fidelity")]
+    d = _verdict(kept + early_fidelity_checks(run, POLICY, CAND, CAND))
+    assert d.decision == "PROMOTE", [c.reason for c in d.checks if c.outcome != "pass"]
+    write_decision(run, d)
+    _summary(run, run_id, kw.get("model", "demo"), kw.get("hardware", "x86-cpu"), d)
+    return run
+
+
+def early_reject_run(results: Path, run_id: str, **kw) -> Path:
+    """The demo's REJECT: fidelity fails pooled and in most slices, so the release skipped the recall grid and the
+    perf probe on purpose (evidence.json `skipped` and `decided`, worded as quantgate.release.early records them),
+    and the real gate decides over what is there (its checks of the skipped evidence say "not measured: <why>")."""
+    run = release_run(results, run_id, fidelity=True, **kw)
+    _slices_doc(run, 0.09, 0.86)
+    shutil.rmtree(run / CAND / "recall")
+    (run / CAND / "pay_off.json").unlink()
+    failed = [c for c in early_fidelity_checks(run, POLICY, CAND, CAND) if c.outcome == "fail"]
+    decided = "; ".join(f"{c.name}: {c.reason}" for c in failed[:3]) + f" (and {len(failed) - 3} more)"
+    why = {CAND: f"decided early: REJECT by fidelity ({decided})",
+           "baseline": f"every candidate's REJECT was decided by fidelity first ({CAND}): no decision of this release "
+                       "compares with it"}
+    for variant, reason in why.items():
+        ev = json.loads((run / variant / "evidence.json").read_text())
+        ev.update(skipped={"recall": reason, "perf": reason}, decided=decided if variant == CAND else None)
+        _dump(run / variant / "evidence.json", ev)
+    (d,) = decide_run(run, POLICY)
+    assert d.decision == "REJECT", d.reasons
+    write_decision(run, d)
+    _summary(run, run_id, kw.get("model", "demo"), kw.get("hardware", "x86-cpu"), d)
+    return run

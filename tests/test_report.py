@@ -9,7 +9,7 @@ from html import unescape
 from pathlib import Path
 
 import pytest
-from _report_fixtures import CAND, HOSTILE, POLICY, as_schema1, inconclusive_run, release_run
+from _report_fixtures import CAND, HOSTILE, POLICY, as_schema1, early_reject_run, inconclusive_run, release_run
 from typer.testing import CliRunner
 
 from quantgate.cli.main import app
@@ -71,7 +71,8 @@ def test_report_shows_the_evidence(run):
         assert f"<pre>{r['base_output']}</pre>" in html and f"<pre>{r['cand_output']}</pre>" in html
     assert "Calibration accuracy 90.0%" in html and "number_swap" in html
     assert "48 of 50 exported pairs reviewed" in html
-    assert html.count("data:image/png;base64,") >= 4  # trade-off, forest, two recall heatmaps
+    assert html.count("data:image/png;base64,") == 2  # the two recall heatmaps
+    assert {"trade-off", f"forest-{CAND}"} <= set(re.findall(r'<figure class="chart" id="([^"]+)"><svg', html))
     assert 'id="gaps"' not in html and "85.2 s wall" in html  # complete evidence: no gap section
     md = md_path.read_text()
     assert md.startswith("# Release `demo`: **REJECT**") and "| default/exact_match | 100 |" in md
@@ -192,7 +193,7 @@ def test_inconclusive_decision_shows_outcomes_power_and_needs(run2):
     p = check["power"]
     assert p["limit_below_mdd"] and dec["decision"] == "INCONCLUSIVE" and dec["needs"]
     assert 'id="decision">INCONCLUSIVE<' in html and '<span class="badge INCONCLUSIVE">INCONCLUSIVE</span>' in html
-    assert html.count('<span class="badge INCONCLUSIVE">INCONCLUSIVE</span>') == 3  # header, overview, candidate
+    assert html.count('<span class="badge INCONCLUSIVE">INCONCLUSIVE</span>') == 4  # first screen, overview, candidate, check
     row = text[text.index(f"<td>{check['name']}</td>"):].split("</tr>")[0]
     assert ">INCONCLUSIVE<" in row and f"{p['mdd']:.4f}" in row and f">{p['n']}</td>" in row
     assert "limit below MDD" in row and f"needs about {p['needs_samples']} samples" in row
@@ -255,10 +256,11 @@ def test_fidelity_section_with_floor_categories_and_worst(run2):
     cand = json.loads((run2 / "fidelity" / f"{CAND}.json").read_text())["summary"]
     floor = json.loads((run2 / "fidelity" / "floor.json").read_text())["summary"]
     kl, fkl, top1 = cand["kl"], floor["kl"], cand["top1"]
-    iv = lambda x: f"{x['mean']:.3g} [{x['low']:.3g}, {x['high']:.3g}]"  # noqa: E731
-    assert f'<td class="n">{iv(kl)}</td><td class="n">{iv(fkl)}</td>' in html
-    assert f"{top1['mean']:.1%} [{top1['low']:.1%}, {top1['high']:.1%}]" in html
-    assert f"{cand['n_samples']} samples, {cand['n_tokens']} tokens; intervals at {kl['level']:.1%}" in html
+    iv = lambda x: f"{x['mean']:.3g} (95% upper bound {x['high']:.3g})"  # noqa: E731  the gate's one-sided bound
+    assert kl["level"] == 0.9 and f'<td class="n">{iv(kl)}</td><td class="n">{iv(fkl)}</td>' in html
+    assert f"{top1['mean']:.1%} (95% lower bound {top1['low']:.1%})" in html
+    assert f"{cand['n_samples']} samples, {cand['n_tokens']} tokens; each figure with the 95% bound the gate judges" in html
+    assert "intervals at" not in html
     for cat, v in cand["by_category"].items():
         assert f"<tr><td>{cat}</td>" in html and iv(v["kl"]) in html and iv(floor["by_category"][cat]["kl"]) in html
     for w in cand["worst"]:
@@ -308,7 +310,7 @@ def test_damaged_schema2_evidence_renders_with_the_gap(run2, rel, content, what,
     if "floor" in rel:
         kl = json.loads((run2 / "fidelity" / f"{CAND}.json").read_text())["summary"]["kl"]
         assert "no noise floor (fidelity/floor.json)" in html
-        assert f"<td class=\"n\">{kl['mean']:.3g} [{kl['low']:.3g}, {kl['high']:.3g}]</td><td class=\"n\">—</td>" in html
+        assert f"<td class=\"n\">{kl['mean']:.3g} (95% upper bound {kl['high']:.3g})</td><td class=\"n\">—</td>" in html
 
 
 def test_schema1_decision_still_renders(run2):
@@ -356,3 +358,28 @@ def test_report_of_the_real_gate_decision(run2):
     if d.needs:
         assert d.needs in text and d.needs in md
     assert 'id="gaps"' not in html
+
+
+def test_early_reject_summary_and_show_lead_with_the_decision(tmp_path):
+    """The demo's early REJECT: the deciding checks first, the skipped steps as skipped (not missing, no gap), the
+    early decision's text not repeated, no absolute path in the summary or in `show`."""
+    run = early_reject_run(tmp_path / "results", "demo-20261201T100000Z")
+    md = write_report(run)[1].read_text()
+    lead = md[:md.index("| candidate |")]
+    assert "**w4a16-gptq: REJECT**" in lead and "- `fidelity:kl` FAIL: " in lead and "95% upper bound" in lead
+    assert "_w4a16-gptq: recall grid, perf probe: skipped: decided early by fidelity_" in lead
+    assert "missing evidence" not in md and "Gaps in the evidence" not in md and "decided early: REJECT" not in md
+    assert "| recall:recall | skip |" in md and str(tmp_path) not in md
+    res = CliRunner().invoke(app, ["show", str(run)])
+    assert res.exit_code == 0 and res.output.startswith("REJECT: run demo-20261201T100000Z")
+    assert "    fidelity:kl  FAIL  " in res.output and "missing" not in res.output
+    assert "  baseline: recall grid, perf probe: skipped: decided early by fidelity" in res.output
+    assert str(tmp_path) not in res.output.replace(f"files in {run}", "")
+
+
+def test_a_kl_interval_is_never_below_zero():
+    from quantgate.report import sections
+
+    assert sections.interval({"mean": -1e-8, "low": -0.002, "high": 0.003}, "kl") == \
+        {"mean": 0.0, "low": 0.0, "high": 0.003, "level": None}
+    assert sections.interval({"mean": -0.001, "low": -0.002, "high": 0.003}, "dnll")["low"] == -0.002
