@@ -81,3 +81,20 @@ def test_damage_on_the_later_ids_fails_the_fidelity_subset_a_release_draws(tmp_p
     # the first 20 ids of each category (the draw before the seeded one) would have passed every fidelity check
     first = sorted(i for i in where if where[i][1] < 20 / 50)
     assert len(first) == 120 and _checks(tmp_path / "first", _fidelity(first, where), (looks, 120)) == {}
+
+
+def test_two_sets_of_one_file_name_give_the_fidelity_step_distinct_prompt_ids(tmp_path):
+    """`a/small.jsonl` and `b/small.jsonl` with the same sample ids: each set's prompts carry the set's name in the
+    release (emea.small / apac.small), so fidelity does not stop on a duplicate id minutes into the release."""
+    from quantgate.release.fidelity_step import prompt_records
+
+    rows = (EVAL_SETS / "default.jsonl").read_text(encoding="utf-8").splitlines()[:12]
+    for region in ("emea", "apac"):
+        (tmp_path / region).mkdir()
+        (tmp_path / region / "small.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+        (tmp_path / region / "small.meta.yaml").write_bytes((EVAL_SETS / "default.meta.yaml").read_bytes())
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC.replace(f"[{EVAL_SETS / 'default.jsonl'}]", "[emea/small.jsonl, apac/small.jsonl]"))
+    ids = [r["id"] for r in prompt_records(load_spec(path))]
+    assert len(ids) == 24 == len(set(ids))
+    assert {i.split("/")[0] for i in ids} == {"emea.small", "apac.small"}

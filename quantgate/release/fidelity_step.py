@@ -42,6 +42,7 @@ from quantgate.base.runfiles import MANIFEST
 from quantgate.base.subsets import DRAW as SUBSET_DRAW, RULE as SUBSET_RULE, SEED as SUBSET_SEED, order
 from quantgate.base.http import Retry
 from quantgate.evals.dataset import load_evalset, stratified_subset
+from quantgate.evals.setsource import set_names
 from quantgate.fidelity import sampling
 from quantgate.fidelity.core import CONTEXT_PREFIX, SampleFidelity, merge_draws, summarize
 from quantgate.fidelity.parts import finished_lines, merge_parts, part, part_dir, seed, stream_dir
@@ -105,11 +106,11 @@ def done(dirs: Mapping[str, Path], samples: Path) -> bool:
 
 def prompt_records(spec: ReleaseSpec) -> list[dict[str, Any]]:
     """The chat prompts of the eval samples the release asks (`eval.limit`: the same subset), ids prefixed by their
-    eval set."""
+    eval set's name in the release (quantgate.evals.setsource.set_names: two sets of one file name stay apart)."""
     out = []
-    for path in spec.eval_sets:
+    for name, path in zip(set_names(spec.eval_sets), spec.eval_sets):
         es = load_evalset(path, with_dataset=False)
-        out += [{"id": f"{path.stem}/{s.id}", "category": s.category, "messages": s.chat()}
+        out += [{"id": f"{name}/{s.id}", "category": s.category, "messages": s.chat()}
                 for s in stratified_subset(es.samples, spec.eval.limit)]
     return out
 
