@@ -51,3 +51,20 @@ def test_artifact_keys_are_what_prefect_accepts_and_the_table_has_a_row_per_chec
     rows = check_rows([_decision("REJECT")])
     assert [(r["candidate"], r["check"], r["outcome"]) for r in rows] == [
         ("int8-w8a8", "fidelity:kl", "fail"), ("int8-w8a8", "pooled:default", "pass")]
+
+
+def test_the_headline_says_the_decision_and_the_deciding_checks_in_one_line():
+    from quantgate.release.outcome import headline
+
+    many = _decision("REJECT").model_copy(update={"checks": [
+        Check(name=f"fidelity:kl:{c}", measured=0.04, limit=0.02, required=True, outcome="fail", reason="x")
+        for c in ("a", "b", "c", "d", "e")]})
+    inconclusive = _decision("INCONCLUSIVE").model_copy(update={"candidate": "w4a16", "checks": [
+        Check(name="fidelity:kl", measured=0.02, limit=0.02, required=True, outcome="inconclusive", reason="x"),
+        Check(name="pooled:default", measured=0.0, limit=0.02, required=True, outcome="fail", reason="x")]})
+    assert headline("REJECT", [_decision("REJECT")]) == "REJECT: int8-w8a8 REJECT by fidelity:kl"
+    assert headline("REJECT", [many, inconclusive]) == (
+        "REJECT: int8-w8a8 REJECT by fidelity:kl:a, fidelity:kl:b, fidelity:kl:c and 2 more; "
+        "w4a16 INCONCLUSIVE by fidelity:kl")
+    assert headline("PROMOTE", [_decision("PROMOTE")]) == "PROMOTE: int8-w8a8 PROMOTE"
+    assert "\n" not in headline("REJECT", [many, inconclusive])

@@ -399,6 +399,7 @@ def test_prefect_deployment_run_of_the_release(workspace):
         # by design): the only one in the log is that record, the decision with the summary's path
         ends = re.findall(r"Traceback \(most recent call last\):.*?\n(\S[^\n]*)", logged, flags=re.S)
         assert ends and all(e.startswith(f"quantgate.release.outcome.NotPromoted: {summary['decision']}: ") for e in ends), ends
+        assert f"{FIRST} {summary['decision']}" in ends[0]  # the decision and the deciding checks, one line
         # the server stores events in batches after they arrive: wait for this run's one (not just any earlier run's)
         mine = _events_of_run(api, "quantgate.release.decided", "quantgate.release.e2e.", "deployed")
         assert [e["payload"]["decision"] for e in mine] == [summary["decision"]], mine
@@ -419,6 +420,16 @@ def test_prefect_deployment_run_of_the_release(workspace):
         assert re.search(r"\]\(file://[^)]*/runs/deployed/report\.html\)", link), link
         table = found["release-e2e-checks"]["data"]  # a JSON list of rows, one per check of every candidate
         assert found["release-e2e-checks"]["type"] == "table" and "fidelity:kl" in table and FIRST in table
+        # the other way to end it (prefect.yaml's `not_promoted`): a Completed state named after the decision, the
+        # decision in its result, and no ERROR line and no traceback in the worker's log
+        said = len(worker_log.read_bytes())
+        quiet = cli("deployment", "run", "release/demo", "--param", f"spec={root / 'strict.yaml'}", "--param",
+                    "run_id=deployed-completed", "--param", "not_promoted=completed", "--watch", timeout=1200)
+        assert quiet.returncode == 0 and f"finished in state {state!r}" in quiet.stdout, quiet.stdout[-3000:]
+        again = json.loads((root / "results" / "runs" / "deployed-completed" / "summary.json").read_text())
+        assert again["decision"] == summary["decision"]
+        logged = worker_log.read_bytes()[said:].decode(errors="replace")
+        assert "Finished in state" in logged and "ERROR" not in logged and "Traceback" not in logged, logged[-3000:]
     finally:
         for p in reversed(procs):
             kill_tree(p.pid)

@@ -232,23 +232,25 @@ def _measure(pool: schedule.SlotPool, model_dir: Path, base: rel.MeasureRequest,
 # subtype it does not accept (TaskRunner is invariant in its future type): the runner is the documented one.
 @flow(name="release", log_prints=True,
       task_runner=ThreadPoolTaskRunner(max_workers=WORKERS))  # type: ignore[arg-type]
-def release(spec: str = "releases/demo.yaml", run_id: str | None = None, executor: dict | None = None):
+def release(spec: str = "releases/demo.yaml", run_id: str | None = None, executor: dict | None = None,
+            not_promoted: outcome.EndAs = "failed"):
     """Run a release spec to a decision; the summary is results/runs/<run-id>/summary.json, and status.json says
     whether it completed, failed (the step and its root cause) or was interrupted. `executor`: fields that replace
-    the spec's `executor:` ones (the CLI's --executor and --store)."""
+    the spec's `executor:` ones (the CLI's --executor and --store). `not_promoted`: how a decided REJECT or
+    INCONCLUSIVE ends the flow run (quantgate.release.outcome.EndAs)."""
     s = load_spec(spec)
     if executor:
         s = s.model_copy(update={"executor": s.executor.with_fields(executor)})
     run = rel.start_run(s, spec, run_id)
     with recording_status(run) as done:
-        state = _release(s, run)
+        state = _release(s, run, not_promoted)
         done["decision"] = (outcome.summary_of(state.data) or {}).get("decision")
     if s.executor.kind == "pools":  # the whole run folder, status included, beside what the children shared
         pools.share_run(s, run)
     return state
 
 
-def _release(s: ReleaseSpec, run: Path):
+def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
     """The release in its run folder: model, quantize, measure, compare, judge, gate (and widen), promote, publish,
     report, notify."""
     logger = get_run_logger()
@@ -306,7 +308,7 @@ def _release(s: ReleaseSpec, run: Path):
     assert base_ev is not None  # a spec has at least one candidate (ReleaseSpec), so a rung ran
     summary = rel.finish_run(s, run, base_ev, [(c, comparisons[c.variant.name]) for c in cand_ev], decisions, promotions)
     outcome.create_artifacts(s.name, run, decisions)  # the report's link and the checks' table
-    return conclude(s, run, summary, published)
+    return conclude(s, run, summary, published, outcome.headline(summary.decision or "", decisions), not_promoted)
 
 
 def _promote(s: ReleaseSpec, run: Path, decisions: list[Decision], variants: dict[str, rel.Variant]
@@ -327,9 +329,11 @@ def _promote(s: ReleaseSpec, run: Path, decisions: list[Decision], variants: dic
     return promotions
 
 
-def conclude(s: ReleaseSpec, run: Path, summary: Summary, published: list[PublishRecord] | None):
+def conclude(s: ReleaseSpec, run: Path, summary: Summary, published: list[PublishRecord] | None, headline: str,
+             not_promoted: outcome.EndAs = "failed"):
     """After the gate: the publish and notify records into the summary, summary.json written (once), the report
-    and its artifact, the flow run's state."""
+    and its artifact, the flow run's state (quantgate.release.outcome: `not_promoted` says how a decided REJECT or
+    INCONCLUSIVE ends; its message opens with `headline`, the decision and the deciding checks)."""
     logger = get_run_logger()
     if published is not None:
         summary = publishing.with_records(summary, "publish", published)
@@ -338,7 +342,7 @@ def conclude(s: ReleaseSpec, run: Path, summary: Summary, published: list[Publis
     write_summary(run, summary)
     create_markdown_artifact(key=outcome.artifact_key(s.name), markdown=report(run),
                              description=f"quantgate release {s.name}: {summary.decision} ({run / 'report.html'})")
-    message = f"{summary.decision}: {run / 'summary.json'}"
+    message = f"{headline} ({run / 'summary.json'})"
     for failure in publishing.failures(summary):
         logger.error(failure)
     data = as_json(summary)  # the flow run's result, as summary.json holds it
@@ -346,6 +350,8 @@ def conclude(s: ReleaseSpec, run: Path, summary: Summary, published: list[Publis
         if publishing.failures(summary):  # promoted and registered, but it did not all go out
             return Failed(name="Publish failed", message=message, data=outcome.NotPromoted(message, data))
         return Completed(message=message, data=data)
-    return Failed(name="Rejected" if summary.decision == "REJECT" else "Inconclusive", message=message,
-                  data=outcome.NotPromoted(message, data))  # a Failed state's data must be an exception
+    name = "Rejected" if summary.decision == "REJECT" else "Inconclusive"
+    if not_promoted == "completed":  # a decided outcome as a result: no ERROR line, no traceback in the worker's log
+        return Completed(name=name, message=message, data=data)
+    return Failed(name=name, message=message, data=outcome.NotPromoted(message, data))  # data: an exception
 

@@ -13,22 +13,30 @@
   ["quantgate.release.decided"]}` (README, "Running it from a Prefect server").
 - **The artifacts**, beside the report's markdown: a link to `<run>/report.html` and a table of every candidate's
   checks (candidate, check, outcome, measured, limit, reason), which the Prefect UI shows on the flow run.
-- **The state**: a flow run that promotes nothing ends Failed, named "Rejected" or "Inconclusive" ("Publish
-  failed" for a promotion that did not all go out). A Failed state's data must be an exception for Prefect (a plain
-  value makes it log `TypeError: Unexpected result for failed state`): `NotPromoted` carries the summary, so
-  `quantgate release` reads the same summary from either state (`summary_of`).
+- **The state**: a flow run that promotes nothing ends, by the flow's `not_promoted` parameter (`EndAs`):
+  - `failed` (the default): Failed, named "Rejected" or "Inconclusive". A failed-run notification fires and
+    `prefect deployment run --watch` exits non-zero; Prefect's engine logs the exception once, with its traceback
+    (it re-raises a Failed run's data in the worker's subprocess), and its message opens with the decision and the
+    deciding checks in one line (`headline`). A Failed state's data must be an exception for Prefect (a plain value
+    makes it log `TypeError: Unexpected result for failed state`): `NotPromoted` carries the summary;
+  - `completed`: Completed, named "Rejected" or "Inconclusive", its data the summary: no ERROR line and no
+    traceback in the worker's log (a decided outcome is a result), `--watch` exits 0, and a pipeline branches on
+    the result, the `quantgate.release.decided` event or the artifacts.
+  "Publish failed" (a promotion that did not all go out) is Failed in both. `quantgate release` reads the same
+  summary from any of these states (`summary_of`) and exits by the decision (3, 4).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from quantgate.base.runfiles import REPORT_HTML
 from quantgate.gate.models import Decision
 
 EVENT = "quantgate.release.decided"
+EndAs = Literal["failed", "completed"]  # how a decided REJECT / INCONCLUSIVE ends the flow run (module docstring)
 
 
 class NotPromoted(Exception):
@@ -47,6 +55,19 @@ def summary_of(result: object) -> dict[str, Any] | None:
     if isinstance(result, NotPromoted):
         return result.summary
     return result if isinstance(result, dict) else None
+
+
+def headline(decision: str, decisions: list[Decision]) -> str:
+    """The decision and each candidate's, with the deciding checks, one line: 'REJECT: int8-w8a8 REJECT by
+    fidelity:kl, fidelity:top1, fidelity:kl:multilingual and 7 more' (the failed checks of a REJECT, the inconclusive
+    ones of an INCONCLUSIVE; a PROMOTE has none)."""
+    parts = []
+    for d in decisions:
+        deciding = [] if d.promoted else [c.name for c in d.checks
+                                          if c.outcome == ("fail" if d.decision == "REJECT" else "inconclusive")]
+        more = f" and {len(deciding) - 3} more" if len(deciding) > 3 else ""
+        parts.append(f"{d.candidate} {d.decision}" + (f" by {', '.join(deciding[:3])}{more}" if deciding else ""))
+    return f"{decision}: {'; '.join(parts)}"
 
 
 def decided_event(release: str, run: Path, d: Decision) -> dict[str, Any]:
@@ -98,4 +119,4 @@ def create_artifacts(release: str, run: Path, decisions: list[Decision]) -> None
                                           "candidate (decision.json has their evidence files)")
 
 
-__all__ = ["EVENT", "NotPromoted", "artifact_key", "check_rows", "create_artifacts", "decided_event", "emit_decisions", "summary_of"]
+__all__ = ["EVENT", "EndAs", "NotPromoted", "artifact_key", "check_rows", "create_artifacts", "decided_event", "emit_decisions", "headline", "summary_of"]
