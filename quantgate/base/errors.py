@@ -44,6 +44,8 @@ def as_flag(setting: str) -> str:
 
 
 def did_you_mean(name: object, known: Iterable[str]) -> str:
-    """' (did you mean 'x'?)' for the known name closest to `name`, or '' when none is close (difflib)."""
-    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """' (did you mean 'x'?)' for the known name closest to `name`, or '' when none is close (difflib). Case is
+    ignored in the comparison: `INT8-W8A8` is closest to `int8-w8a8`, which difflib alone finds too far."""
+    folded = {str(k).casefold(): str(k) for k in known}
+    close = difflib.get_close_matches(str(name).casefold(), list(folded), n=1, cutoff=0.6)
+    return f" (did you mean {folded[close[0]]!r}?)" if close else ""

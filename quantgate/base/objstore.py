@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.errors import ConfigError, QuantgateError, did_you_mean
 from quantgate.base.fileio import sha256_file
 
 MANIFEST = "_quantgate_manifest.json"
@@ -65,6 +65,20 @@ def _cut_to(part: Path, meta: dict[str, Any]) -> bool:
     return True
 
 
+def _cannot_open(url: str, exc: Exception) -> ConfigError:
+    """Why fsspec cannot open `url`, with the schemes the store takes: an unknown scheme (`sftpx://`) with the
+    closest one fsspec knows, a known one whose filesystem is not installed with the package it needs."""
+    from fsspec import available_protocols
+
+    scheme, known = url.split("://", 1)[0] if "://" in url else "", available_protocols()
+    hint = did_you_mean(scheme, known) if scheme and scheme not in known else ""
+    return ConfigError(f"cannot open the results store {url}: {exc}{hint}; the store takes "
+                       f"{', '.join(f'{s}://' for s in OBJECT_STORES)} (object stores), another fsspec URL whose "
+                       "filesystem is installed, or a path every host mounts", where="executor.store",
+                       fix="give one of those (s3:// needs s3fs, gs:// gcsfs; `python -c 'import fsspec; "
+                           "print(fsspec.available_protocols())'` lists every scheme fsspec knows)")
+
+
 @dataclass
 class ResultStore:
     """The store at `url`, mirrored into this host's results root `local` (quantgate.base.paths.results_dir)."""
@@ -80,9 +94,7 @@ class ResultStore:
         try:
             self._fs, self._root = url_to_fs(self.url)
         except (ImportError, ValueError) as exc:
-            raise ConfigError(f"cannot open the results store {self.url}: {exc}", where="executor.store",
-                                 fix="give an fsspec URL whose filesystem is installed (s3:// needs s3fs, gs:// gcsfs) "
-                                     "or a path every host mounts") from exc
+            raise _cannot_open(self.url, exc) from exc
         self._root = self._root.rstrip("/")
 
     @property

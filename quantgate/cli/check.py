@@ -14,8 +14,10 @@ A spec is checked with everything it names: each eval set (prompts against the s
 (default: releases/policies/default.yaml); its model folder (unless a catalogue id), each candidate checkpoint and a
 judge it serves from a folder: there, readable, no symlink loop, a config.json, weights files, and for a quantized
 checkpoint weights stored as its scheme says (safetensors headers; quantgate.release.external.checkpoint_problems).
-A relative `model` folder is taken from the current directory, as the release resolves it; the spec's `context`
-must fit the model's max_position_embeddings (its config.json, where the model is on disk). Its schemes are checked
+A relative `model` folder is taken from the current directory, as the release resolves it. What the release would
+refuse later is refused here (quantgate.cli.checkspec): a `context` longer than the model's max_position_embeddings,
+a pools store URL fsspec cannot open, `schemes` for a model quantized already, a `policy` that is no policy, a
+category the policy requires (`required: true`) that no eval set has. Its schemes are checked
 against what this machine's serving build runs (the kernel probe, quantgate.serving.cpu_kernels) when its hardware is a CPU profile:
 an explicit scheme that cannot run here is an error naming the probe's finding (`skip_unsupported: true` drops it
 instead); what `hardware: auto` and `skip_unsupported` decided is printed as `note` lines on stderr.
@@ -41,6 +43,7 @@ import typer
 from quantgate.base.errors import QuantgateError
 from quantgate.base.yamlconfig import read_yaml, top_line
 from quantgate.cli.checkkind import Kind, Skip, detect_kind
+from quantgate.cli.checkspec import absent_categories, refuse_before_work
 from quantgate.evals.dataset import load_evalset
 from quantgate.evals.setsource import is_evalset_folder, meta_path_for, samples_beside
 from quantgate.gate.feeding import CANNOT_PROMOTE
@@ -158,31 +161,13 @@ def _check_folders(path: Path, spec: ReleaseSpec) -> None:
     raise QuantgateError(why + rest, where=where[0], fix=fix)
 
 
-def _context_fits(path: Path, spec: ReleaseSpec) -> None:
-    """Refuse a `context` longer than the model's max_position_embeddings (its config.json, where the model is on
-    disk): vLLM refuses such a --max-model-len at the first server start, seconds into the release, with exit 1."""
-    config = local_config(spec.model)
-    try:
-        most = read_config(config.parent).get("max_position_embeddings") if config is not None else None
-    except ValueError:  # an unreadable config.json: the folder check names it
-        return
-    if not isinstance(most, int) or isinstance(most, bool) or spec.context <= most:
-        return
-    _, lines = read_yaml(path)
-    given = ("context",) in lines
-    raise QuantgateError(f"context {spec.context}{'' if given else ' (the default)'} is longer than the model's "
-                         f"max_position_embeddings {most} ({config}): vLLM would refuse to serve it",
-                         where=f"{path}:{lines.get(('context',), top_line(lines))} field 'context'",
-                         fix=f"set `context` to {most} or less (and recall.lengths to fit it)")
-
-
 def _load_spec(path: Path) -> ReleaseSpec:
-    """The spec, its schemes checked against this machine, its model and checkpoint folders looked at, its context
-    against the model's; the notes of `hardware: auto` / skip_unsupported."""
+    """The spec, its schemes checked against this machine, its model and checkpoint folders looked at, and what the
+    release would refuse before work (quantgate.cli.checkspec); the notes of `hardware: auto` / skip_unsupported."""
     spec = load_spec(path)
     refuse_unservable(spec, path)
     _check_folders(path, spec)
-    _context_fits(path, spec)
+    refuse_before_work(path, spec)
     for note in spec.machine_notes:
         print(f"note spec {_show(path)}: {note}", file=sys.stderr, flush=True)
     return spec
@@ -223,9 +208,12 @@ def _check_one(path: Path, kind: Kind, seen: Checked, given: Given | None = None
         results += _check_one(value.policy or DEFAULT_POLICY, Kind.policy, seen, given)
         if all(err is None for _, _, err in results):
             warnings = feed_warnings(value)  # the policy's checks its eval sets cannot feed (stderr)
-            for warning in warnings:
-                print(f"warning spec {_show(path)}: unfed check {warning}", file=sys.stderr, flush=True)
-            if any(w.blocks for w in warnings):
+            said, refused = absent_categories(value, warnings)
+            for line in said:
+                print(f"warning spec {_show(path)}: {line}", file=sys.stderr, flush=True)
+            if refused is not None:  # a category the policy requires and no set has: the spec is bad
+                results[0] = (Kind.spec, path, refused)
+            elif any(w.blocks for w in warnings):
                 seen.cannot_promote.append(path)
     return results
 

@@ -59,6 +59,7 @@ class Unfed:
     check is required, so the release cannot PROMOTE as written."""
     line: str
     blocks: bool = False
+    absent: tuple[str, str] | None = None  # a category check whose category no set has: (category, why)
 
     def __str__(self) -> str:
         return self.line
@@ -112,9 +113,8 @@ def _categories(policy: GatePolicy, feed: Feed) -> list[Unfed]:
             out.append(_never(c.required, f"category:{cat}", "the spec lists no eval set",
                               "list eval sets in the spec's eval_sets"))
         elif not sum(s.count(cat) for s in sets):
-            out.append(Unfed(f"category:{cat}: does not apply: no eval set has category {cat!r}"
-                             f"{did_you_mean(cat, have)} (the sets have: {', '.join(have) or 'none'}); the check is "
-                             "skipped"))
+            why = f"no eval set has category {cat!r}{did_you_mean(cat, have)} (the sets have: {', '.join(have) or 'none'})"
+            out.append(Unfed(f"category:{cat}: does not apply: {why}; the check is skipped", absent=(cat, why)))
         elif (n := sum(s.count(cat, c.metric) for s in sets)) < n_min:
             what = f"no sample of category {cat!r} is scored with {c.metric}" if not n else \
                 f"{n} samples of category {cat!r} scored with {c.metric}, fewer than min_samples={n_min}"

@@ -92,6 +92,8 @@ class QuantizationSpec(BaseModel):
 
     overrides: dict[str, RecipeOverrides] = Field(default_factory=dict, description="scheme id -> recipe overrides")
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    requantize: bool = Field(False, description="true: quantize `schemes` from a `model` that is quantized already "
+                             "(its config.json has a quantization_config); false: check and the release refuse it")
 
 
 class AdaptiveSpec(BaseModel):
