@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import errno
 import json
+import math
 import os
 import re
 import types
@@ -295,6 +296,9 @@ def describe_error(err: Mapping[str, Any], model: type[BaseModel] | None = None)
         msg += hint or (f"; known keys: {', '.join(known)}" if known else "")
     elif err["type"] in _NUMBER_TYPES and isinstance(value, str):
         msg += f"; got the string {value!r}: write {_NUMBER_TYPES[err['type']]} without quotes"
+    elif isinstance(value, float) and not math.isfinite(value):  # `.nan` is below, above and equal to nothing
+        msg = "not a number (NaN): write the value as a number" if math.isnan(value) else \
+            f"{value} is not a finite number: write a finite number"
     return msg
 
 

@@ -5,7 +5,8 @@ The samples come as teams keep them: a JSONL file (one sample per line, the sche
 log of chat traffic in OpenAI's messages format (`format: chat`: each conversation's last assistant turn is the
 reference, the turns before it the prompt). `source.columns` maps the set's columns onto the sample fields and
 `source.defaults` fills fields a set has no column for (one category, the metrics). The set declares its own
-categories in the sidecar (`categories`); a set without that list accepts any category name.
+categories in the sidecar (`categories`); a set without that list takes the default set's and its
+`source.defaults.category` (`default_categories`).
 
 `load_evalset` checks every row first (for JSONL, every line: JSON syntax and the parser's limits; then fields,
 duplicate ids, empty prompts, unknown metrics or undeclared categories, prompts too long for the served context)
@@ -17,20 +18,24 @@ from __future__ import annotations
 
 import hashlib
 import math
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from quantgate.base.errors import ConfigError, did_you_mean
+from quantgate.base.paths import EVAL_SETS
 from quantgate.base.yamlconfig import describe_error, load_model, read_bytes
 from quantgate.base.subsets import draw
 from quantgate.evals.metrics import MetricSpec, TABLE, load_table
 from quantgate.evals.setsource import Row, Source, check_columns, format_of, mapped_row, meta_path_for, rows_of_lines, rows_of_table
 
 MAX_PROBLEMS_SHOWN = 40
+DEFAULT_META = EVAL_SETS / "default.meta.yaml"
 
 
 class Message(BaseModel):
@@ -50,6 +55,13 @@ class Sample(BaseModel):
     metrics: list[str] = Field(min_length=1)
     criteria: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
+
+    @field_validator("category")
+    @classmethod
+    def _nfc(cls, v: str) -> str:
+        """In NFC: `résumé` typed with a combining accent (NFD, as macOS file names give it) and with a precomposed
+        é (NFC) look the same and are one category, in the sidecar, the results and the policy."""
+        return unicodedata.normalize("NFC", v)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> Sample:
@@ -90,8 +102,23 @@ class SetMeta(BaseModel):
     default_max_tokens: int = Field(default=32, ge=1)
     metrics: dict[str, MetricDecl] = Field(min_length=1)
     categories: dict[str, str] | None = Field(None, description="category -> what it holds; samples must use "
-                                              "these (absent: any name)")
+                                              "these (absent: the default set's)")
     source: Source | None = None
+
+    @field_validator("categories")
+    @classmethod
+    def _categories_nfc(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        """Category names in NFC, as samples' (Sample._nfc); two that only NFC tells apart are one name given twice."""
+        if v is None:
+            return None
+        out: dict[str, str] = {}
+        for name, what in v.items():
+            key = unicodedata.normalize("NFC", name)
+            if key in out:
+                raise ValueError(f"category {name!r} is declared twice: once composed (NFC) and once with combining "
+                                 "accents (NFD), which look the same; keep one")
+            out[key] = what
+        return out
 
     @field_validator("metrics")
     @classmethod
@@ -107,6 +134,15 @@ class SetMeta(BaseModel):
                     f" but the metric table says {row.higher_is_better}, {row.aggregation}"
                 )
         return v
+
+
+@lru_cache(maxsize=1)
+def default_categories() -> dict[str, str]:
+    """The default set's categories (eval_sets/default.meta.yaml): those of a set whose sidecar declares none
+    (besides its `source.defaults.category`), as the one list every set used before sets declared their own, so
+    that a misspelt or stray name (`trivia`) is still refused at its line rather than becoming a category of its
+    own."""
+    return load_model(DEFAULT_META, SetMeta).categories or {}
 
 
 def estimate_tokens_chars4(text: str) -> int:
@@ -175,6 +211,17 @@ def _field_problem(err: Mapping[str, Any]) -> str:
     return f"field '{loc}': {msg}" if loc else msg
 
 
+def _undeclared(category: str, categories: Mapping[str, str], by_default: bool) -> str:
+    """Why a sample's category is refused: not in the sidecar's `categories`, or, where it declares none, not one of
+    the default set's (`by_default`)."""
+    head = f"category {category!r}{did_you_mean(category, categories)} "
+    if not by_default:
+        return head + f"is not declared in the sidecar; it declares: {', '.join(sorted(categories))}"
+    return head + (f"is not one of the default set's categories ({', '.join(categories)}), which apply where the "
+                   f"sidecar declares none: declare the set's own in its sidecar (`categories: {{{category}: what it "
+                   "holds}`)")
+
+
 def _check_rows(
     rows: list[Row],
     meta: SetMeta,
@@ -189,7 +236,8 @@ def _check_rows(
     lines: dict[str, int] = {}
     source = meta.source or Source()
     strict = source.plain and fmt == "jsonl"  # the schema's own JSON: "32" is no integer, no other field accepted
-    categories = meta.categories
+    categories = meta.categories if meta.categories is not None else \
+        {**default_categories(), **({source.defaults.category: ""} if source.defaults.category else {})}
     label = getattr(count_tokens, "label", getattr(count_tokens, "__name__", "tokenizer"))
     for at, no, obj, bad in rows:
         if bad:
@@ -216,9 +264,8 @@ def _check_rows(
         if s.id not in lines:
             lines[s.id] = no
             samples.append(s)
-        if categories is not None and s.category not in categories:
-            problems.append(f"{at}: field 'category': category {s.category!r}{did_you_mean(s.category, categories)} "
-                            f"is not declared in the sidecar; it declares: {', '.join(sorted(categories))}")
+        if s.category not in categories:
+            problems.append(f"{at}: field 'category': {_undeclared(s.category, categories, meta.categories is None)}")
         for i, m in enumerate(s.metrics):
             if m not in meta.metrics:
                 problems.append(f"{at}: field 'metrics.{i}': unknown metric {m!r}{did_you_mean(m, meta.metrics)}; "

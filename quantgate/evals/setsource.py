@@ -168,9 +168,14 @@ def _chat_turns(messages: Any) -> tuple[list[dict], str] | str:
         return "a chat log row needs a non-empty list of messages"
     turns = []
     for i, m in enumerate(messages):
+        tool = [k for k in ("tool_calls", "function_call") if isinstance(m, Mapping) and m.get(k)]
+        if tool or (isinstance(m, Mapping) and m.get("role") in ("tool", "function")):
+            what = f"an assistant turn with {tool[0]}" if tool else f"role {m['role']!r}"
+            return (f"message {i}: {what}: tool turns are refused (a chat log row is replayed as its text turns, and "
+                    "a tool call has none); drop the row, or its tool turns")
         if not isinstance(m, Mapping) or m.get("role") not in ("system", "user", "assistant"):
             role = m.get("role") if isinstance(m, Mapping) else None
-            return f"message {i}: role {role!r}; a chat log turn is system, user or assistant (tool calls are not replayed)"
+            return f"message {i}: role {role!r}; a chat log turn is system, user or assistant"
         content = m.get("content")
         if isinstance(content, list):
             content = "".join(p.get("text") or "" for p in content if isinstance(p, Mapping) and p.get("type") == "text")

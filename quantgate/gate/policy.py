@@ -30,6 +30,7 @@ task checks' harm tests share their false-alarm budget (quantgate.gate.statistic
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
@@ -58,7 +59,9 @@ def _known_metric(name: str) -> str:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """No unknown key, and no NaN or infinity for a number: every limit compares false with NaN, so a `.nan` limit
+    would pass or fail every candidate without a word."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class DropLimit(_Strict):
@@ -128,7 +131,9 @@ class PrimaryCheck(_Strict):
 
 
 class CategoryCheck(DropLimit):
-    """A limit on one category of the eval sets (as the sets' samples name it), measured with one metric."""
+    """A limit on one category of the eval sets (as the sets' samples name it), measured with one metric. Where no
+    set of a release has the category the check does not apply; written out, `required: true` demands the category
+    of the sets: `check` and the release refuse a spec whose sets have none (quantgate.cli.checkspec)."""
     metric: str
     by_family: dict[str, Fraction] = Field(default_factory=dict, description="family -> limit overriding the default")
     required: bool = True
@@ -288,6 +293,19 @@ class GatePolicy(_Strict):
     pooled: PooledCheck | None = None
     fidelity: FidelityCheck | None = None
     not_applicable: NotApplicableRules = Field(default_factory=NotApplicableRules)
+
+    @field_validator("categories")
+    @classmethod
+    def _categories_nfc(cls, v: dict[str, CategoryCheck]) -> dict[str, CategoryCheck]:
+        """Category names in NFC, as the eval sets' samples have them (quantgate.evals.dataset.Sample): a name typed
+        with combining accents (NFD) is the same category."""
+        out: dict[str, CategoryCheck] = {}
+        for name, check in v.items():
+            if (key := unicodedata.normalize("NFC", name)) in out:
+                raise ValueError(f"category {name!r} is given twice: once composed (NFC) and once with combining "
+                                 "accents (NFD), which look the same; keep one")
+            out[key] = check
+        return out
 
     @model_validator(mode="after")
     def _families_known(self):
