@@ -6,6 +6,7 @@ A release's run folder (`results/runs/<run-id>/`):
                            for it with the reasons (base.runinfo, versioned)
     timings.json           one row per step: start, seconds, status, slot                 (release.runrecord)
     status.json            completed, failed (step, root cause, log) or interrupted (base.runstatus)
+    status.json.lock       held by the release's process until status.json is written (base.runstatus.owner_gone)
     summary.json           the release's outcome: decision, candidates, figures, paths    (release.steps)
     decision.json          the gate: one decision per candidate, each check's evidence   (gate.evidence)
     decision.junit.xml     the same decision as JUnit test cases, for CI systems

@@ -1,6 +1,7 @@
 """A run's status (`<run>/status.json`): whether the release completed, failed or was interrupted, and for a
 failure the step, the root cause and the log to read. Written by the release (quantgate.release.runrecord), read by
-the report, the dashboard and `quantgate runs` / `show`, so a run that ended without a decision explains itself.
+the report, the dashboard and `quantgate runs` / `show`, so a run that ended without a decision explains itself; a run
+killed before it could write one is known by its lock (`owner_gone`).
 
 The root cause is the first error a child wrote, not the last: vLLM's API server ends a failed start with "Engine
 core initialization failed. See root cause above", and the cause (a truncated safetensors file, a kernel that does
@@ -15,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from quantgate.base.fileio import is_locked, lock_holder, lock_path
 from quantgate.base.runfiles import STATUS
 from quantgate.base.typedfile import read_model
 
@@ -65,6 +67,19 @@ def root_cause_in_log(path: Path | str, max_bytes: int = 2_000_000) -> str | Non
         return None
 
 
+def owner_gone(run: Path) -> str | None:
+    """How a run with no status.json is known to be interrupted: the release holds status.json's lock until it has
+    written the file, so a lock file that no live process holds means its process died without a word (SIGKILL, a
+    lost host). None when the run has its status, its release still runs, or it never took the lock (a run of an
+    older quantgate, or one that had not started)."""
+    at = Path(run) / STATUS
+    if at.is_file() or not lock_path(at).is_file() or is_locked(at):
+        return None
+    h = lock_holder(at) or {}
+    who = f"pid {h.get('pid')} on host {h.get('host')}, since {h.get('since')}" if h else "its holder"
+    return f"no status.json, and no live process holds {lock_path(at).name} ({who}): its release process is gone"
+
+
 def load_status(run: Path) -> RunStatus | None:
     """The run's status.json, or None when it has none (a run of an older quantgate, or one still running)."""
     path = Path(run) / STATUS
@@ -72,4 +87,4 @@ def load_status(run: Path) -> RunStatus | None:
                       "one (the report then shows the run as it has no status)") if path.is_file() else None
 
 
-__all__ = ["RunStatus", "load_status", "root_cause_in_log", "root_cause_in_text"]
+__all__ = ["RunStatus", "load_status", "owner_gone", "root_cause_in_log", "root_cause_in_text"]

@@ -12,14 +12,16 @@ import typer
 
 from quantgate.base.runfiles import REPORT_HTML, SUMMARY
 from quantgate.base.paths import results_dir
+from quantgate.base.runstatus import owner_gone
 from quantgate.report.page import lead_lines
 from quantgate.report.runview import RunView, load_run, outcome_of, run_folders, shorten
 
 
 def _status(view: RunView) -> str:
-    """The run's decision, or how it ended without one (FAILED, INTERRUPTED), or "no decision" (still running, or
-    a run of an older quantgate that stopped)."""
-    return outcome_of(view) or "no decision"
+    """The run's decision, or how it ended without one (FAILED, INTERRUPTED: status.json, or for a run killed
+    before it could write one the free lock of its dead release, base.runstatus.owner_gone), or "no decision"
+    (still running, or a run of an older quantgate that stopped)."""
+    return outcome_of(view) or ("INTERRUPTED" if owner_gone(view.folder) else "no decision")
 
 
 def _views(results: Path) -> list[RunView]:
@@ -30,7 +32,7 @@ def runs(
     results: Annotated[Path | None, typer.Option(help="results folder (default: $QUANTGATE_RESULTS or results/)")] = None,
     release: Annotated[str | None, typer.Option(help="only runs of this release (the spec's name)")] = None,
     decision: Annotated[str | None, typer.Option(help="only runs with this decision: PROMOTE, REJECT, INCONCLUSIVE, "
-                                                      "or 'no decision'")] = None,
+                                                      "FAILED, INTERRUPTED or 'no decision'")] = None,
     limit: Annotated[int, typer.Option(min=1, help="at most this many, newest first")] = 20,
 ) -> None:
     """List the release runs, newest first: run id, when, release, decision, candidates."""
@@ -44,7 +46,8 @@ def runs(
         return
     for v in shown:
         names = ", ".join(v.candidates) or "-"
-        print(f"{v.run_id}  {v.started[:19]}  {v.get('name', 'release', default='-')}  {_status(v)}  {names}")
+        how = f" ({gone})" if not outcome_of(v) and (gone := owner_gone(v.folder)) else ""
+        print(f"{v.run_id}  {v.started[:19]}  {v.get('name', 'release', default='-')}  {_status(v)}{how}  {names}")
 
 
 def show(
@@ -63,6 +66,8 @@ def show(
     st = view.status
     if st is not None and st.status != "completed":
         lines.append(f"  {st.ended()}" + (f" (log: {st.log})" if st.log else ""))
+    elif st is None and (gone := owner_gone(folder)):
+        lines.append(f"  interrupted: {gone}")
     lines += [f"  missing {gap.what}: {gap.reason}" + (f" ({gap.file})" if gap.file else "") for gap in view.gaps]
     files = [f"{p.name}" + ("" if p.exists() else " (not written)")
              for p in (folder / REPORT_HTML, folder / SUMMARY, folder / "decision.json")]

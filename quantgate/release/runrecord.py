@@ -6,6 +6,8 @@ results/runs/<run-id>/
     timings.json             wall seconds of every flow step, in order (`timed`; timings.json.lock guards it)
     status.json              completed, failed or interrupted, with the failing step and its root cause
                              (`recording_status`; the model is quantgate.base.runstatus)
+    status.json.lock         held by the release's process until status.json is written: a run with neither
+                             status.json nor a live holder of this lock was killed (base.runstatus.owner_gone)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import datetime as dt
 import re
 import secrets
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 from importlib import metadata
@@ -167,18 +170,35 @@ class StepNotes(BaseModel):
 _ROWS = TypeAdapter(list[Timing])
 
 
+# run -> the steps in flight and when each began: a stop signal ends the process before their rows are written, so
+# status.json names the step it cut short from here
+_RUNNING: dict[Path, dict[str, float]] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def running_steps(run: Path) -> list[str]:
+    """The run's steps in flight in this process, the first begun first."""
+    with _RUNNING_LOCK:
+        steps = _RUNNING.get(run, {})
+        return sorted(steps, key=steps.__getitem__)
+
+
 @contextmanager
 def timed(run: Path, name: str) -> Iterator[StepNotes]:
     """Append the step's Timing to <run>/timings.json when the block ends (also when it fails: status "failed", or
-    "stopped" when a stop signal is stopping the release)."""
+    "stopped" when a stop signal is stopping the release); while it runs it is one of `running_steps(run)`."""
     start, wall, notes = time.monotonic(), time.time(), StepNotes()
     status: Literal["ok", "failed", "stopped"] = "ok"
+    with _RUNNING_LOCK:
+        _RUNNING.setdefault(run, {})[name] = start
     try:
         yield notes
     except BaseException:
         status = "stopped" if stopping() else "failed"  # a stop signal took its server away: not its own failure
         raise
     finally:
+        with _RUNNING_LOCK:
+            _RUNNING.get(run, {}).pop(name, None)
         with lock(run / TIMINGS, what=f"timing {name}"):  # read, append, write: steps in parallel lose none
             rows = timings(run)
             rows.append(Timing(step=name, seconds=round(time.monotonic() - start, 1), status=status,
@@ -211,8 +231,8 @@ def failure_fields(run: Path, exc: BaseException) -> dict[str, Any]:
     the error's own text, else the exception it came from) and that log."""
     failed = sorted((r for r in timings(run) if r.status in ("failed", "stopped")), key=lambda r: r.start)
     if stopping() or any(t.__name__ in _INTERRUPTS for t in type(exc).__mro__):
-        said = str(exc).strip()  # a step cut short by the interrupt: the one the run was in
-        return {"status": "interrupted", "step": failed[0].step if failed else None,
+        said = str(exc).strip()
+        return {"status": "interrupted", "step": _cut_short(run),
                 "error": f"{type(exc).__name__}: {said}" if said else type(exc).__name__}
     failed = [r for r in failed if r.status == "failed"]
     message = exc.message if isinstance(exc, QuantgateError) else str(exc)
@@ -224,21 +244,32 @@ def failure_fields(run: Path, exc: BaseException) -> dict[str, Any]:
             f"{message.splitlines()[0] if message else ''}", "root_cause": cause, "log": str(log) if log else None}
 
 
+def _cut_short(run: Path) -> str | None:
+    """The step(s) an interrupt cut short: those still in flight, else the first whose row says it stopped or
+    failed (its block ended before the interrupt reached the release)."""
+    if running := running_steps(run):
+        return ", ".join(running)
+    ended = sorted((r for r in timings(run) if r.status in ("failed", "stopped")), key=lambda r: r.start)
+    return ended[0].step if ended else None
+
+
 @contextmanager
 def recording_status(run: Path) -> Iterator[dict[str, Any]]:
     """<run>/status.json when the block ends: completed (with what the block put in the yielded dict, e.g. the
-    decision), failed (failure_fields) or interrupted, also by a stop signal that ends the process before the block
-    can (quantgate.release.stopping.on_stop)."""
+    decision), failed (failure_fields) or interrupted (with the step it cut short), also by a stop signal that ends
+    the process before the block can (quantgate.release.stopping.on_stop). The block holds status.json's lock: a
+    SIGKILL leaves no status, and the lock's free holder tells `quantgate runs` the run was interrupted."""
     done: dict[str, Any] = {}
 
     def interrupted(sig: str) -> None:
-        write_status(run, "interrupted", signal=sig)
+        write_status(run, "interrupted", signal=sig, step=_cut_short(run))
 
-    with on_stop(interrupted):
-        try:
-            yield done
-        except BaseException as exc:
-            fields = failure_fields(run, exc)
-            write_status(run, fields.pop("status"), **fields)
-            raise
-    write_status(run, "completed", **done)
+    with lock(run / STATUS, timeout=None, what=f"the release of run {run.name}"):  # released once it is written
+        with on_stop(interrupted):
+            try:
+                yield done
+            except BaseException as exc:
+                fields = failure_fields(run, exc)
+                write_status(run, fields.pop("status"), **fields)
+                raise
+        write_status(run, "completed", **done)
