@@ -490,3 +490,175 @@ def test_a_context_longer_than_the_models_is_refused_at_its_line(tmp_path):
     path.write_text(SPEC + f"model: {model}\nschemes: [int8-w8a8]\ncontext: 8192\n")
     r = quantgate("check", str(path))
     assert f"ok spec {path}" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_store_url_fsspec_cannot_open_is_refused_at_its_line(tmp_path):
+    """`executor.store: 'sftpx://...'` was `ok spec`; the release refused it 1.7 s in, naming no line."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC + "model: demo\nschemes: [int8-w8a8]\nexecutor:\n  kind: pools\n  store: 'sftpx://host/x'\n")
+    for args in (["check", str(path)], ["release", str(path), "--check"]):
+        r = quantgate(*args)
+        assert r.returncode == 2 and f"{path}:9 field 'executor.store': cannot open the results store " \
+            "sftpx://host/x: Protocol not known: sftpx (did you mean 'sftp'?); the store takes s3://, s3a://, gs://" \
+            in r.stderr and "fix: give one of those" in r.stderr, (args, r.stderr)
+
+
+def test_schemes_for_a_model_quantized_already_are_refused_unless_the_spec_says_so(tmp_path):
+    """An INT8 compressed-tensors checkpoint as `model` with `schemes: [w4a16-gptq]` was `ok spec`: the release
+    would have quantized the quantized weights again and gated them against a baseline that is no 16-bit model."""
+    model = checkpoint(tmp_path / "int8", INT8_CONFIG, INT8_TENSORS)
+    path, again = tmp_path / "spec.yaml", tmp_path / "again.yaml"
+    path.write_text(SPEC + f"model: {model}\nschemes: [w4a16-gptq]\n")
+    again.write_text(SPEC + f"model: {model}\nschemes: [w4a16-gptq]\nquantization: {{requantize: true}}\n")
+    r = quantgate("check", str(path), str(again))
+    assert r.returncode == 2 and f"ok spec {again}" in r.stdout, r.stdout + r.stderr
+    assert f"{path}:5 field 'model': model {model} is quantized already: {model / 'config.json'} field " \
+           "'quantization_config' holds compressed-tensors" in r.stderr, r.stderr
+    assert "schemes w4a16-gptq would quantize it again" in r.stderr and "set `quantization.requantize: true`" \
+        in r.stderr, r.stderr
+
+
+def test_an_unknown_scheme_spelling_says_which_scheme_it_means(tmp_path):
+    """`INT8-W8A8` was "does not run on x86-cpu": it is no scheme at all."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC + "model: demo\nschemes: [w4a16-gptq, INT8-W8A8]\n")
+    with pytest.raises(ConfigError) as err:
+        load_spec(path)
+    assert err.value.where == f"{path}:6 field 'schemes' (list item 2)", err.value.render()
+    assert err.value.message.startswith("unknown scheme 'INT8-W8A8' (did you mean 'int8-w8a8'?); "
+                                        "quant_recipes/schemes.yaml has: ") and "run on" not in err.value.message
+
+
+def test_a_category_the_policy_requires_and_no_set_has_is_refused_at_the_policys_line(tmp_path):
+    """`poetry` in a policy, in no set of the spec: a warning and exit 0, naming neither the policy nor its line."""
+    es = evalset(tmp_path, "small", samples(12))
+    required, optional = tmp_path / "required.yaml", tmp_path / "optional.yaml"
+    required.write_text(POLICY + "categories:\n  poetry: {metric: chrf, max_relative_drop: 0.05, required: true}\n")
+    optional.write_text(POLICY + "categories:\n  poetry: {metric: chrf, max_relative_drop: 0.05}\n")
+    specs = {}
+    for policy in (required, optional):
+        specs[policy] = tmp_path / f"spec_{policy.stem}.yaml"
+        specs[policy].write_text(SPEC + f"model: demo\nschemes: [int8-w8a8]\neval_sets: [{es}]\npolicy: {policy}\n")
+    r = quantgate("check", str(specs[required]))
+    assert r.returncode == 2 and f"error spec {specs[required]}" in r.stderr, r.stdout + r.stderr
+    assert f"{required}:6 field 'categories.poetry': the policy requires category 'poetry' (`required: true`), " \
+           "but no eval set has category 'poetry' (the sets have: factual_qa)" in r.stderr, r.stderr
+    assert "fix: add samples of category 'poetry' to an eval set the spec lists" in r.stderr and \
+        "set categories.poetry.required: false in the policy" in r.stderr, r.stderr
+    r = quantgate("check", str(specs[optional]))
+    assert r.returncode == 0 and f"ok spec {specs[optional]}" in r.stdout, r.stdout + r.stderr
+    assert f"{optional}:6 field 'categories.poetry': unfed check category:poetry: does not apply" in r.stderr
+
+
+def test_a_policy_field_that_points_at_another_kind_of_file_is_refused_at_the_specs_line(tmp_path):
+    """`policy:` naming an eval set gave a page of schema errors in the eval set, naming neither spec nor field."""
+    es = evalset(tmp_path, "small", samples(3))
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC + f"model: demo\nschemes: [int8-w8a8]\npolicy: {es}\n")
+    r = quantgate("release", str(path), "--check")
+    assert r.returncode == 2 and f"{path}:7 field 'policy': {es} is not a gate policy: it reads as an eval set" \
+        in r.stderr and "fix: point `policy` at a gate policy YAML" in r.stderr, r.stderr
+    assert "field 'version'" not in r.stderr and "error policy" not in r.stderr, r.stderr
+
+
+# --- 9. one cause, one message -----------------------------------------------------------------------------------
+
+def test_a_nan_limit_is_not_a_number(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(POLICY.replace("0.02", ".nan") + "categories:\n  factual_qa: {metric: chrf, max_relative_drop: "
+                    ".NaN}\nfidelity:\n  families: {int8: {max_kl: .inf}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_policy(path)
+    text = err.value.render()
+    assert f"{path}:4 field 'error_rate.max': not a number (NaN): write the value as a number" in text, text
+    assert f"{path}:6 field 'categories.factual_qa.max_relative_drop': not a number (NaN)" in text, text
+    assert f"{path}:8 field 'fidelity.families.int8.max_kl': inf is not a finite number" in text, text
+    assert "less than or equal" not in text and "greater than" not in text, text
+
+
+def test_a_tool_turn_in_a_chat_log_is_refused_naming_the_row(tmp_path):
+    """The README promises "tool turns are refused, naming the row"; it was "content is NoneType"."""
+    path = tmp_path / "traffic.jsonl"
+    ask = {"role": "user", "content": "Where is my order 42?"}
+    rows = [[ask, {"role": "assistant", "content": "It ships today."}],
+            [ask, {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
+             {"role": "tool", "tool_call_id": "c1", "content": "shipped"}, {"role": "assistant", "content": "Shipped."}],
+            [ask, {"role": "tool", "content": "shipped"}, {"role": "assistant", "content": "Shipped."}]]
+    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in rows))
+    (tmp_path / "traffic.meta.yaml").write_text(META + "source: {format: chat, defaults: {category: factual_qa, "
+                                                "metrics: [exact_match]}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_evalset(path)
+    text = err.value.render()
+    assert err.value.where == f"{path}:2" and "2 problem(s)" in text, text
+    assert "column 'messages': message 1: an assistant turn with tool_calls: tool turns are refused" in text, text
+    assert f"{path}:3: column 'messages': message 1: role 'tool': tool turns are refused" in text, text
+    assert "NoneType" not in text, text
+
+
+def test_category_names_are_one_name_in_nfc(tmp_path):
+    """An NFD and an NFC `résumé` showed as two categories with the same name."""
+    nfc, nfd = "r\u00e9sum\u00e9", "re\u0301sume\u0301"
+    path = evalset(tmp_path, "cv", [json.dumps({**SAMPLE, "id": f"s{i}", "category": (nfc, nfd)[i % 2]})
+                                    for i in range(4)])
+    (tmp_path / "cv.meta.yaml").write_text(META + f"categories: {{{nfd}: CVs}}\n")
+    assert {s.category for s in load_evalset(path).samples} == {nfc}
+    (tmp_path / "cv.meta.yaml").write_text(META + f"categories:\n  {nfd}: CVs\n  {nfc}: CVs again\n")
+    with pytest.raises(ConfigError) as err:
+        load_evalset(path)
+    assert err.value.where.startswith(f"{tmp_path / 'cv.meta.yaml'}:") and "declared twice" in err.value.message
+    policy = tmp_path / "p.yaml"
+    policy.write_text(POLICY + f"categories:\n  {nfd}: {{metric: exact_match, max_relative_drop: 0.05}}\n")
+    assert list(load_policy(policy).categories) == [nfc]
+
+
+def test_a_sidecar_without_categories_takes_the_default_sets(tmp_path):
+    """`trivia` passed a sidecar that declares no `categories:` (an earlier version refused it: the one list);
+    the sidecar's own `source.defaults.category` is a declaration of its own."""
+    path = evalset(tmp_path, "quiz", samples(2) + [json.dumps({**SAMPLE, "id": "t", "category": "trivia"})])
+    with pytest.raises(ConfigError) as err:
+        load_evalset(path)
+    assert err.value.where == f"{path}:3" and "category 'trivia' is not one of the default set's categories " \
+        "(factual_qa, arithmetic_numbers" in err.value.message, err.value.render()
+    assert "declare the set's own in its sidecar (`categories: {trivia: what it holds}`)" in err.value.message
+    (tmp_path / "quiz.meta.yaml").write_text(META + "categories: {factual_qa: facts, trivia: odd facts}\n")
+    assert len(load_evalset(path).samples) == 3
+
+
+# --- 10. records: a killed run is known as interrupted, a stopped one names its step -----------------------------
+
+def test_runs_shows_a_killed_release_as_interrupted_and_a_stopped_one_names_its_step(tmp_path):
+    """A SIGKILLed run was "no decision" forever; a SIGTERMed one's status.json had no step."""
+    from typer.testing import CliRunner
+
+    from quantgate.base.runstatus import load_status
+    from quantgate.cli.main import app
+
+    results = tmp_path / "results"
+    script = ("import sys, time\nfrom pathlib import Path\nfrom quantgate.release.runrecord import recording_status, "
+              "timed\nfrom quantgate.release.stopping import on_stop_signals\nrun = Path(sys.argv[1])\n"
+              "with on_stop_signals(), recording_status(run), timed(run, 'serve and measure baseline'):\n"
+              "    print('ready', flush=True)\n    time.sleep(120)\n")
+    procs = {}
+    for name in ("killed", "stopped"):
+        run = results / "runs" / f"r-{name}"
+        run.mkdir(parents=True)
+        (run / "run.json").write_text(json.dumps({"spec": {"name": "demo", "model": "demo", "schemes": ["int8-w8a8"]}}))
+        procs[name] = subprocess.Popen([sys.executable, "-c", script, str(run)], stdout=subprocess.PIPE, text=True,
+                                       cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert procs[name].stdout.readline().strip() == "ready"
+    listed = CliRunner().invoke(app, ["runs", "--results", str(results)]).output
+    assert listed.count("no decision") == 2 and "INTERRUPTED" not in listed, listed  # both owners alive
+    procs["killed"].kill()
+    procs["stopped"].terminate()
+    assert procs["killed"].wait(60) == -9 and procs["stopped"].wait(60) == 143
+    st = load_status(results / "runs" / "r-stopped")
+    assert (st.status, st.step, st.signal) == ("interrupted", "serve and measure baseline", "SIGTERM"), st
+    lines = {ln.split()[0]: ln for ln in CliRunner().invoke(app, ["runs", "--results", str(results)]).output.splitlines()}
+    assert "INTERRUPTED (no status.json, and no live process holds status.json.lock (pid " \
+           f"{procs['killed'].pid} on host" in lines["r-killed"], lines
+    assert "INTERRUPTED" in lines["r-stopped"] and "status.json.lock" not in lines["r-stopped"], lines
+    res = CliRunner().invoke(app, ["runs", "--results", str(results), "--decision", "interrupted"])
+    assert sorted(ln.split()[0] for ln in res.output.splitlines()) == ["r-killed", "r-stopped"], res.output
+    res = CliRunner().invoke(app, ["show", "r-killed", "--results", str(results)])
+    assert res.output.startswith("INTERRUPTED: run r-killed") and "its release process is gone" in res.output
