@@ -4,7 +4,8 @@
 #   scripts/setup.sh [pipeline|serve|all|lmeval|mlflow|s3|lint]   default: all (= pipeline + serve)
 #   source scripts/setup.sh                          defines the functions only (the flavour tests call them)
 #
-# pipeline  llmcompressor, transformers, prefect, evaluate, pytest ... + this project (editable): CPU torch from
+# pipeline  llmcompressor, transformers, prefect, evaluate, pytest ... (shared) + this checkout's own `.venv` on top of
+#           it, with the project editable (setup_checkout_env): CPU torch from
 #           pipeline.lock without an NVIDIA GPU; with one, CUDA torch from PyPI resolved from pipeline-gpu.in, its
 #           `pip freeze` and torch's CUDA version and device in the environment folder (resolved.txt, torch.json)
 #           (QUANTGATE_PIPELINE_FLAVOR=cpu|gpu overrides)
@@ -22,7 +23,8 @@
 # Environments live under $QUANTGATE_HOME/envs (default ~/.cache/quantgate/envs), one folder per lock-file
 # hash, so a second run re-uses them and a changed lock builds a fresh one. A folder is trusted only once its
 # `.complete` marker exists: an interrupted build is deleted and redone, never used half-installed.
-# `.venv`, `.venv-serve` (and `.venv-lmeval`, `.venv-mlflow`) in the repository are symlinks to the environments in use.
+# `.venv-serve` (and `.venv-lmeval`, `.venv-mlflow`, ...) in the repository are symlinks to the environments in use;
+# `.venv` is the checkout's own small environment layered on the shared pipeline one (setup_checkout_env).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -117,16 +119,41 @@ setup_pipeline() {
   else
     env=$(build_env pipeline-gpu "$repo/requirements/pipeline-gpu.in" post_pipeline_gpu)
   fi
-  ln -sfn "$env" "$repo/.venv"
-  # the project itself, editable, pointing at this checkout (cheap; redone when the checkout moved or
-  # pyproject.toml changed, since the console script's entry point is written at install time)
-  local stamp="$env/.quantgate-pyproject.sha256" want
-  want=$(sha256sum "$repo/pyproject.toml" | cut -d' ' -f1)
-  if [ "$(cd / && "$env/bin/python" -c 'import quantgate,os;print(os.path.dirname(os.path.dirname(quantgate.__file__)))' 2>/dev/null)" != "$repo" ] \
-     || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    "$env/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$repo"
-    echo "$want" > "$stamp"
+  setup_checkout_env "$env"
+}
+
+# setup_checkout_env SHARED: this checkout's own small environment, `.venv` (ignored by git), layered on the shared
+# pipeline environment: a .pth adds the shared site-packages, this checkout is installed editable into it alone, and
+# the shared environment's console scripts (prefect, pytest, ...) are copied with its own python as their
+# interpreter. So whatever runs from this checkout (.venv/bin/quantgate, `python flows/release.py`, a Prefect worker
+# started from .venv, the tests) imports this checkout, never the one another checkout's `make setup` installed
+# into the shared environment. Cheap (about 3 s); redone when the shared environment, the checkout's place or
+# pyproject.toml (the console script's entry point) changed.
+setup_checkout_env() {
+  local shared=$1 own="$repo/.venv" want site shared_site f name
+  want="$shared $repo $(sha256sum "$repo/pyproject.toml" | cut -d' ' -f1)"
+  [ -L "$own" ] && rm -f "$own"  # an older setup linked .venv to the shared environment itself
+  if [ "$(cat "$own/.quantgate-checkout" 2>/dev/null)" = "$want" ] && [ -x "$own/bin/quantgate" ]; then
+    say "checkout environment up to date: $own"
+    return 0
   fi
+  rm -rf "$own"
+  "$shared/bin/python" -m venv --without-pip "$own"
+  site=$("$own/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  shared_site=$("$shared/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "import site; site.addsitedir('$shared_site')" > "$site/_quantgate_shared.pth"
+  "$shared/bin/python" -m pip --python "$own/bin/python" install --quiet --no-deps --no-build-isolation -e "$repo"
+  for f in "$shared"/bin/*; do
+    name=${f##*/}
+    case $name in python*|pip*|activate*|Activate*|quantgate) continue ;; esac
+    [ -f "$f" ] && head -n1 "$f" | grep -qx "#!$shared/bin/python[0-9.]*" || continue
+    { echo "#!$own/bin/python"; tail -n +2 "$f"; } > "$own/bin/$name"
+    chmod +x "$own/bin/$name"
+  done
+  "$own/bin/python" -c 'import os, sys, quantgate; sys.exit(os.path.dirname(os.path.dirname(quantgate.__file__)) != sys.argv[1])' "$repo" \
+    || die "quantgate in $own does not import from this checkout ($repo)"
+  echo "$want" > "$own/.quantgate-checkout"
+  say "checkout environment ready: $own (this checkout's code, on $shared)"
 }
 
 serve_flavor() { flavor QUANTGATE_SERVE_FLAVOR; }

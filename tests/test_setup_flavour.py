@@ -81,7 +81,8 @@ def test_bad_override_is_refused_naming_the_variable(tmp_path, var, function):
 
 def _setup_pipeline(tmp_path: Path, nvidia_smi: str | None, env: dict[str, str] | None = None) -> tuple[str, Path]:
     """Run the real setup_pipeline in a scratch checkout, with build_env replaced by a recorder: which environment
-    (name, requirements file, post-install step) would it build, and where does .venv point?"""
+    (name, requirements file, post-install step) would it build, and which shared environment is the checkout's own
+    .venv layered on (setup_checkout_env, replaced by a recorder too; tests/test_checkout_env.py runs the real one)?"""
     fake_repo = tmp_path / "repo"
     fake_env = tmp_path / "env"
     shutil.rmtree(fake_repo, ignore_errors=True)
@@ -93,22 +94,23 @@ def _setup_pipeline(tmp_path: Path, nvidia_smi: str | None, env: dict[str, str] 
     fake_repo.mkdir()
     (fake_repo / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     (_bin(tmp_path, nvidia_smi) / "ln").symlink_to(shutil.which("ln"))
-    before = (f'repo="{fake_repo}"; build_env() {{ echo "$*" > "{tmp_path}/built"; echo "{fake_env}"; }}')
+    before = (f'repo="{fake_repo}"; build_env() {{ echo "$*" > "{tmp_path}/built"; echo "{fake_env}"; }}; '
+              f'setup_checkout_env() {{ echo "$1" > "{tmp_path}/layered"; }}')
     r = _call(tmp_path, "setup_pipeline", nvidia_smi, env, before=before)
     assert r.returncode == 0, r.stderr
-    return (tmp_path / "built").read_text().strip(), fake_repo / ".venv"
+    return (tmp_path / "built").read_text().strip(), Path((tmp_path / "layered").read_text().strip())
 
 
 def test_cpu_machine_builds_the_cpu_lock_as_before(tmp_path):
-    built, venv = _setup_pipeline(tmp_path, None)
+    built, layered = _setup_pipeline(tmp_path, None)
     assert built == f"pipeline {tmp_path}/repo/requirements/pipeline.lock"   # same name, same lock, no post step
-    assert os.readlink(venv) == str(tmp_path / "env")
+    assert layered == tmp_path / "env"
 
 
 def test_gpu_machine_builds_the_cuda_flavour(tmp_path):
-    built, venv = _setup_pipeline(tmp_path, GPU)
+    built, layered = _setup_pipeline(tmp_path, GPU)
     assert built == f"pipeline-gpu {tmp_path}/repo/requirements/pipeline-gpu.in post_pipeline_gpu"
-    assert os.readlink(venv) == str(tmp_path / "env")
+    assert layered == tmp_path / "env"
     built, _ = _setup_pipeline(tmp_path, GPU, {"QUANTGATE_PIPELINE_FLAVOR": "cpu"})
     assert built.startswith("pipeline ") and built.endswith("pipeline.lock")
 
