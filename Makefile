@@ -8,8 +8,8 @@ PYTEST_ARGS ?= --durations=20
 .PHONY: demo test lint setup lmeval mlflow s3 model browser clean-envs release-time gpu-wheels gpu-check
 
 # A release that runs to a REJECT (3) or INCONCLUSIVE (4) decision is a result for the demo, not a failure.
-# `python -m` rather than the console script: it runs the checkout's code even where the environment was built for
-# another path (an editable install made elsewhere).
+# `.venv` is this checkout's own environment (scripts/setup.sh setup_checkout_env), so its python imports this
+# checkout; PYTHONPATH says so once more for a `.venv` left from an older setup (a link to the shared environment).
 demo: setup model
 	PYTHONPATH=$(CURDIR) $(PY) -m quantgate.cli.main release releases/demo.yaml; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ] || [ $$rc -eq 4 ]
 
