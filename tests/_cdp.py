@@ -11,6 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--remote-debugging-port=0", "--window-size=1280,1600"]
@@ -115,3 +117,14 @@ class Browser:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """A headless Chromium for a test module (imported by the browser tests); skipped where it is not installed."""
+    binary = chromium()
+    if binary is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
+    b = Browser(binary, tmp_path_factory.mktemp("chromium-profile"))
+    yield b
+    b.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
-from _cdp import Browser, chromium
+from _cdp import Browser, browser  # noqa: F401 (the module's headless Chromium fixture)
 from _report_fixtures import CAND, inconclusive_run, release_run
 from typer.testing import CliRunner
 
@@ -35,16 +35,6 @@ def results(tmp_path_factory) -> Path:
     res = CliRunner().invoke(app, ["dashboard", "--results", str(root)])
     assert res.exit_code == 0, res.output
     return root
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    binary = chromium()
-    if binary is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
-    b = Browser(binary, tmp_path_factory.mktemp("chromium-profile"))
-    yield b
-    b.close()
 
 
 def spread(png: bytes) -> float:

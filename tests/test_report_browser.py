@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from _cdp import Browser, chromium
+from _cdp import Browser, browser  # noqa: F401 (the module's headless Chromium fixture)
 from _report_fixtures import CAND, CONTEXT_SLICES, FIDELITY_CATEGORIES, early_reject_run, promote_run
 from typer.testing import CliRunner
 
@@ -32,16 +32,6 @@ def site(tmp_path_factory) -> dict[str, Path]:
     assert not (root / "dashboard").exists() and not (root / "runs" / REJECT / "report.html").exists()
     return {"results": root, "reject": out / "runs" / REJECT / "report.html",
             "promote": out / "runs" / PROMOTE / "report.html", "dashboard": out / "index.html"}
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    binary = chromium()
-    if binary is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
-    b = Browser(binary, tmp_path_factory.mktemp("chromium-profile"))
-    yield b
-    b.close()
 
 
 def look(browser: Browser, page: Path, shots: Path) -> None:

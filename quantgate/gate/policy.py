@@ -42,7 +42,7 @@ from quantgate.base.yamlconfig import item_error, load_model, read_yaml
 from quantgate.evals.metrics import load_table
 from quantgate.fidelity.core import CONTEXT_PREFIX
 from quantgate.gate.models import Bound
-from quantgate.quantize.schemes import load_schemes
+from quantgate.quantize.schemes import known_scheme_ids
 
 DEFAULT_POLICY = RELEASES / "policies" / "default.yaml"
 Fraction = Annotated[float, Field(ge=0, le=1)]
@@ -91,12 +91,7 @@ class Family(DropLimit):
     @field_validator("schemes")
     @classmethod
     def _schemes_known(cls, v: list[str]) -> list[str]:
-        known = [s.id for s in load_schemes().schemes]
-        for i, s in enumerate(v):
-            if s not in known:
-                raise item_error(i, f"unknown scheme {s!r}{did_you_mean(s, known)}; quant_recipes/schemes.yaml has: "
-                                    f"{', '.join(known)}")
-        return v
+        return known_scheme_ids(v)
 
 
 class PrimaryCheck(_Strict):

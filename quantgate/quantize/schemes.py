@@ -16,9 +16,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quantgate.base.errors import ConfigError, QuantgateError
+from quantgate.base.errors import ConfigError, QuantgateError, did_you_mean
 from quantgate.base.paths import RECIPES
-from quantgate.base.yamlconfig import load_model
+from quantgate.base.yamlconfig import item_error, load_model
 from quantgate.target.hardware import HardwareCatalogue, HardwareProfile
 from quantgate.target.modelshape import ModelShape
 
@@ -100,6 +100,18 @@ def load_schemes(path: Path = SCHEMES_FILE) -> SchemeCatalogue:
         if not (path.parent / s.recipe).is_file():
             raise ConfigError(f"scheme '{s.id}': recipe file '{s.recipe}' not found", where=str(path), fix=f"add {path.parent / s.recipe} or correct the name")
     return cat
+
+
+def known_scheme_ids(ids: list[str]) -> list[str]:
+    """`ids` when each is an id of quant_recipes/schemes.yaml; else a pydantic item error at the first unknown one,
+    naming the id it most likely means (`INT8-W8A8`: an unknown spelling, not a scheme that 'does not run'). The
+    release spec's `schemes` and a policy family's `schemes` validate with it."""
+    known = [s.id for s in load_schemes().schemes]
+    for i, s in enumerate(ids):
+        if s not in known:
+            raise item_error(i, f"unknown scheme {s!r}{did_you_mean(s, known)}; quant_recipes/schemes.yaml has: "
+                                f"{', '.join(known)}")
+    return ids
 
 
 def check_hardware_schemes(hardware: HardwareCatalogue, schemes: SchemeCatalogue) -> None:

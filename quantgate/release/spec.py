@@ -47,12 +47,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from quantgate.base.errors import QuantgateError, did_you_mean
+from quantgate.base.errors import QuantgateError
 from quantgate.base.runinfo import ResolvedRelease
 from quantgate.base.yamlconfig import field_error, item_error, load_model
 from quantgate.evals.lmeval_tasks import LmEvalSpec
 from quantgate.evals.setsource import SameName, set_names
-from quantgate.quantize.schemes import load_schemes
+from quantgate.quantize.schemes import known_scheme_ids
 from quantgate.release.autoschemes import auto_count
 from quantgate.release.external import CandidateSpec, EndpointRef, folder_problem
 from quantgate.release.publishing import NotifySpec, PublishTarget
@@ -261,12 +261,7 @@ class ReleaseSpec(BaseModel):
         """Each scheme an id of quant_recipes/schemes.yaml, checked after _schemes_named_once (a candidate's name
         listed there is told as that): a misspelling (`INT8-W8A8`) is no scheme that 'does not run' on the
         hardware, and is refused as unknown, with the id meant."""
-        known = [s.id for s in load_schemes().schemes]
-        for i, s in enumerate(v):
-            if s not in known:
-                raise item_error(i, f"unknown scheme {s!r}{did_you_mean(s, known)}; quant_recipes/schemes.yaml has: "
-                                    f"{', '.join(known)}")
-        return v
+        return known_scheme_ids(v)
 
     @model_validator(mode="after")
     def _kv_cache_needs_recall(self) -> ReleaseSpec:
