@@ -351,3 +351,12 @@ def test_requests_from_an_eval_set_and_the_bench_arguments_that_send_them(tmp_pa
     assert "--random-input-len" not in argv and argv[argv.index("--sharegpt-output-len") + 1] == "16"
     other = w.model_copy(update={"requests_sha256": "other"})
     assert w.identity() != other.identity()  # probes of different prompt files are not comparable
+
+
+def test_a_probe_over_its_budget_says_why_and_one_within_it_says_nothing():
+    from quantgate.perf.sweep import MIN_REPEATS, overrun
+
+    why = overrun(226.0, 60.0, 41.0, 3)
+    assert why is not None and why.startswith("226 s, over its budget of 60 s: its warm-up took 41 s")
+    assert f"first {MIN_REPEATS} runs start whatever the budget" in why
+    assert overrun(59.0, 60.0, 41.0, 3) is None and overrun(500.0, None, None, 9) is None

@@ -89,3 +89,14 @@ def to_skip(order: list[Key], done: dict[Key, RunResult], *, sweep: bool, slo: S
                          f"a run at concurrency {key[1]} takes {expected[key[1]]:.0f} s, more than the "
                          f"{budget_s - elapsed_s:.0f} s left of the {budget_s:g} s budget")
     return skip, stop[1] if stop else None
+
+
+def overrun(seconds: float, budget_s: float | None, warmup_s: float | None, runs: int) -> str | None:
+    """Why a probe that took `seconds` ran past its budget, or None when it kept it: the warm-up and the lowest
+    level's MIN_REPEATS runs always happen, so a budget shorter than they take is overrun by design."""
+    if budget_s is None or seconds <= budget_s:
+        return None
+    warm = f"its warm-up took {warmup_s:.0f} s, " if warmup_s else ""
+    return (f"{seconds:.0f} s, over its budget of {budget_s:g} s: {warm}and {runs} run(s) were measured; the lowest "
+            f"level's first {MIN_REPEATS} runs start whatever the budget (one ratio with an interval at least), and a "
+            "run that has started is not cut short")

@@ -38,6 +38,7 @@ from quantgate.base import progress
 from quantgate.evals.run import compare_dirs
 from quantgate.perf.compare import compare as perf_compare
 from quantgate.perf.probe import load_result
+from quantgate.perf.sweep import overrun
 from quantgate.recall import run as recall
 from quantgate.release import fidelity_step
 from quantgate.release.cachelayout import (eval_complete, eval_dirs, perf_dir, perf_ok, perf_runs_done, perf_settings,
@@ -200,6 +201,10 @@ class PerfProbe(_Single):
         with progress.reporting(f"{job.variant.name}: perf runs", job.log), \
                 progress.watch(len(ps.levels) * ps.repeats, lambda: perf_runs_done(out)):
             measure_perf(job.spec, job.variant, srv, out, job.folder, job.tokenizer)
+        done = load_result(out)
+        if done.sweep is not None and (why := overrun(done.seconds, done.sweep.budget_s, done.sweep.warmup_s,
+                                                      len(done.runs))):
+            job.log(f"{job.variant.name}: performance probe took {why}")
 
     def compare(self, run: Path, base: Evidence, cand: Evidence) -> None:
         """<run>/<candidate>/pay_off.json: the speed and memory ratios against the baseline."""
