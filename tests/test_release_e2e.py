@@ -77,7 +77,8 @@ def lenient_policy(path: Path) -> Path:
     import yaml
 
     policy = yaml.safe_load((REPO / "releases" / "policies" / "default.yaml").read_text())
-    policy.update(name="e2e-lenient", bound="point", min_samples=3)
+    # 30 samples drawn at random within each category (quantgate.base.subsets): 2 of them carry choice_accuracy
+    policy.update(name="e2e-lenient", bound="point", min_samples=2)
     for family in policy["primary"]["families"].values():
         family["max_relative_drop"] = 1.0
     for category in policy["categories"].values():
@@ -352,11 +353,11 @@ def test_an_added_candidate_whose_server_is_killed_is_rejected_and_the_cached_on
                       FIRST: first["decision"]}, indent=1))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
 WORKER_STOP_GRACE_S = 30  # README "Running it from a Prefect server": an idle worker stopped in 0.4 s here
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_prefect_deployment_run_of_the_release(workspace):
     root, spec, env = workspace
     prefect = str(Path(sys.executable).with_name("prefect"))
@@ -428,7 +429,7 @@ def test_prefect_deployment_run_of_the_release(workspace):
         said = len(worker_log.read_bytes())
         quiet = cli("deployment", "run", "release/demo", "--param", f"spec={root / 'strict.yaml'}", "--param",
                     "run_id=deployed-completed", "--param", "not_promoted=completed", "--watch", timeout=1200)
-        assert quiet.returncode == 0 and f"finished in state {state!r}" in quiet.stdout, quiet.stdout[-3000:]
+        assert quiet.returncode == 0 and f"finished successfully in {state!r}" in quiet.stdout, quiet.stdout[-3000:]
         again = json.loads((root / "results" / "runs" / "deployed-completed" / "summary.json").read_text())
         assert again["decision"] == summary["decision"]
         logged = worker_log.read_bytes()[said:].decode(errors="replace")
