@@ -142,7 +142,8 @@ class ExecutorSpec(BaseModel):
 class EvalSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    limit: int | None = Field(None, ge=1, description="first N samples of each set (CI subsets); None: all")
+    limit: int | None = Field(None, ge=1, description="N samples of each set, drawn at random within each category "
+                              "(quantgate.base.subsets: seeded, nested as N grows); None: all")
     # 32: the eval set's 300 greedy answers took 65.3 s against 70.9 s at 16 on the FP32 demo baseline (one core)
     concurrency: int = Field(32, ge=1, description="requests in flight")
     max_error_rate: float = Field(0.05, ge=0, le=1)
@@ -196,8 +197,8 @@ class FidelitySpec(BaseModel):
     subset of them for the noise floor. Token-level evidence, thousands of tokens."""
     model_config = ConfigDict(extra="forbid")
 
-    limit: int | None = Field(120, ge=1, description="eval prompts to continue and score (stratified over "
-                                                     "categories); None: all")
+    limit: int | None = Field(120, ge=1, description="eval prompts to continue and score (drawn at random within "
+                                                     "each category, every category its share); None: all")
     max_new_tokens: int = Field(64, ge=1, le=4096, description="tokens the baseline samples per prompt (the scored "
                                                                "tokens)")
     context_prompts: int = Field(20, ge=0, description="per length of the recall grid: haystack documents of that "
@@ -214,8 +215,8 @@ class FidelitySpec(BaseModel):
                                                     "default 20)")
     concurrency: int = Field(8, ge=1, description="scoring requests in flight")
     floor_samples: int | None = Field(60, ge=1, description="sequences the baseline also scores by prefill, for the "
-                                      "noise floor (its decoded against its prefilled logprobs; stratified over the "
-                                      "categories, at most 2 haystacks per context length; the floor is one mean "
+                                      "noise floor (its decoded against its prefilled logprobs; drawn at random within "
+                                      "the categories, one haystack per context length; the floor is one mean "
                                       "against a cap); None: every sequence")
     corpus: Path | None = Field(None, description="optional text file of passages scored as well")
 
