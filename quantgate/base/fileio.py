@@ -44,6 +44,16 @@ def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
+def json_object(path: Path | str) -> dict[str, Any]:
+    """A JSON object file leniently: {} when it is missing, unreadable, not JSON or not an object (for optional
+    files whose absence means "nothing recorded": a cache, a checkpoint's config)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def write_text(path: Path | str, text: str) -> None:
     """Write a text file atomically and durably: readers see the old file or the new one, never half of one, and after
     a crash the new one is there once this returned.

@@ -14,13 +14,13 @@ Each is taken from what states it, never guessed; a field nothing states is left
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from quantgate.base.fileio import json_object
 from quantgate.base.runfiles import EVIDENCE
 from quantgate.quantize.manifest import QuantManifest
 from quantgate.target.catalogue import MANIFEST, CatalogueModel, load_catalogue
@@ -29,15 +29,6 @@ README = "README.md"  # a checkpoint's own model card, front matter first
 BASELINE = "baseline"  # the baseline's folder in a run folder (quantgate.gate.evidence.BASELINE)
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*", re.ASCII)
 _FRONT_MATTER = re.compile(r"\A\s*---\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.S)
-
-
-def _mapping(path: Path) -> dict[str, Any]:
-    """A JSON object file, or {} when it is missing, unreadable or not an object."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def _card_data(path: Path) -> dict[str, Any]:
@@ -61,7 +52,7 @@ def hub_id(value: Any) -> str | None:
 def baseline_folder(run: Path, quant: QuantManifest) -> Path | None:
     """The checkpoint the candidate was made from: the quantize manifest's source, else the run's baseline
     variant; None for an endpoint baseline, or a folder that is not on this machine (any more)."""
-    variant = _mapping(run / BASELINE / EVIDENCE).get("variant")
+    variant = json_object(run / BASELINE / EVIDENCE).get("variant")
     for path in (quant.source.path if quant.source else None,
                  (variant or {}).get("path") if isinstance(variant, dict) else None):
         if isinstance(path, str) and path and Path(path).is_dir():
@@ -75,7 +66,7 @@ def catalogue_model(folder: Path | None, spec_model: Any) -> CatalogueModel | No
     catalogue = load_catalogue()
     if isinstance(spec_model, str) and spec_model in catalogue:
         return catalogue[spec_model]
-    named = _mapping(folder / MANIFEST).get("model") if folder is not None else None
+    named = json_object(folder / MANIFEST).get("model") if folder is not None else None
     return catalogue.get(named) if isinstance(named, str) else None
 
 
@@ -90,7 +81,7 @@ def base_model_of(folder: Path | None, spec_model: Any) -> str | None:
             bits = part.split("--")
             if len(bits) == 3 and bits[0] == "models" and (found := hub_id(f"{bits[1]}/{bits[2]}")):
                 return found
-        if found := hub_id(_mapping(folder / "config.json").get("_name_or_path")):
+        if found := hub_id(json_object(folder / "config.json").get("_name_or_path")):
             return found
     return hub_id(spec_model)
 
@@ -104,7 +95,7 @@ def license_of(folder: Path | None) -> dict[str, str]:
     card = _card_data(folder / README)
     if isinstance(card.get("license"), str):
         return {k: card[k] for k in ("license", "license_name", "license_link") if isinstance(card.get(k), str)}
-    config = _mapping(folder / "config.json")
+    config = json_object(folder / "config.json")
     return {"license": config["license"]} if isinstance(config.get("license"), str) else {}
 
 

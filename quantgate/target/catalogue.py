@@ -27,7 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.fileio import child_env, lock, sha256_file, write_json
+from quantgate.base.fileio import child_env, json_object, lock, sha256_file, write_json
 from quantgate.base.paths import RELEASES, home, models_dir
 from quantgate.base.yamlconfig import load_model
 
@@ -108,20 +108,12 @@ def _stamp(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
-def _load_cache(path: Path) -> dict[str, list]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _save_cache(path: Path, new: dict[str, list]) -> None:
     """Merge `new` into the cache file (re-read under a lock, so concurrent hashers lose nothing), drop entries
     whose file is gone, and replace the file atomically. A cache that cannot be written only costs re-hashing."""
     try:
         with lock(path, timeout=CACHE_LOCK_TIMEOUT_S, what="checkpoint hash cache"):
-            cache = {k: v for k, v in _load_cache(path).items() if os.path.exists(k)} | new
+            cache = {k: v for k, v in json_object(path).items() if os.path.exists(k)} | new
             write_json(path, cache)
     except (OSError, QuantgateError):  # unwritable, or held for too long: the next hash re-reads those files
         pass
@@ -139,7 +131,7 @@ def checkpoint_hash(folder: Path, *, use_cache: bool = True) -> str:
     (the registry verifies its entries that way)."""
     folder = Path(folder)
     cache_path = hash_cache_path()
-    cache = _load_cache(cache_path) if use_cache else {}
+    cache = json_object(cache_path) if use_cache else {}
     files, new = {}, {}
     for f in checkpoint_files(folder):
         key = str(f.resolve())
