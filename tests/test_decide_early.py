@@ -133,6 +133,30 @@ def test_the_gate_says_which_evidence_was_not_measured_and_why(tmp_path):
     assert ev.gaps["judge"].reason.startswith("not judged: decided early")
 
 
+def test_the_decision_says_skipped_on_purpose_only_while_a_failed_check_decides_it(tmp_path):
+    import json
+
+    from quantgate.gate.checks import DECIDED_EARLY, evaluate
+    from quantgate.gate.evidence import collect
+    from quantgate.gate.policy import load_policy
+
+    policy, why = load_policy(POLICY), "decided early: REJECT by fidelity (fidelity:kl: ...)"
+    for kl in (0.30, 0.002):
+        run = _run(tmp_path, kl)
+        (run / "int8-w8a8").mkdir()
+        (run / "int8-w8a8" / "evidence.json").write_text(json.dumps({"skipped": {"recall": why, "perf": why},
+                                                                      "decided": "fidelity:kl: ..."}))
+        ev = collect(run, "int8-w8a8").model_copy(update={"scheme": "int8-w8a8"})
+        by_name = {c.name: c for c in evaluate(policy, ev).checks}
+        skipped = [by_name[n] for n in ("recall:recall", "pay_off:speed", "judge:non_inferiority") if n in by_name]
+        assert len(skipped) >= 2, sorted(by_name)
+        if kl == 0.30:  # REJECT: the skipped steps say so, not "missing evidence"
+            assert all(c.outcome == "skipped" and c.reason.startswith(DECIDED_EARLY) for c in skipped), skipped
+        else:  # nothing fails (say, a policy re-read with other limits): missing evidence stays missing
+            assert by_name["recall:recall"].outcome == "inconclusive"
+            assert "missing evidence (required)" in by_name["recall:recall"].reason
+
+
 def test_without_the_baselines_dumps_nothing_is_decided_and_nothing_fails(tmp_path):
     spec = load_spec(_spec(tmp_path))
     cand = Variant(name="int8-w8a8", path=tmp_path, scheme="int8-w8a8", content_hash="0" * 64, size_bytes=1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from quantgate.gate.models import (Check, Decision, GateEvidence, Look, OperatingCharacteristics, Stat)
 from quantgate.gate.payoff import applied_workload, pay_off_checks
-from quantgate.gate.policy import DropLimit, GatePolicy
+from quantgate.gate.policy import DropLimit, GatePolicy, own_metric
 from quantgate.gate.statistical import TaskItem, drop_of, fidelity_checks, finite, missing, task_checks
 
 __all__ = ["Check", "Decision", "GateEvidence", "Stat", "drop_of", "evaluate"]
@@ -64,6 +64,22 @@ def _category_items(policy: GatePolicy, ev: GateEvidence, family: str | None) ->
             out.append(TaskItem(f"category:{cat}/{c.metric}", None, c.kind, limit, bound, c.required,
                                 why_missing=_gap(ev, "compare", f"no eval set has category {cat} scored with {c.metric}")))
         out += [TaskItem(f"category:{s}/{cat}/{c.metric}", st, c.kind, limit, bound, c.required) for s, st in found]
+    return out + _own_category_items(policy, ev, family)
+
+
+def _own_category_items(policy: GatePolicy, ev: GateEvidence, family: str | None) -> list[TaskItem]:
+    """One check per category a set has that the policy does not name (`own_categories`), with the metric that
+    scores most of its samples (gate.policy.own_metric)."""
+    own = policy.own_categories
+    if own is None:
+        return []
+    bound, limit, out = policy.bound_of(own), own.limit_for(family), []
+    preferred = policy.primary.metrics if policy.primary else []
+    for s, cats in sorted(ev.categories.items()):
+        for cat, stats in sorted(cats.items()):
+            metric = own_metric({m: st.n for m, st in stats.items()}, preferred)
+            if cat not in policy.categories and metric is not None:
+                out.append(TaskItem(f"category:{s}/{cat}/{metric}", stats[metric], own.kind, limit, bound, own.required))
     return out
 
 
@@ -195,6 +211,27 @@ def not_applicable(policy: GatePolicy, ev: GateEvidence, check: Check) -> Check:
                                               f"{rule_name}: {rule}){fix}"})
 
 
+DECIDED_EARLY = "skipped: decided early by fidelity"
+
+
+def decided_early(ev: GateEvidence, checks: list[Check]) -> list[Check]:
+    """Checks whose step the release skipped on purpose (a gap marked `decided_early`: fidelity had decided a REJECT
+    first) say so, as skipped, not as missing evidence. Only while a check fails: a skipped step could not change a
+    REJECT, but without one (a policy re-read with other limits) the missing evidence stays missing (fail-closed)."""
+    if not any(c.outcome == "fail" for c in checks):
+        return checks
+    out = []
+    for c in checks:
+        prefix = c.name.split(":", 1)[0]
+        gap = ev.gaps.get({"pay_off": "throughput"}.get(prefix, prefix))
+        if gap is not None and gap.decided_early and c.measured is None and c.outcome in ("inconclusive", "skipped"):
+            c = c.model_copy(update={"outcome": "skipped", "evidence_file": gap.file,
+                                     "reason": f"{DECIDED_EARLY}: the release did not run this step, as the failed "
+                                               "checks decide the REJECT whatever it would show"})
+        out.append(c)
+    return out
+
+
 def operating(policy: GatePolicy, look: Look | None = None) -> OperatingCharacteristics:
     st, f = policy.statistics, policy.fidelity
     note = (f"A lossless candidate (no true drop on any task measure, fidelity at the noise floor) is rejected by the "
@@ -255,7 +292,7 @@ def evaluate(policy: GatePolicy, evidence: GateEvidence, policy_ref: dict[str, s
         checks.append(_judge(policy, evidence))
     if policy.pay_off is not None:
         checks += pay_off_checks(policy, evidence)
-    checks = [not_applicable(policy, evidence, c) for c in checks]
+    checks = decided_early(evidence, [not_applicable(policy, evidence, c) for c in checks])
     verdict, reasons, needs = _verdict(checks)
     return Decision(decision=verdict, candidate=evidence.candidate, scheme=evidence.scheme, family=family,
                     policy={"name": policy.name, "version": policy.version, **(policy_ref or {})}, checks=checks,

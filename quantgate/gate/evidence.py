@@ -331,11 +331,11 @@ def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = 
         ev.pop("size_ratio", None)  # no files on one side: no ratio, whatever else (the probe's figures) stated
     decided = (cand_ev or {}).get("decided")
     for step, why in ((cand_ev or {}).get("skipped") or {}).items():  # decided early (quantgate.release.early)
-        ev["gaps"][{"perf": "throughput"}.get(step, step)] = Gap(reason=f"not measured: {why}",
+        ev["gaps"][{"perf": "throughput"}.get(step, step)] = Gap(reason=f"not measured: {why}", decided_early=True,
                                                                  file=str(run / candidate / EVIDENCE))
     if decided and ev.get("judge") is None:  # the judge skipped it (release.steps.judge)
         ev["gaps"]["judge"] = Gap(reason=f"not judged: decided early: REJECT by fidelity ({decided})",
-                                  file=str(run / candidate / EVIDENCE))
+                                  decided_early=True, file=str(run / candidate / EVIDENCE))
     return GateEvidence(**ev)
 
 

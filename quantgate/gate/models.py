@@ -103,11 +103,13 @@ class Ratio(_Model):
 class Gap(_Model):
     """Evidence that could not be used: why, and the file concerned. `not_applicable`: it cannot exist for this
     candidate (an endpoint has no checkpoint files, an endpoint baseline no local weights for engine parity); the
-    policy's `not_applicable` says whether that is accepted."""
+    policy's `not_applicable` says whether that is accepted. `decided_early`: the release skipped the step on purpose
+    because fidelity had already decided a REJECT (quantgate.release.early); see gate.checks.decided_early."""
 
     reason: str
     file: str | None = None
     not_applicable: bool = False
+    decided_early: bool = False
 
 
 class KvCacheChange(_Model):

@@ -15,6 +15,7 @@ from collections.abc import Collection
 from typing import Any
 
 from quantgate.base.stats import num
+from quantgate.gate.checks import DECIDED_EARLY
 from quantgate.perf.payofffile import PayOff
 
 MAX_REGRESSIONS = 40   # flips shown per kind (the counts cover them all)
@@ -27,7 +28,7 @@ FIDELITY_MEASURES = (("kl", "KL", "KL(baseline || candidate), nats/token", "sig"
                      ("top1", "top-1", "top-1 agreement", "pct", "lower"),
                      ("dnll", "NLL increase", "NLL increase of the baseline's tokens, nats/token", "sig", "upper"))
 NON_NEGATIVE = ("kl",)  # a KL below zero is estimator noise: its interval is shown from 0
-EARLY = "skipped: decided early by fidelity"
+EARLY = DECIDED_EARLY
 MAX_LEAD = 8  # deciding checks on the first screen (the rest are in the checks table)
 BOUND = re.compile(r"\((\d+(?:\.\d+)?% (?:upper|lower) bound) ([^)]+)\)")
 _NEEDS = re.compile(r"needs about (\d+)")
@@ -85,9 +86,11 @@ def operating(o: Any) -> dict | None:
 def skipped_early(check: dict, why: Collection[str]) -> bool:
     """Whether a check lacks its evidence because the release skipped that step on purpose: its reason carries
     one of the recorded whys (the candidate's evidence.json `skipped` values, or its `decided` text, which the gate
-    quotes in "not measured: <why>"). Such a check could not change the decision it was skipped for."""
+    quotes in "not measured: <why>"), or the gate said so itself (gate.checks.decided_early). Such a check could not
+    change the decision it was skipped for."""
     reason = str(check.get("reason") or "")
-    return outcome(check) in ("inconclusive", "skipped") and any(w and w in reason for w in why)
+    return outcome(check) in ("inconclusive", "skipped") and (reason.startswith(EARLY)
+                                                               or any(w and w in reason for w in why))
 
 
 def checks(decision: dict | None, link, early: Collection[str] = ()) -> dict | None:
