@@ -256,6 +256,7 @@ def test_release_check_validates_without_starting_anything(tmp_path):
 def test_a_spec_that_cannot_promote_as_written_exits_6_naming_the_field(tmp_path, command):
     """Good files whose spec cannot PROMOTE (4 haystacks per length, fewer than the policy's 10): exit 6, not 0,
     and the fix names fidelity.context_prompts, the field that grows a context:<length> slice."""
+    from quantgate.gate.sizing import slice_samples_needed
     demo = (RELEASES / "demo.yaml").read_text()
     assert "context_prompts: 12 " in demo
     spec = tmp_path / "thin.yaml"
@@ -267,8 +268,17 @@ def test_a_spec_that_cannot_promote_as_written_exits_6_naming_the_field(tmp_path
     assert "ok policy" in r.stdout and "Traceback" not in r.stderr
     (line,) = [x for x in r.stderr.splitlines() if "unfed check fidelity per context length" in x]
     assert "context:1024 4, context:2048 4, context:512 4 haystack prompts" in line, line
-    assert line.endswith("fix: set fidelity.context_prompts to 10 or more in the spec"), line
+    need = slice_samples_needed(0.05, haystack=True)  # enough to bound a candidate at half its limits
+    assert line.endswith(f"fix: set fidelity.context_prompts to {need} or more in the spec"), line
     assert "cannot PROMOTE as written" in r.stderr.splitlines()[-1]
+    # 10 per length: enough to judge (min_category_samples), too few to bound a good candidate: still 6
+    spec.write_text(demo.replace("context_prompts: 12 ", "context_prompts: 10 ")
+                    .replace("../eval_sets/default.jsonl", str(EVAL_SETS / "default.jsonl")))
+    r = subprocess.run([sys.executable, "-m", "quantgate.cli", command[0], str(spec), *command[1:]],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    (line,) = [x for x in r.stderr.splitlines() if "unfed check fidelity per context length" in x]
+    assert r.returncode == 6 and "context:512 10 (bound " in line and "too few to bound" in line, r.stderr
+    assert line.endswith(f"fix: set fidelity.context_prompts to {need} or more in the spec"), line
     spec.write_text(demo.replace("../eval_sets/default.jsonl", str(EVAL_SETS / "default.jsonl")))  # the demo: 0
     r = subprocess.run([sys.executable, "-m", "quantgate.cli", command[0], str(spec), *command[1:]],
                        capture_output=True, text=True, timeout=300, cwd=REPO)

@@ -19,6 +19,7 @@ from quantgate.evals.dataset import load_evalset
 from quantgate.evals.setsource import meta_path_for, samples_beside
 from quantgate.evals.metrics import load_table
 from quantgate.gate.feeding import Feed, SetShape, unfed
+from quantgate.gate.sizing import slice_samples_needed
 from quantgate.gate.policy import DEFAULT_POLICY, load_policy
 
 META = """name: tickets
@@ -160,7 +161,11 @@ def test_the_default_policy_says_which_checks_a_teams_own_set_cannot_feed():
            "'proper_noun'?)" in text
     assert "fidelity per category: proper_noun 4 fidelity samples, fewer than fidelity.min_category_samples=10" in text
     assert "INCONCLUSIVE on every run: this release cannot PROMOTE" in text
-    assert {str(u).split(":")[0] for u in found if u.blocks} == {"primary", "pooled", "fidelity per category"}
+    # its own categories are checked (own_categories): proper_noun's 4 samples are too few to judge
+    assert "category:tickets/proper_noun: 4 samples of category 'proper_noun' scored with token_f1, fewer than " \
+           "min_samples=10 (own_categories)" in text and "category:tickets/billing" not in text
+    assert {str(u).split(":")[0] for u in found if u.blocks} == {"primary", "pooled", "fidelity per category",
+                                                                  "category"}
     fed = SetShape("default", {c: Counter({"exact_match": 50, "numeric_match": 50, "chrf": 50})
                                for c in ("arithmetic_numbers", "proper_nouns", "multilingual")})
     assert unfed(policy, Feed([fed], binary, fidelity={c: 50 for c in fed.scored})) == []
@@ -202,8 +207,34 @@ def test_a_context_length_with_too_few_haystacks_names_context_prompts_not_the_e
     (u,) = [u for u in found if str(u).startswith("fidelity")]
     assert u.blocks and str(u).startswith("fidelity per context length: context:1024 6, context:512 6 haystack "
                                           "prompts, fewer than fidelity.min_category_samples=10"), u
-    assert str(u).endswith("fix: set fidelity.context_prompts to 10 or more in the spec") and "fidelity.limit" not in str(u)
+    need = slice_samples_needed(policy.fidelity.alpha, haystack=True)  # what bounds a good candidate, not only 10
+    assert need >= 10 and str(u).endswith(f"fix: set fidelity.context_prompts to {need} or more in the spec")
+    assert "fidelity.limit" not in str(u)
     few = unfed(policy, Feed([], binary, fidelity={"billing": 4, "context:512": 12}))
     (u,) = [u for u in few if str(u).startswith("fidelity")]
     assert str(u).startswith("fidelity per category: billing 4") and "a larger fidelity.limit" in str(u)
     assert "context_prompts" not in str(u)
+
+
+def test_slices_with_enough_samples_to_judge_but_too_few_to_bound_are_foreseen():
+    """An own-data release of 16 prompts per category came out INCONCLUSIVE in every slice; `check` counted only
+    min_category_samples (10) and said nothing. The prediction (quantgate.gate.sizing, checked against the gate's
+    own bounds by bench/fidelity_sizing.py) names each such slice, its predicted bound and the field's value."""
+    from quantgate.gate.sizing import fidelity_bound_share, SPREAD
+    policy = load_policy(DEFAULT_POLICY)
+    binary = {n for n, m in load_table().items() if m.binary}
+    (u,) = [u for u in unfed(policy, Feed([], binary, fidelity={"billing": 16, "refunds": 40, "context:512": 12}))
+            if str(u).startswith("fidelity")]
+    share = max(fidelity_bound_share(16, 0.05, *SPREAD["prompt"][m]) for m in ("kl", "top1"))
+    assert u.blocks and str(u).startswith(f"fidelity per category: billing 16 (bound {share:.2f}x the limit) fidelity "
+                                          "samples, too few to bound"), u
+    assert "refunds" not in str(u) and "a larger fidelity.limit in the spec (about " \
+        f"{slice_samples_needed(0.05, haystack=False)} prompts per category)" in str(u)
+    # the demo's sizes (50 per category, 12 haystacks per length) are boundable: nothing said
+    assert not [u for u in unfed(policy, Feed([], binary, fidelity={"billing": 50, "context:512": 12}))
+                if str(u).startswith("fidelity")]
+    # a smaller bound's level needs more: 18 prompts are enough at alpha 0.05, not at 0.01
+    strict = policy.model_copy(update={"fidelity": policy.fidelity.model_copy(update={"alpha": 0.01})})
+    for pol, short in ((policy, False), (strict, True)):
+        said = [u for u in unfed(pol, Feed([], binary, fidelity={"billing": 18})) if str(u).startswith("fidelity")]
+        assert bool(said) == short and (not short or "one-sided 99% bound" in str(said[0])), said

@@ -2,7 +2,8 @@
 set never meets "missing evidence (required)" only after an hour of serving.
 
 A check is fed when some eval set has samples it reads, enough of them to judge (`min_samples`; fidelity's
-`min_category_samples` per category of the fidelity sample). A required check that is not fed is INCONCLUSIVE on
+`min_category_samples` per category of the fidelity sample, and enough that a candidate at half its limits could be
+bounded inside them: quantgate.gate.sizing). A required check that is not fed is INCONCLUSIVE on
 every run: the release can never PROMOTE, and `quantgate check` / `release --check` exit CANNOT_PROMOTE, so a CI job
 that runs them before spending GPU hours learns it from the exit code. A category check whose category no set has
 does not apply to the release (quantgate.gate.checks skips it), which is said too, with the closest category name
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 
 from quantgate.base.errors import did_you_mean
 from quantgate.fidelity.core import CONTEXT_PREFIX
-from quantgate.gate.policy import GatePolicy
+from quantgate.gate.policy import GatePolicy, own_metric
+from quantgate.gate.sizing import slice_samples_needed, too_small_to_bound
 
 # Exit code of `quantgate check` and `quantgate release --check` for good files whose spec cannot PROMOTE as written
 # (a required check unfed): beside 0 (good), 2 (bad input) and the release's own 1, 3, 4 and 5.
@@ -121,7 +123,39 @@ def _categories(policy: GatePolicy, feed: Feed) -> list[Unfed]:
             out.append(_never(c.required, f"category:{cat}", what,
                               f"score at least {n_min} of them with {c.metric} (more samples in the eval sets, or a "
                               f"larger eval.limit in the spec), or change the policy's categories.{cat}.metric"))
+    own = policy.own_categories
+    for s, cat, metric, n in own_checks(policy, feed):
+        if n < n_min:
+            out.append(_never(own.required if own else False, f"category:{s}/{cat}", f"{n} samples of category "
+                              f"{cat!r} scored with {metric}, fewer than min_samples={n_min} (own_categories)",
+                              f"score at least {n_min} of them (more samples of {cat!r} in {s}, or a larger "
+                              f"eval.limit in the spec), or set own_categories: null in the policy"))
     return out
+
+
+def own_checks(policy: GatePolicy, feed: Feed) -> list[tuple[str, str, str, int]]:
+    """(set, category, metric, samples) of each category a set has that the policy does not name, checked under
+    `own_categories` with the metric that scores most of its samples (quantgate.gate.checks reads the same)."""
+    if policy.own_categories is None:
+        return []
+    preferred = policy.primary.metrics if policy.primary else []
+    out = []
+    for shape in feed.sets:
+        for cat, scored in sorted(shape.scored.items()):
+            metric = own_metric(scored, preferred)
+            if cat not in policy.categories and metric is not None:
+                out.append((shape.name, cat, metric, scored[metric]))
+    return out
+
+
+def own_checks_line(policy: GatePolicy, feed: Feed) -> str | None:
+    """What `check` lists of the own-category checks: each with its metric and samples, and the limit."""
+    own, found = policy.own_categories, own_checks(policy, feed)
+    if own is None or not found:
+        return None
+    limit = f"max {own.kind} drop {own.value:.0%}" + "".join(f", {f} {v:.0%}" for f, v in own.by_family.items())
+    return (f"own categories checked (policy own_categories: {limit}; {'required' if own.required else 'optional'}): "
+            + ", ".join(f"{s}/{cat} {metric} n={n}" for s, cat, metric, n in found))
 
 
 def _measurements(policy: GatePolicy, feed: Feed) -> list[Unfed]:
@@ -143,19 +177,42 @@ def _measurements(policy: GatePolicy, feed: Feed) -> list[Unfed]:
                               "judged on its own)", f"ask at least {n_min} needles per length (recall: more `depths`, "
                               "`kinds` or `samples`)"))
     if f is not None and f.per_category and feed.fidelity is not None:
-        few = {cat: n for cat, n in sorted(feed.fidelity.items()) if n < f.min_category_samples}
-        need = f"fewer than fidelity.min_category_samples={f.min_category_samples} in the policy"
-        cats = {cat: n for cat, n in few.items() if not cat.startswith(CONTEXT_PREFIX)}
-        if cats:
-            out.append(_never(f.required, "fidelity per category", ", ".join(f"{cat} {n}" for cat, n in cats.items())
-                              + f" fidelity samples, {need}", f"give those categories {f.min_category_samples} "
-                              "samples each: a larger fidelity.limit in the spec, with eval.limit (and the eval "
-                              "sets) holding that many"))
-        lengths = {cat: n for cat, n in few.items() if cat.startswith(CONTEXT_PREFIX)}
-        if lengths:  # a length's slice holds the haystacks sampled at it: fidelity.limit does not reach them
-            out.append(_never(f.required, "fidelity per context length", ", ".join(
-                f"{cat} {n}" for cat, n in lengths.items()) + f" haystack prompts, {need}",
-                f"set fidelity.context_prompts to {f.min_category_samples} or more in the spec"))
+        out += _fidelity_slices(f.required, f.alpha, f.min_category_samples, feed.fidelity)
+    return out
+
+
+# slice kind -> (its name's test, what its samples are, the field that grows it)
+_SLICES = {"category": (False, "fidelity samples", "a larger fidelity.limit in the spec (about {n} prompts per "
+                        "category), with eval.limit and the eval sets holding that many"),
+           "context length": (True, "haystack prompts", "set fidelity.context_prompts to {n} or more in the spec")}
+
+
+def _fidelity_slices(required: bool, alpha: float, least: int, slices: dict[str, int]) -> list[Unfed]:
+    """Per slice kind (category; context length, whose slice holds the haystacks sampled at it, which fidelity.limit
+    does not reach): slices with fewer than `least` (min_category_samples) samples, and slices with enough whose
+    bound would still not come inside the limit for a candidate at half its limits (quantgate.gate.sizing, at the
+    reference spread): such a release can PROMOTE only a candidate far closer than that."""
+    out = []
+    wide = too_small_to_bound({c: n for c, n in slices.items() if n >= least}, alpha, CONTEXT_PREFIX)
+    for kind, (is_length, what, fix) in _SLICES.items():
+        mine = {c: n for c, n in sorted(slices.items()) if c.startswith(CONTEXT_PREFIX) == is_length}
+        few = {c: n for c, n in mine.items() if n < least}
+        loose = {c: wide[c] for c in mine if c in wide}
+        if not few and not loose:
+            continue
+        need = max(least, slice_samples_needed(alpha, haystack=is_length))
+        if few:
+            out.append(_never(required, f"fidelity per {kind}", ", ".join(f"{c} {n}" for c, n in few.items())
+                              + f" {what}, fewer than fidelity.min_category_samples={least} in the policy",
+                              fix.format(n=need)))
+        if loose:
+            then = (f"a candidate at half its limits would have its one-sided {1 - alpha:.0%} bound beyond them "
+                    "(INCONCLUSIVE): this release can PROMOTE only a candidate far closer than its limits"
+                    if required else "the optional check would be skipped for a candidate at half its limits")
+            out.append(Unfed(f"fidelity per {kind}: " + ", ".join(f"{c} {mine[c]} (bound {v[0]:.2f}x the limit)"
+                                                                  for c, v in loose.items())
+                             + f" {what}, too few to bound: at the spread measured on the demo's candidates, "
+                             f"{then}; fix: {fix.format(n=need)}", blocks=required))
     return out
 
 

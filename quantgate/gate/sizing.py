@@ -1,7 +1,10 @@
 """Sizing an eval set for a policy (pure): the minimum detectable drop of each task check at a sample size, and the
 sample size each limit needs before the check can prove it rather than only detect harm.
 
-The figures assume a binary measure (accuracy) with baseline accuracy `base` and a share `discordance` of samples
+Fidelity slices are sized the same way from a reference spread (`SPREAD`): the one-sided bound a candidate at half
+its limits would get at n samples, as quantgate.fidelity.bounds computes it (`fidelity_bound_share`).
+
+The task figures assume a binary measure (accuracy) with baseline accuracy `base` and a share `discordance` of samples
 that change either way between baseline and candidate (5-10% is typical of a good 8-bit candidate on a small
 model); each check's level is its share of the policy's false-reject budget, as the gate spends it.
 """
@@ -12,7 +15,18 @@ import math
 from dataclasses import dataclass
 
 from quantgate.base.stats import mdd_binary, samples_for
+from quantgate.fidelity.bounds import SKEW_C, SMALL_C, t_quantile
 from quantgate.gate.policy import GatePolicy
+
+# The per-sample spread of fidelity figures: (coefficient of variation, skewness) of a sample's ratio residual
+# (y_i - R n_i, quantgate.fidelity.bounds) over R x mean(n_i), per slice kind and measure (top-1: its disagreement
+# share). Skewness as measured on the demo's INT8 candidate (bench/data/demo_int8_fidelity_shape*.json, 300 eval
+# prompts and 30-36 haystacks each); each cv is the smallest (in steps of 0.05) whose prediction sits at or above
+# the median of the gate's own bound on random subsets of both shapes at every size bench/fidelity_sizing.py tries
+# (the measured cvs are 0.77-0.79 for prompts' KL, 0.39-0.48 for haystacks'). A team's own slices may spread more:
+# the prediction is a floor, not a promise.
+SPREAD = {"prompt": {"kl": (0.95, 1.2), "top1": (0.55, 1.3)}, "haystack": {"kl": (0.65, 0.35), "top1": (0.5, 2.0)}}
+GOOD = 0.5  # the candidate a slice's size is judged for: at half of each limit (the OC bench's "good")
 
 
 @dataclass(frozen=True)
@@ -59,7 +73,7 @@ def _limit(policy: GatePolicy, family: str, check: str) -> float | None:
         lim = policy.primary.families[family]
         return lim.value if lim.kind == "relative" else None
     if check.startswith("category:"):
-        c = policy.categories.get(check.split(":", 1)[1])
+        c = policy.categories.get(check.split(":", 1)[1]) or policy.own_categories
         return c.limit_for(family) if c and c.kind == "relative" else None
     return None
 
@@ -98,3 +112,40 @@ def recall_sizing(policy: GatePolicy, n: int, *, other_checks: int, base: float 
     m = mdd_binary(discordance, n_eff, alpha, policy.statistics.power) / scale
     need = samples_for(r.value * scale, 0.0, alpha, policy.statistics.power, binary=True, discordance=discordance)
     return Sizing(check="recall", n=n, limit=r.value, mdd=m, needs=math.ceil(need * max(design_effect, 1.0)))
+
+
+def fidelity_bound_share(n: int, alpha: float, cv: float, skew: float, at: float = GOOD) -> float:
+    """The one-sided bound of a slice of `n` samples whose true figure sits at `at` x its limit (KL: above it;
+    top-1: its disagreement), as a share of the limit, at level `alpha` with the chosen bound's margin
+    (boot_t_skew: kappa x t x SE, its SE from the spread `cv`). At 1 or more, the slice cannot be bounded inside its
+    limit for such a candidate: INCONCLUSIVE at best."""
+    if n < 2:
+        return math.inf
+    kappa = 1 + SKEW_C * math.sqrt(max(skew, 0.0) / n) + SMALL_C / n
+    return at * (1 + kappa * t_quantile(1 - alpha, n - 1) * cv / math.sqrt(n))
+
+
+def fidelity_samples_needed(alpha: float, cv: float, skew: float, at: float = GOOD, most: int = 100_000) -> int:
+    """The smallest slice size at which `fidelity_bound_share` is below 1."""
+    n = 2
+    while n < most and fidelity_bound_share(n, alpha, cv, skew, at) >= 1:
+        n += 1
+    return n
+
+
+def slice_samples_needed(alpha: float, haystack: bool) -> int:
+    """The samples a slice of this kind needs before a candidate at half its limits is bounded inside them."""
+    kind = SPREAD["haystack" if haystack else "prompt"]
+    return max(fidelity_samples_needed(alpha, *kind[m]) for m in kind)
+
+
+def too_small_to_bound(slices: dict[str, int], alpha: float, haystack_prefix: str) -> dict[str, tuple[float, int]]:
+    """The fidelity slices (name -> samples) whose bound, for a candidate at half its limits with the reference
+    spread, would not come inside the limit: name -> (the bound as a share of the limit, the samples it needs)."""
+    out = {}
+    for name, n in slices.items():
+        kind = SPREAD["haystack" if name.startswith(haystack_prefix) else "prompt"]
+        share = max(fidelity_bound_share(n, alpha, *kind[m]) for m in kind)
+        if share >= 1:
+            out[name] = (share, slice_samples_needed(alpha, name.startswith(haystack_prefix)))
+    return out
