@@ -289,6 +289,30 @@ def test_one_check_per_eval_set_and_a_failure_in_any_rejects():
     assert d.decision == "REJECT"
 
 
+def test_a_sets_own_categories_get_checks_with_their_own_metric_under_own_categories():
+    """A team's categories (billing here) had no task-level check unless the policy named them; `own_categories`
+    gives each one, read with the metric that scores most of its samples, at the family's limit."""
+    own = [("categories.default.billing", {"token_f1": stat(base=0.5, delta=-0.2, lo=-0.3, hi=-0.1, n=60,
+                                                                 p_harm=0.0001),
+                                             "contains": stat(base=0.5, n=20)})]
+    off = run_gate([], own)
+    assert not [c for c in off.checks if "billing" in c.name] and off.decision == "PROMOTE"  # not named: unchecked
+    on = run_gate([("own_categories", {"max_relative_drop": 0.05, "by_family": {"w4a16": 0.08}})], own)
+    (billing,) = [c for c in on.checks if "billing" in c.name]
+    assert billing.name == "category:default/billing/token_f1" and billing.outcome == "fail", billing
+    assert on.decision == "REJECT" and billing.limit == 0.08  # w4a16: the family's limit
+    # the named category keeps its own check and limit, not a second one from own_categories
+    assert [c.name for c in on.checks if "arithmetic_numbers" in c.name] == \
+        ["category:default/arithmetic_numbers/numeric_match"]
+
+
+def test_own_metric_takes_the_metric_scoring_most_samples_then_the_primary_order():
+    from quantgate.gate.policy import own_metric
+    assert own_metric({"token_f1": 28, "exact_match": 34, "contains": 34}, ["exact_match"]) == "exact_match"
+    assert own_metric({"contains": 34, "exact_match": 34}) == "contains"  # no preference: name order
+    assert own_metric({"rouge_l": 50}) == "rouge_l" and own_metric({}) is None
+
+
 # --- policy files -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["default", "strict"])

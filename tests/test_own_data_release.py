@@ -80,10 +80,16 @@ def test_a_teams_own_model_and_data_reach_a_decision_with_every_check_fed(demo_m
 
     check = quantgate("release", str(spec), "--check")
     said = check.stdout + check.stderr
-    assert check.returncode == 0 and f"ok evalset {parquet}" in said and f"ok evalset {folder}" in said, said
+    assert f"ok evalset {parquet}" in said and f"ok evalset {folder}" in said, said
     for cat in ("arithmetic_numbers", "proper_nouns", "multilingual"):  # the default policy's categories: not ours
         assert f"unfed check category:{cat}: does not apply: no eval set has category '{cat}'" in said, said
     assert "INCONCLUSIVE on every run" not in said, said  # every required check is fed
+    # ... and checked: the sets' own categories get task checks (own_categories), listed
+    assert all(f"{s}/{cat} exact_match n=10" in said for s, cat in (("emea.tickets", "billing"),
+                                                                    ("apac.tickets", "warranty"))), said
+    # 10 prompts per slice are enough to judge, too few to bound a candidate at half its limits: exit 6, said so
+    blocking = [x for x in said.splitlines() if x.startswith("warning spec") and "too few to bound" in x]
+    assert check.returncode == 6 and blocking and all("fidelity per" in x for x in blocking), said
 
     proc = quantgate("release", str(spec), "--run-id", "own")
     out = proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -98,6 +104,7 @@ def test_a_teams_own_model_and_data_reach_a_decision_with_every_check_fed(demo_m
         assert checks[f"fidelity:kl:{cat}"]["outcome"] in ("pass", "fail", "inconclusive"), checks[f"fidelity:kl:{cat}"]
     names = ("emea.tickets", "apac.tickets")
     assert {f"{c}:{n}" for c in ("primary", "pooled") for n in names} <= {n.split("/")[0] for n in checks}, checks
+    assert {"category:emea.tickets/billing/exact_match", "category:apac.tickets/warranty/exact_match"} <= set(checks)
     evidence = json.loads((tmp_path / "results" / "runs" / "own" / "own-int8" / "evidence.json").read_text())
     assert sorted(evidence["evals"]) == sorted(names), evidence["evals"]  # each measured in its own folder
     assert len({*evidence["evals"].values()}) == 2

@@ -54,7 +54,7 @@ from quantgate.release.autoschemes import local_config
 from quantgate.release.external import checkpoint_problems, read_config
 from quantgate.release.resolve import load_spec, refuse_unservable
 from quantgate.release.spec import ReleaseSpec
-from quantgate.release.spec_warnings import feed_warnings
+from quantgate.release.spec_warnings import eval_subsets, feed_warnings, own_categories
 from quantgate.target.catalogue import load_catalogue
 
 
@@ -99,7 +99,8 @@ class Checked:
             raise typer.Exit(2)
         if unpromotable and self.cannot_promote:
             print(f"check: {', '.join(map(_show, self.cannot_promote))} cannot PROMOTE as written: a required check "
-                  f"is unfed (the `unfed check` warnings above, each with its fix); exit {CANNOT_PROMOTE}",
+                  f"is unfed, or its slices are too few to bound a candidate at half its limits (the `unfed check` "
+                  f"warnings above, each with its fix); exit {CANNOT_PROMOTE}",
                   file=sys.stderr)
             raise typer.Exit(CANNOT_PROMOTE)
 
@@ -207,10 +208,13 @@ def _check_one(path: Path, kind: Kind, seen: Checked, given: Given | None = None
                 results.append(_attempt(Kind.evalset, es, _check_evalset, es, max_context=value.context)[0])
         results += _check_one(value.policy or DEFAULT_POLICY, Kind.policy, seen, given)
         if all(err is None for _, _, err in results):
-            warnings = feed_warnings(value)  # the policy's checks its eval sets cannot feed (stderr)
+            subsets = eval_subsets(value)  # read once for both
+            warnings = feed_warnings(value, subsets)  # the policy's checks its eval sets cannot feed (stderr)
             said, refused = absent_categories(value, warnings)
             for line in said:
                 print(f"warning spec {_show(path)}: {line}", file=sys.stderr, flush=True)
+            if (own := own_categories(value, subsets)) is not None:
+                print(f"note spec {_show(path)}: {own}", file=sys.stderr, flush=True)
             if refused is not None:  # a category the policy requires and no set has: the spec is bad
                 results[0] = (Kind.spec, path, refused)
             elif any(w.blocks for w in warnings):

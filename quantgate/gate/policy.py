@@ -11,6 +11,7 @@ refused with the file, line and field. The checks themselves are in `quantgate.g
     min_samples: 10            # fewer paired samples than this is insufficient evidence
     primary: {metrics: [...], families: {fp8: {schemes: [...], max_relative_drop: 0.01}, ...}}
     categories: {arithmetic_numbers: {metric: numeric_match, max_relative_drop: 0.05}, ...}
+    own_categories: {max_relative_drop: 0.05}   # every other category a set declares, with its own metric
     recall: {measure: recall, max_absolute_drop: 0.05}
     judge: {margin: 0.05, max_invalid_rate: 0.1}   # more invalid verdicts than that: INCONCLUSIVE
     error_rate: {max: 0.02}
@@ -31,6 +32,7 @@ task checks' harm tests share their false-alarm budget (quantgate.gate.statistic
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
@@ -141,6 +143,27 @@ class CategoryCheck(DropLimit):
 
     def limit_for(self, family: str | None) -> float:
         return self.by_family.get(family, self.value) if family else self.value
+
+
+class OwnCategories(DropLimit):
+    """The limit for every category an eval set declares that `categories` does not name (a team's own: billing,
+    refunds, ...), each measured with its own metric (`own_metric`). The default policy's named categories keep their
+    limits. Left out (or null), only the named categories are checked."""
+    by_family: dict[str, Fraction] = Field(default_factory=dict, description="family -> limit overriding the default")
+    required: bool = True
+    bound: Bound | None = None
+
+    def limit_for(self, family: str | None) -> float:
+        return self.by_family.get(family, self.value) if family else self.value
+
+
+def own_metric(scored: Mapping[str, int], preferred: Sequence[str] = ()) -> str | None:
+    """The metric a category's check reads: the one that scores most of its samples; a tie goes to the first of
+    `preferred` (the policy's primary metrics), then to the first name in order. None when nothing is scored."""
+    if not scored:
+        return None
+    rank = {m: i for i, m in enumerate(preferred)}
+    return min(scored, key=lambda m: (-scored[m], rank.get(m, len(rank)), m))
 
 
 class RecallCheck(DropLimit):
@@ -279,6 +302,8 @@ class GatePolicy(_Strict):
     categories: dict[Annotated[str, Field(min_length=1)], CategoryCheck] = Field(
         default_factory=dict, description="category -> its limit; applies where a release's eval sets have that "
                                           "category (`check` warns about a name no set has)")
+    own_categories: OwnCategories | None = Field(None, description="the limit for the categories an eval set "
+                                                 "declares that `categories` does not name")
     recall: RecallCheck | None = None
     judge: JudgeCheck | None = None
     error_rate: ErrorRateCheck | None = None
@@ -311,9 +336,12 @@ class GatePolicy(_Strict):
         for c, v in self.categories.items():
             if set(v.by_family) - families:
                 raise ValueError(f"categories.{c}.by_family: {sorted(set(v.by_family) - families)} are not in primary.families")
+        if self.own_categories and set(self.own_categories.by_family) - families:
+            raise ValueError(f"own_categories.by_family: {sorted(set(self.own_categories.by_family) - families)} are "
+                             "not in primary.families")
         return self
 
-    def bound_of(self, check: PrimaryCheck | CategoryCheck | RecallCheck | JudgeCheck) -> Bound:
+    def bound_of(self, check: PrimaryCheck | CategoryCheck | OwnCategories | RecallCheck | JudgeCheck) -> Bound:
         return check.bound or self.bound
 
 

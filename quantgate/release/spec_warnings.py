@@ -12,8 +12,8 @@ from quantgate.evals.dataset import Sample, load_evalset, stratified_subset
 from quantgate.evals.metrics import load_table
 from quantgate.evals.setsource import set_names
 from quantgate.fidelity.core import CONTEXT_PREFIX
-from quantgate.gate.feeding import Feed, SetShape, Unfed, unfed
-from quantgate.gate.policy import load_policy
+from quantgate.gate.feeding import Feed, SetShape, Unfed, own_checks_line, unfed
+from quantgate.gate.policy import GatePolicy, load_policy
 from quantgate.gate.sizing import sizing
 from quantgate.gate.sizing import warnings as size_warnings
 from quantgate.release.spec import ReleaseSpec
@@ -35,7 +35,8 @@ def sizing_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | No
     counts: dict[str, int] = {}
     for samples in (eval_subsets(spec) if subsets is None else subsets).values():
         counts["primary"] = counts.get("primary", 0) + len(samples)
-        for cat in policy.categories:
+        named = set(policy.categories) if policy.own_categories is None else {s.category for s in samples}
+        for cat in named:
             n = sum(1 for s in samples if s.category == cat)
             if n:
                 counts[f"category:{cat}"] = counts.get(f"category:{cat}", 0) + n
@@ -49,6 +50,17 @@ def feed_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None
     """The policy's checks that this spec's eval sets cannot feed, or feed too thinly to judge
     (quantgate.gate.feeding): said at `--check`, `quantgate check` and the start of a release.
     `subsets`: eval_subsets(spec), when the caller has them."""
+    policy, feed = _feed(spec, subsets)
+    return unfed(policy, feed)
+
+
+def own_categories(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None = None) -> str | None:
+    """The line that lists the checks of the sets' own categories (policy `own_categories`), or None."""
+    return own_checks_line(*_feed(spec, subsets))
+
+
+def _feed(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None) -> tuple[GatePolicy, Feed]:
+    """The policy and what the spec's eval sets and sections offer its checks."""
     policy = load_policy(policy_path(spec))
     shapes: list[SetShape] = []
     everything: list[Sample] = []
@@ -69,4 +81,4 @@ def feed_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None
     r = spec.recall
     needles = {n: len(r.depths) * len(r.kinds) * r.samples for n in r.lengths} if r is not None else None
     repeats = spec.perf.settings(spec.workload, spec.hardware, spec.concurrency).repeats if spec.perf else None
-    return unfed(policy, Feed(shapes, binary, fidelity, measured, needles, repeats))
+    return policy, Feed(shapes, binary, fidelity, measured, needles, repeats)
