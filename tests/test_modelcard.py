@@ -337,3 +337,32 @@ def test_the_front_matter_is_yaml_whatever_the_names_hold():
     assert front["quantgate"] == {"decision": "PROMOTE", "policy": "no", "run": "0123"}
     assert front["model-index"][0]["name"] == "a: b #c-yes"
     assert not {"base_model", "base_model_relation", "license"} & set(front)  # nothing known, nothing invented
+
+
+def _pay_off(window: bool) -> dict:
+    fig = {"figure": "tpot_p50_ms", "at": "lowest", "concurrency": 1, "lower_is_better": True, "baseline": 40.0,
+           "candidate": 20.0, "ratio": {"value": 0.5, "low": 0.45, "high": 0.56, "level": 0.9,
+                                        "method": "paired-log" if window else "welch-log", "n_base": 3, "n_cand": 3}}
+    floor = {**fig, "ratio": {**fig["ratio"], "value": 1.01, "low": 0.95, "high": 1.08}}
+    doc = {"workload": "latency", "decide": [fig], "throughput_ratio": 1.9}
+    if window:
+        doc |= {"floor": [floor], "window": {"rounds": 3, "started": "2026-12-06T05:40:00+00:00",
+                                             "ended": "2026-12-06T05:44:00+00:00", "seconds": 240.0, "cores": [0, 1],
+                                             "load": {"load1_min": 0.4, "load1_max": 1.9, "others_share_max": 0.05}}}
+    return doc
+
+
+@pytest.mark.parametrize("window", [True, False])
+def test_the_card_shows_each_speed_with_its_interval_the_aa_floor_and_how_it_was_measured(run, window):
+    """Never a bare '3.84x faster': each pay-off figure with its interval, the A/A floor (the baseline against
+    itself in the same rounds) and the window's rounds, times and load; a probe taken apart says so."""
+    folder, _, _ = run
+    (folder / CAND / "pay_off.json").write_text(json.dumps(_pay_off(window)))
+    card = render_card(card_inputs(folder, CAND, model="demo", version="v1"))
+    (row,) = [x for x in card.splitlines() if x.startswith("| tpot_p50_ms |")]
+    assert row.startswith("| tpot_p50_ms | 1 | 2.00x | 1.79x-2.22x |"), row
+    if window:
+        assert row.endswith("| 0.93x-1.05x | 3 |") and "Side by side in one window: 3 rounds" in card, row
+        assert "2026-12-06T05:40:00+00:00 to 2026-12-06T05:44:00+00:00 (240 s); 1-minute load 0.40-1.90" in card
+    else:
+        assert row.endswith("| none | 3 |") and "Probes taken apart" in card and "unpaired" in card, row

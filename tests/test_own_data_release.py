@@ -105,7 +105,18 @@ def test_a_teams_own_model_and_data_reach_a_decision_with_every_check_fed(demo_m
     names = ("emea.tickets", "apac.tickets")
     assert {f"{c}:{n}" for c in ("primary", "pooled") for n in names} <= {n.split("/")[0] for n in checks}, checks
     assert {"category:emea.tickets/billing/exact_match", "category:apac.tickets/warranty/exact_match"} <= set(checks)
-    evidence = json.loads((tmp_path / "results" / "runs" / "own" / "own-int8" / "evidence.json").read_text())
+    run = tmp_path / "results" / "runs" / "own"
+    window = json.loads((run / "perf-window" / "window.json").read_text())  # speed: side by side, paired, A/A
+    assert window["rounds"] == 3 and [p["variant"] for p in window["probes"][:3]] == ["baseline", "own-int8",
+                                                                                    "baseline"], window
+    assert all(p["load_before"] is not None and p["busy_share"] is not None for p in window["probes"]), window
+    pay_off = json.loads((run / "own-int8" / "pay_off.json").read_text())
+    assert pay_off["intervals"]["method"] == "paired-log" and pay_off["window"]["rounds"] == 3, pay_off
+    assert pay_off["floor"] and pay_off["floor"][0]["ratio"]["n_cand"] == 3, pay_off["floor"]
+    speed = [c for name, c in checks.items() if name.startswith("pay_off:latency/")]
+    assert speed and all("A/A floor" in c["reason"] for c in speed), speed
+    evidence = json.loads((run / "own-int8" / "evidence.json").read_text())
+    assert evidence["perf"] == str(run / "perf-window" / "own-int8"), evidence["perf"]
     assert sorted(evidence["evals"]) == sorted(names), evidence["evals"]  # each measured in its own folder
     assert len({*evidence["evals"].values()}) == 2
     print(json.dumps({"decision": cand["decision"], "reasons": cand["reasons"][:4]}, indent=1))

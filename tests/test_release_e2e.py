@@ -55,7 +55,7 @@ quantization:
 eval: {{limit: 30}}
 recall: {{lengths: [512], depths: [0, 50, 100], kinds: [number, name], samples: 1}}
 fidelity: {{draws: 1, context_prompts: 4, context_new_tokens: 64}}
-perf: {{concurrency: [2], num_prompts: 6, input_len: 64, output_len: 16, repeats: 1}}
+perf: {{concurrency: [2], num_prompts: 6, input_len: 64, output_len: 16, repeats: 1, rounds: 2}}
 policy: {policy}
 {judge}
 {outbound}
@@ -260,6 +260,15 @@ def test_unchanged_rerun_is_served_from_cache_including_the_judge(workspace):
         json.loads((runs / "first" / FIRST / "judge" / "report.json").read_text())
     assert json.loads((runs / "again" / FIRST / "quantization.json").read_text())["reused"] is True
     assert work_seconds(runs / "again") < 0.05 * work_seconds(runs / "first")
+    # speed is never read from the cache: both sides were probed again, side by side, in this run's own window
+    first, again = (json.loads((runs / r / "perf-window" / "window.json").read_text()) for r in ("first", "again"))
+    assert again["started"] >= first["ended"] and len(again["probes"]) == 2 * 3, again
+    pay_off = json.loads((runs / "again" / FIRST / "pay_off.json").read_text())
+    assert pay_off["window"]["file"] == str(runs / "again" / "perf-window" / "window.json")
+    assert pay_off["intervals"]["method"] == "paired-log" and pay_off["floor"], pay_off
+    evidence = json.loads((runs / "again" / "baseline" / "evidence.json").read_text())
+    assert evidence["perf"] == str(runs / "again" / "perf-window" / "baseline")
+    assert not list((root / "results" / "cache").glob("variants/*/perf"))  # no probe kept to be reused
 
 
 class Killer(threading.Thread):

@@ -9,6 +9,9 @@ The policy's `pay_off` section (quantgate.gate.policy.PayOffCheck) says
   when the interval straddles it (more repeats would decide) or has no interval (fewer than 2 runs a side);
 - `workloads.<profile>.min_kv_tokens_ratio`: more KV cache capacity (the `fit` profile);
 - `min_throughput_ratio`: the older point check of output tokens/s at the highest common level.
+Where the ratios come from a side-by-side window (pay_off.json `floor` and `window`, quantgate.perf.rounds), each
+figure is read against the A/A floor too: a speed-up must clear the baseline-against-itself interval, and a floor
+that excludes 1 makes every speed check of the window INCONCLUSIVE.
 Speed is the ratio candidate/baseline for a rate (tokens/s, goodput) and its inverse for a latency, so "1.25x" always
 means a quarter faster. The check names carry the profile (`pay_off:latency/tpot_p50_ms`) and so does the decision.
 """
@@ -20,7 +23,9 @@ import math
 from quantgate.gate.models import Check, GateEvidence, Ratio
 from quantgate.gate.policy import GatePolicy, PayOffCheck
 from quantgate.gate.statistical import finite, missing
+from quantgate.perf.intervals import RatioCI
 from quantgate.perf.models import SpeedFigure
+from quantgate.perf.rounds import floor_clears, floor_drifted, rounds_needed, speedup as window_speedup
 
 LABELS = {"output_tok_s": "output tokens/s", "requests_s": "requests/s", "goodput_rps": "goodput (requests/s within "
           "the SLO)", "ttft_p50_ms": "TTFT p50", "ttft_p95_ms": "TTFT p95", "itl_p50_ms": "ITL p50", "itl_p95_ms":
@@ -41,8 +46,10 @@ def speed(ratio: float | None, lower_is_better: bool) -> float | None:
     return math.inf if ratio == 0 else 1.0 / ratio
 
 
-def speed_check(f: SpeedFigure, workload: str, demand: float, *, bound: str, required: bool, file: str | None) -> Check:
-    """One pay-off figure against the profile's demand (see the module doc)."""
+def speed_check(f: SpeedFigure, workload: str, demand: float, *, bound: str, required: bool, file: str | None,
+                floor: RatioCI | None = None, rounds: int | None = None) -> Check:
+    """One pay-off figure against the profile's demand (see the module doc), read against the A/A `floor` of its
+    window where there is one (`rounds`: the window's)."""
     name = f"pay_off:{workload}/{f.figure}"
     where = f"at concurrency {f.concurrency}" if f.concurrency is not None else "at each variant's best level"
     r = f.ratio
@@ -65,8 +72,29 @@ def speed_check(f: SpeedFigure, workload: str, demand: float, *, bound: str, req
             "fail": f"{'best end' if bound == 'ci' else 'measured'} {best:.2f}x < {demand:.2f}x: slower than the "
                     f"{workload} profile demands where it will be used",
             "inconclusive": f"the interval {worst:.2f}x-{best:.2f}x straddles {demand:.2f}x: more repeats would decide"}
+    reason = f"{head}; {tail[outcome]}"
+    if floor is not None and outcome != "fail":
+        outcome, reason = _against_floor(outcome, reason, point, worst, demand, floor, f.lower_is_better, rounds)
     return Check(name=name, measured=round(worst, 4), limit=demand, bound=bound, required=required,
-                 outcome=outcome, evidence_file=file, reason=f"{head}; {tail[outcome]}")
+                 outcome=outcome, evidence_file=file, reason=reason)
+
+
+def _against_floor(outcome: str, reason: str, point: float, worst: float, demand: float, floor: RatioCI,
+                   lower_is_better: bool, rounds: int | None) -> tuple[str, str]:
+    """A speed figure of a side-by-side window read against the baseline against itself (quantgate.perf.rounds):
+    a floor off 1 says the load changed within the rounds (INCONCLUSIVE whatever the figure); a speed-up (a demand
+    of 1x or more) passes only beyond the floor's interval, else INCONCLUSIVE with the rounds it needs."""
+    clear, said = floor_clears(worst, floor, lower_is_better)
+    if floor_drifted(floor):
+        return "inconclusive", (f"{reason}; but the {said} excludes 1: the load changed within the rounds, so no "
+                                "speed figure of this window can be trusted; run the release again on a quieter slot")
+    if outcome != "pass" or demand < 1.0 or clear:
+        return outcome, f"{reason} ({said})"
+    far = max(window_speedup(floor.low, lower_is_better), window_speedup(floor.high, lower_is_better))  # type: ignore[arg-type]
+    need = rounds_needed(point, worst, far, rounds) if rounds else None
+    more = f"needs about {need} rounds (perf.rounds)" if need else "a speed-up this small cannot clear it"
+    return "inconclusive", (f"{reason}, but not beyond the {said}: the baseline against itself varies as much; "
+                            f"{more}")
 
 
 def _ratio_check(name: str, got: Ratio | None, limit: float, at_most: bool, p: PayOffCheck, why: tuple[str, str | None]) -> Check:
@@ -96,8 +124,9 @@ def _speed_checks(policy: GatePolicy, p: PayOffCheck, ev: GateEvidence) -> list[
         return [missing(f"pay_off:{workload}/speed", p.required, f"the {workload} probe has no pay-off figure",
                         figs.file, demand.min_speedup)]
     bound = p.bound or policy.bound
-    return [speed_check(f, workload, demand.min_speedup, bound=bound, required=p.required, file=figs.file)
-            for f in figs.decide]
+    rounds = figs.window.rounds if figs.window else None
+    return [speed_check(f, workload, demand.min_speedup, bound=bound, required=p.required, file=figs.file,
+                        floor=figs.floor_of(f), rounds=rounds) for f in figs.decide]
 
 
 def pay_off_checks(policy: GatePolicy, ev: GateEvidence) -> list[Check]:

@@ -365,6 +365,19 @@ class SpeedFigure(BaseModel):
     ratio: RatioCI
 
 
+class PerfWindowSummary(BaseModel):
+    """pay_off.json `window`: the side-by-side window the ratios come from (quantgate.release.perf_window)."""
+    model_config = ConfigDict(extra="ignore")
+
+    rounds: int
+    started: str = ""
+    ended: str = ""
+    seconds: float | None = None
+    cores: list[int] = Field(default_factory=list)
+    load: dict[str, float | None] = Field(default_factory=dict)
+    file: str | None = None
+
+
 class PayOffFigures(BaseModel):
     """What the gate's pay-off checks read from <run>/<candidate>/pay_off.json (quantgate.perf.compare output)."""
     model_config = ConfigDict(extra="ignore")
@@ -377,4 +390,10 @@ class PayOffFigures(BaseModel):
     concurrency: int | None = None
     slo_concurrency: dict[str, int | None] = Field(default_factory=dict)
     repeats: int | None = None
+    floor: list[SpeedFigure] = Field(default_factory=list)  # the A/A floor: the baseline against itself, same figures
+    window: PerfWindowSummary | None = None  # the side-by-side rounds (None: probes taken apart, unpaired)
     file: str | None = None
+
+    def floor_of(self, figure: SpeedFigure) -> RatioCI | None:
+        """The A/A floor's interval for one pay-off figure (read at the same place), None without a window."""
+        return next((f.ratio for f in self.floor if f.figure == figure.figure and f.at == figure.at), None)

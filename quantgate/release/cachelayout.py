@@ -122,8 +122,17 @@ def perf_settings(spec: ReleaseSpec) -> ProbeSettings:
     return s
 
 
+def in_window(spec: ReleaseSpec) -> bool:
+    """Whether the release probes speed in its side-by-side window (quantgate.release.perf_window) instead of on
+    each variant's own server: `perf.rounds` set, on this host (not work pools), no endpoint among the variants."""
+    p = spec.perf
+    endpoints = spec.baseline is not None or any(c.endpoint is not None for c in spec.candidates)
+    return p is not None and p.rounds is not None and spec.executor.kind == "local" and not endpoints
+
+
 def perf_dir(cache: Path, spec: ReleaseSpec) -> Path | None:
-    if spec.perf is None:
+    """The variant's own probe's folder in its cache; None: no probe in the spec, or the window probes it."""
+    if spec.perf is None or in_window(spec):
         return None
     return cache / "perf" / hashlib.sha256(perf_settings(spec).model_dump_json().encode()).hexdigest()[:12]
 

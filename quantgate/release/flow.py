@@ -42,7 +42,9 @@ from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, Summary, as_
 from quantgate.release import fidelity_step, judge_cache, outcome, pools, publishing, schedule, spec_warnings, webhook
 from quantgate.release.adaptive import fidelity_looks, widen
 from quantgate.release.autoschemes import at_flow_start
+from quantgate.release.cachelayout import in_window
 from quantgate.release.early import Verdicts
+from quantgate.release.perf_window import perf_window
 from quantgate.release import steps as rel
 from quantgate.release.runrecord import recording_status, timed
 from quantgate.release.resolve import load_spec
@@ -135,6 +137,16 @@ def judge(spec: ReleaseSpec, run: Path, baseline: rel.Evidence, candidates: list
     log = get_run_logger().info
     with progress.reporting("judge", log=log), timed(run, "judge " + ", ".join(c.variant.name for c in candidates)):
         return judge_cache.judge(spec, run, baseline, candidates, rel.judge, log=log)
+
+
+@task(cache_policy=NO_CACHE)
+def speed_window(spec: ReleaseSpec, run: Path, pool: schedule.SlotPool, baseline: rel.Evidence,
+                 candidates: list[rel.Evidence]) -> dict[str, Path]:
+    """The baseline and the candidates probed side by side, after the other measurements (quantgate.release.
+    perf_window): each candidate's pay_off.json, paired by round, with the A/A floor; variant -> its pooled probe."""
+    log = get_run_logger().info
+    with timed(run, "speed window"):
+        return perf_window(spec, run, pool, baseline, candidates, log)
 
 
 @task(cache_policy=NO_CACHE)
@@ -250,15 +262,22 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None, executo
     return state
 
 
-def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
-    """The release in its run folder: model, quantize, measure, compare, judge, gate (and widen), promote, publish,
-    report, notify."""
-    logger = get_run_logger()
-    subsets = spec_warnings.eval_subsets(s)  # read once for both kinds of warning
+def _say_before_work(s: ReleaseSpec, logger) -> None:
+    """The checks the spec's eval sets cannot feed, the limits its sizes cannot prove, the own categories checked."""
+    subsets = spec_warnings.eval_subsets(s)  # read once for every kind of warning
     for check in spec_warnings.feed_warnings(s, subsets):
         logger.warning(f"unfed check: {check}")
     for warning in spec_warnings.sizing_warnings(s, subsets):
         logger.warning(f"sample size: {warning}")
+    if (own := spec_warnings.own_categories(s, subsets)) is not None:
+        logger.info(own)
+
+
+def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
+    """The release in its run folder: model, quantize, measure, compare, judge, gate (and widen), promote, publish,
+    report, notify."""
+    logger = get_run_logger()
+    _say_before_work(s, logger)
     for note in s.machine_notes:  # `hardware: auto` and skip_unsupported: what was decided for this machine, and why
         logger.warning(note)
     model_dir = prepare_model(s, run)
@@ -272,6 +291,7 @@ def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
     cand_ev: list[rel.Evidence] = []
     comparisons: dict[str, Comparison] = {}
     decisions: list[Decision] = []
+    probed: dict[str, Path] = {}  # variant -> its pooled probe of the speed window
     while rung := rel.next_schemes(s, decisions):
         measured_base, evidence = measure(s, run, pool, model_dir, rung, baseline=base_ev is None)
         base_ev = base_ev or measured_base
@@ -281,6 +301,9 @@ def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
             judged = judge(s, run, base_ev, evidence, return_state=True)
             if judged.is_failed():  # recorded in <candidate>/judge/error.json: the gate shows it
                 logger.warning(f"judge step failed: {judged.message}")
+        if in_window(s):  # after every other measurement of this rung, the judge's included
+            probed |= speed_window(s, run, pool, base_ev, evidence)
+            _keep_window([base_ev, *evidence], probed)
         variants |= {c.variant.name: c.variant for c in evidence}
         cand_ev += evidence
         decisions = gate(s, run, list(variants), looks)
@@ -299,6 +322,7 @@ def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
                                     [variants[n] for n in undecided])
             assert base_ev is not None
             comparisons |= {c.variant.name: compare(base_ev, c, run) for c in redo}
+            _keep_window([base_ev, *redo], probed)  # their speed was probed in the window: not again
             cand_ev = [c for c in cand_ev if c.variant.name not in undecided] + redo
             decisions = gate(s, run, list(variants), looks)
     rel.record_decisions(s, run, decisions)  # decision.json (and its JUnit XML): the last look's, written once
@@ -309,6 +333,15 @@ def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
     summary = rel.finish_run(s, run, base_ev, [(c, comparisons[c.variant.name]) for c in cand_ev], decisions, promotions)
     outcome.create_artifacts(s.name, run, decisions)  # the report's link and the checks' table
     return conclude(s, run, summary, published, outcome.headline(summary.decision or "", decisions), not_promoted)
+
+
+def _keep_window(evidence: list[rel.Evidence], probed: Mapping[str, Path]) -> None:
+    """Each variant's evidence points at its pooled probe of the speed window (`probed`), in memory and in its
+    evidence.json; a variant measured again for more samples keeps the window's (speed does not depend on them)."""
+    for e in evidence:
+        if probed.get(e.variant.name) not in (None, e.perf):
+            e.perf = probed[e.variant.name]
+            e.write()
 
 
 def _promote(s: ReleaseSpec, run: Path, decisions: list[Decision], variants: dict[str, rel.Variant]

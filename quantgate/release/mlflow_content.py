@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.runfiles import DECISION, PLAN, QUANTIZATION, REPORT_HTML, REPORT_MD, RUN, SUMMARY
+from quantgate.base.runfiles import DECISION, PAY_OFF, PLAN, QUANTIZATION, REPORT_HTML, REPORT_MD, RUN, SUMMARY
 from quantgate.fidelity.record import load_fidelity_record
 from quantgate.gate.fidelityevidence import fidelity_evidence
 from quantgate.gate.models import Interval
+from quantgate.perf.payofffile import load_pay_off
 from quantgate.release.mlflow_read import BASELINE, Decision, Release, Variant
+from quantgate.report.sections import pay_off
 from quantgate.serving.server import plan_args
 
 MAX_PARAM_VALUE, MAX_TAG_VALUE, MAX_KEY = 6000, 8000, 250
@@ -192,6 +194,7 @@ def candidate_content(rel: Release, v: Variant, log: Callable[[str], None]) -> C
         note = [f"**{d.decision}**", "\n".join(f"- {r}" for r in d.reasons), f"needs: {d.needs}" if d.needs else ""]
         c.tag(RUN_NOTE, "\n\n".join(part for part in note if part))
         c.tag("quantgate.needs", d.needs)
+    _speed(c, rel.folder / v.name / PAY_OFF)
     if row is not None:
         for key in ("size_bytes", "size_ratio", "regressions"):
             c.metric(key, getattr(row, key))
@@ -201,6 +204,22 @@ def candidate_content(rel: Release, v: Variant, log: Callable[[str], None]) -> C
         c.tag("quantgate.registry_entry", row.registry)
         c.tag("quantgate.failure", row.failure)
     return c
+
+
+def _speed(c: Content, path: Path) -> None:
+    """Each pay-off figure's speed with its interval and A/A floor (report.sections.pay_off), and how it was
+    measured (the window's rounds and times, or probes taken apart); nothing without a readable pay_off.json."""
+    try:
+        p = pay_off(load_pay_off(path)) if path.is_file() else None
+    except QuantgateError:
+        p = None
+    if p is None:
+        return
+    for r in p["rows"]:
+        for field in ("speed", "speed_low", "speed_high", "floor_low", "floor_high"):
+            c.metric(f"speed.{r['figure']}.{field}", r[field])
+    c.param("speed.rounds", p["rows"][0]["n"] if p["rows"] else None)
+    c.param("speed.measured", p["measured"])
 
 
 def parent_content(rel: Release) -> Content:

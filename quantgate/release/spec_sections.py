@@ -186,6 +186,14 @@ class PerfSpec(PerfOverrides):
     budget there; a field set here overrides them: `concurrency` (levels), `sweep`, `slo: {ttft_ms, tpot_ms,
     attainment}`, `repeats`, `num_prompts`, `input_len`, `output_len`, `range_ratio`, `budget_s`."""
 
+    rounds: int | None = Field(3, ge=2, le=50, description="the speed window's rounds: after the other "
+                               "measurements, the baseline and every candidate are probed side by side on one slot, "
+                               "round by round (baseline, candidates, baseline again; one probe repeat each), and "
+                               "the ratios are paired by round with the baseline against itself as the A/A floor "
+                               "(quantgate.release.perf_window). null: each variant is probed on its own server as "
+                               "it is measured (unpaired; a probe cached by an earlier release is reused). A release "
+                               "on work pools or with an endpoint probes that way whatever this says")
+
     def settings(self, workload: str, hardware: str, concurrency: int) -> ProbeSettings:
         """The probe this spec asks for (quantgate.perf.workloads.settings)."""
         return probe_settings(workload, get_profile(hardware), self, concurrency=concurrency)

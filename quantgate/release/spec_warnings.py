@@ -16,6 +16,7 @@ from quantgate.gate.feeding import Feed, SetShape, Unfed, own_checks_line, unfed
 from quantgate.gate.policy import GatePolicy, load_policy
 from quantgate.gate.sizing import sizing
 from quantgate.gate.sizing import warnings as size_warnings
+from quantgate.release.cachelayout import in_window
 from quantgate.release.spec import ReleaseSpec
 from quantgate.release.variants import policy_path
 
@@ -80,5 +81,6 @@ def _feed(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None) -> tup
     measured = {name for name in ("recall", "fidelity", "judge", "perf") if getattr(spec, name) is not None}
     r = spec.recall
     needles = {n: len(r.depths) * len(r.kinds) * r.samples for n in r.lengths} if r is not None else None
-    repeats = spec.perf.settings(spec.workload, spec.hardware, spec.concurrency).repeats if spec.perf else None
+    repeats = None if spec.perf is None else spec.perf.rounds if in_window(spec) else \
+        spec.perf.settings(spec.workload, spec.hardware, spec.concurrency).repeats  # the window: a repeat per round
     return policy, Feed(shapes, binary, fidelity, measured, needles, repeats)

@@ -45,12 +45,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import REPO
-from quantgate.base.runfiles import COMPARE_DIR, DECISION, EVIDENCE, PLAN, QUANTIZATION, SUMMARY
+from quantgate.base.runfiles import COMPARE_DIR, DECISION, EVIDENCE, PAY_OFF, PLAN, QUANTIZATION, SUMMARY
 from quantgate.evals.comparefile import load_comparison
 from quantgate.base.runinfo import load_run_record
 from quantgate.gate.summaryfile import load_summary
 from quantgate.quantize.manifest import QuantManifest, read_quantization
+from quantgate.perf.payofffile import load_pay_off
 from quantgate.report.cardbaseline import baseline_facts, baseline_folder
+from quantgate.report.sections import pay_off
 from quantgate.serving.server import plan_args
 
 CARD = "README.md"
@@ -116,6 +118,7 @@ class CardInputs(_Model):
     license: str | None = None        # as the spec, the catalogue or the baseline states it; never a default
     license_name: str | None = None   # with `license: other`, the name and link the baseline's card gives
     license_link: str | None = None
+    speed: dict[str, Any] | None = None  # report.sections.pay_off of the candidate's pay_off.json
 
 
 # --- pure ---------------------------------------------------------------------------------------------------------
@@ -152,6 +155,22 @@ def _scores(c: CardInputs) -> list[str]:
         ci = f"[{_cell(s.ci_low)}, {_cell(s.ci_high)}]" if s.ci_low is not None else "-"
         rows.append(f"| {_cell(name)} | {_cell(s.n)} | {_cell(s.base_mean)} | {_cell(s.cand_mean)} | {_cell(s.delta)} | {ci} |")
     return rows
+
+
+def _speed(c: CardInputs) -> list[str]:
+    """The workload's pay-off figures: each speed with its interval and the A/A floor, and how they were measured
+    (report.sections.pay_off); nothing when the release probed no speed."""
+    p = c.speed
+    if not p:
+        return []
+    out = ["## Speed", "", f"Pay-off figures of the `{p['workload']}` profile: how many times as fast as the baseline.",
+           "", "| figure | at concurrency | speed | 90% interval | A/A floor | rounds |", "|---|---|---|---|---|---|"]
+    for r in p["rows"]:
+        floor = f"{r['floor_low']:.2f}x-{r['floor_high']:.2f}x" if r["floor_low"] is not None else "none"
+        ends = f"{r['speed_low']:.2f}x-{r['speed_high']:.2f}x" if r["speed_low"] is not None else "none"
+        speed = f"{r['speed']:.2f}x" if r["speed"] is not None else "-"
+        out.append(f"| {r['figure']} | {_cell(r['concurrency'] or 'best')} | {speed} | {ends} | {floor} | {r['n']} |")
+    return [*out, "", p["measured"], ""]
 
 
 def _quantization(c: CardInputs) -> list[str]:
@@ -228,7 +247,7 @@ def render_card(c: CardInputs) -> str:
         lines += [f"- needs: {c.needs}"]
     lines += ["", "## Evidence", "", "Every check of the gate: the measured value, its limit and the verdict.", "",
               *_evidence(c), "", "## Key scores", "", "Candidate against baseline on the release's eval sets (paired).", "",
-              *_scores(c), "", "## Quantization", "", *_quantization(c), "",
+              *_scores(c), "", *_speed(c), "## Quantization", "", *_quantization(c), "",
               "## Serving with vLLM", "", "From the folder that holds this card (the registry entry or a copy of it):",
               "", "```bash", command_line(c.serving), "```", ""]
     lines += [f"- {n}" for n in c.serving.notes] + ([""] if c.serving.notes else [])
@@ -349,4 +368,5 @@ def card_inputs(run: Path | str | None, candidate: str, *, model: str, version: 
                       calibration=calibration,
                       versions=versions, serving=serving,
                       hardware=spec.get("hardware"), workload=spec.get("workload"), run=run.name if run else None,
-                      sha256=sha256, **baseline_facts(base, spec))
+                      sha256=sha256, speed=pay_off(_typed(load_pay_off, folder / PAY_OFF) if folder else None),
+                      **baseline_facts(base, spec))

@@ -356,7 +356,7 @@ def pay_off(doc: PayOff | dict | None) -> dict | None:
         return None
     rows = []
     for r in doc.decide:
-        ci = r.ratio
+        ci, floor = r.ratio, doc.floor_of(r)
         lower = r.lower_is_better
         value, low, high = num(ci.value), num(ci.low), num(ci.high)
 
@@ -364,8 +364,28 @@ def pay_off(doc: PayOff | dict | None) -> dict | None:
             return None if x is None else (x if not lower else (math.inf if x == 0 else 1 / x))
 
         ends = sorted(v for v in (spd(low), spd(high)) if v is not None)
+        aa = sorted(v for v in (spd(floor.low), spd(floor.high)) if v is not None) if floor else []
         rows.append({"figure": r.figure, "concurrency": r.concurrency, "baseline": num(r.baseline),
                      "candidate": num(r.candidate), "ratio": value, "low": low, "high": high,
                      "level": num(ci.level), "speed": spd(value), "speed_low": ends[0] if ends else None,
-                     "speed_high": ends[-1] if ends else None})
-    return {"workload": doc.workload, "rows": rows, "slo_concurrency": dict(doc.slo_concurrency)}
+                     "speed_high": ends[-1] if ends else None, "floor_low": aa[0] if aa else None,
+                     "floor_high": aa[-1] if aa else None, "n": ci.n_cand, "method": ci.method})
+    return {"workload": doc.workload, "rows": rows, "slo_concurrency": dict(doc.slo_concurrency),
+            "measured": measured_how(doc)}
+
+
+def measured_how(doc: PayOff) -> str:
+    """Under what conditions the speed figures were measured, in one sentence (the card's and the report's)."""
+    w = doc.window
+    if w is None:
+        return ("Probes taken apart: each variant was probed on its own server when it was measured (the baseline's "
+                "probe may come from an earlier release's cache), so the ratios are unpaired and carry whatever load "
+                "each probe met.")
+    load = w.load
+    lo, hi, others = load.get("load1_min"), load.get("load1_max"), load.get("others_share_max")
+    return (f"Side by side in one window: {w.rounds} rounds of baseline, candidates, baseline again on cores "
+            f"{', '.join(map(str, w.cores)) or 'all'}, {w.started} to {w.ended}"
+            + (f" ({w.seconds:.0f} s)" if w.seconds else "")
+            + (f"; 1-minute load {lo:.2f}-{hi:.2f}" if lo is not None and hi is not None else "")
+            + (f", other processes at most {others:.0%} of those cores" if others is not None else "")
+            + ". Intervals are paired by round; the A/A floor is the baseline against itself in the same rounds.")
