@@ -24,7 +24,7 @@ hardware: a100
 schemes: [int8-w8a8]
 eval_sets: [{EVAL_SETS / 'default.jsonl'}]
 recall: {{lengths: [512], depths: [50], kinds: [number], samples: 1}}
-perf: {{concurrency: [1], num_prompts: 4, input_len: 32, output_len: 8, repeats: 1}}
+perf: {{concurrency: [1], num_prompts: 4, input_len: 32, output_len: 8, repeats: 1, rounds: null}}
 """
 
 

@@ -39,7 +39,9 @@ def test_every_kind_of_the_spec_has_its_folders_and_nothing_is_done_in_an_empty_
     assert list(folders) == [k.name for k in KINDS] == ["evals", "recall", "perf", "fidelity"]
     assert list(folders["evals"]) == ["default"] and folders["evals"]["default"].parent == job.cache / "evals"
     assert folders["recall"]["recall"].parent == job.cache / "recall"
-    assert folders["perf"]["perf"].parent == job.cache / "perf"
+    assert folders["perf"]["perf"].parent == job.cache / "perf"  # perf.rounds: null: each variant's own probe
+    window = _job(tmp_path, SPEC.replace(", rounds: null", ""))  # the default: the release's speed window probes
+    assert plan(window)[0]["perf"] == {}  # ... so no variant has a probe of its own to run or to reuse
     assert list(folders["fidelity"]) == ["main"]  # a candidate; the baseline also scores the floor's path
     assert list(plan(_job(tmp_path, baseline=True))[0]["fidelity"]) == ["main", "alt"]
     assert todo == {k: list(v) for k, v in folders.items()}
