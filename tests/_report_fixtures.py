@@ -284,11 +284,27 @@ def promote_run(results: Path, run_id: str, **kw) -> Path:
     _slices_doc(run, 0.004, 0.985)
     doc = json.loads((run / CAND / "decision.json").read_text())
     kept = [Check.model_validate(c) for c in doc["checks"] if not c["name"].startswith("fidelity")]
+    _window_pay_off(run)
     d = _verdict(kept + early_fidelity_checks(run, POLICY, CAND, CAND))
     assert d.decision == "PROMOTE", [c.reason for c in d.checks if c.outcome != "pass"]
     write_decision(run, d)
     _summary(run, run_id, kw.get("model", "demo"), kw.get("hardware", "x86-cpu"), d)
     return run
+
+
+def _window_pay_off(run: Path) -> None:
+    """The candidate's pay_off.json as a release's speed window writes it (quantgate.release.perf_window): the
+    latency profile's figures paired over 3 rounds, the A/A floor and the window's conditions, beside the ratios."""
+    doc = json.loads((run / CAND / "pay_off.json").read_text())
+    fig = {"figure": "tpot_p50_ms", "at": "lowest", "concurrency": 1, "lower_is_better": True, "baseline": 58.2,
+           "candidate": 31.4, "ratio": {"value": 0.5395, "low": 0.4852, "high": 0.5999, "level": 0.9,
+                                        "method": "paired-log", "n_base": 3, "n_cand": 3, "df": 2.0}}
+    floor = {**fig, "candidate": 58.9, "ratio": {**fig["ratio"], "value": 1.012, "low": 0.951, "high": 1.077}}
+    doc.update(workload="latency", decide=[fig], floor=[floor], intervals={"level": 0.9, "method": "paired-log"},
+               window={"rounds": 3, "started": "2026-12-06T05:41:34+00:00", "ended": "2026-12-06T05:43:43+00:00",
+                       "seconds": 196.9, "cores": [0], "load": {"load1_min": 1.63, "load1_max": 2.84,
+                                                               "others_share_max": 0.001}})
+    _dump(run / CAND / "pay_off.json", doc)
 
 
 def early_reject_run(results: Path, run_id: str, **kw) -> Path:

@@ -138,6 +138,9 @@ def test_the_promote_leads_with_its_decision(browser, site, tmp_path):
     charts = charts_are_drawn_and_readable(browser)
     assert {"trade-off", f"fidelity-{CAND}"} <= {c["id"] for c in charts}
     assert {"quality vs size", "speed vs size"} <= {t for c in charts for t, *_ in c["labels"]}
+    text = browser.evaluate("document.body.innerText")  # speed: its interval, the A/A floor, where it was measured
+    assert "1.85x [1.67, 2.06]" in text and "0.93x-1.05x" in text, text[-3000:]
+    assert "Side by side in one window: 3 rounds of baseline, candidates, baseline again" in text
     for measure in ("kl", "top1"):
         marks, limits = slice_marks(browser, measure)
         assert len(marks) == SLICES and sorted(limits) == sorted(marks)

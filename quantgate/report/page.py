@@ -125,9 +125,16 @@ def _perf(view: RunView, c: Candidate) -> dict:
     return {"size_ratio": size_ratio(view, c.name),
             "ratios": {k: _num(getattr(p, k)) for k in ("throughput_ratio", "request_throughput_ratio", "ttft_ratio",
                                                         "itl_ratio", "kv_tokens_ratio") if p and k in p.model_fields_set},
+            "ci": {k: _ends(p.ci.get(k)) for k in ("throughput_ratio", "request_throughput_ratio", "ttft_ratio",
+                                                   "itl_ratio") if p and isinstance(p.ci.get(k), dict)},
             "concurrency": p.concurrency if p else None, "pay_off": sections.pay_off(p),
             "quant": None if q is None else {"wall_s": _num(_d(q.get("timings_s")).get("wall")), "reused": q.get("reused"),
                                              "weights_bytes": q.get("weights_bytes"), "compression": _num(q.get("compression_ratio"))}}
+
+
+def _ends(ci: dict) -> list[float | None]:
+    """A ratio's interval ends as the report prints them beside the ratio (quantgate.perf.intervals.RatioCI)."""
+    return [_num(ci.get("low")), _num(ci.get("high"))]
 
 
 def _checks_of(view: RunView, c: Candidate, link: Callable[[Any], dict]) -> dict | None:
