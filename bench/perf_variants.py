@@ -61,6 +61,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs per level each time a variant is served")
     ap.add_argument("--rounds", type=int, default=1, help="times each variant is served, in turn")
     ap.add_argument("--serve-args", default=" ".join(CPU_ARGS), help="extra `vllm serve` arguments, same for every variant")
+    ap.add_argument("--dtypes", default=None, help="comma list, one per checkpoint: each variant's --dtype (a "
+                    "release serves the CPU baseline in float32 and quantized variants in bfloat16)")
     ap.add_argument("--kv-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--workload", choices=["latency", "throughput", "fit"], default=None, help="probe this profile")
@@ -74,10 +76,19 @@ def main() -> int:
         name = ck.resolve().name
         names.append(name if name not in names else f"{name}-{len(names)}")
     tokenizer = args.checkpoints[0]
+    dtypes = args.dtypes.split(",") if args.dtypes else [None] * len(names)
+    if len(dtypes) != len(names):
+        ap.error(f"--dtypes gives {len(dtypes)} dtypes for {len(names)} checkpoints")
     parts: dict[str, list[PerfResult]] = {n: [] for n in names}
     for rnd in range(args.rounds):
-        for name, ck in zip(names, args.checkpoints):
-            cfg = ServerConfig(model=ck, name=name, args=args.serve_args.split(), env={"VLLM_CPU_KVCACHE_SPACE": args.kv_gib})
+        for name, ck, dtype in zip(names, args.checkpoints, dtypes):
+            serve_args = args.serve_args.split()
+            if dtype is not None:  # this variant's own dtype in place of the shared one
+                if "--dtype" in serve_args:
+                    serve_args[serve_args.index("--dtype") + 1] = dtype
+                else:
+                    serve_args += ["--dtype", dtype]
+            cfg = ServerConfig(model=ck, name=name, args=serve_args, env={"VLLM_CPU_KVCACHE_SPACE": args.kv_gib})
             where = out / name / f"round{rnd}"
             print(f"[round {rnd + 1}/{args.rounds}] serving {name} ({ck}) ...", flush=True)
             try:
