@@ -89,3 +89,35 @@ def test_the_pay_off_file_carries_the_floor_per_figure_and_the_window():
     assert figs.floor_of(figs.decide[0]) == figs.decide[0].ratio and figs.window.rounds == 3
     other = SpeedFigure.model_validate({**f, "at": "highest"})
     assert figs.floor_of(other) is None  # read at another place: not its floor
+
+
+def test_a_window_with_every_candidate_rejected_early_probes_nothing_and_says_why(tmp_path):
+    """The demo's path: the REJECT was decided by fidelity, so no server starts for speed; the candidate's and the
+    baseline's evidence.json say why they have no speed figures (the gate shows 'skipped: decided early')."""
+    import json
+
+    from test_decide_early import SPEC
+
+    from quantgate.release.cachelayout import in_window
+    from quantgate.release.perf_window import perf_window
+    from quantgate.release.resolve import load_spec
+    from quantgate.release.variants import Evidence, Variant
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(SPEC.replace(", rounds: null", ""))
+    spec = load_spec(spec_file)
+    assert in_window(spec) and spec.perf.rounds == 3
+
+    def ev(name: str, decided: str | None = None) -> Evidence:
+        (tmp_path / name).mkdir()
+        return Evidence(variant=Variant(name=name, path=tmp_path, content_hash="0" * 64, size_bytes=1),
+                        folder=tmp_path / name, cache=tmp_path / "cache", serve_command=[], dtype=None, served=True,
+                        decided=decided)
+
+    base, cand = ev("baseline"), ev("int8-w8a8", decided="fidelity:kl: KL 0.3 > limit 0.02")
+    said: list[str] = []
+    assert perf_window(spec, tmp_path, None, base, [cand], said.append) == {}  # the pool is never asked
+    assert "nothing to probe side by side" in said[0] and "REJECT decided early by fidelity" in said[0]
+    on_disk = {v: json.loads((tmp_path / v / "evidence.json").read_text())["skipped"] for v in ("baseline", cand.variant.name)}
+    assert on_disk["int8-w8a8"]["perf"].startswith("decided early: REJECT by fidelity (fidelity:kl")
+    assert "no speed window" in on_disk["baseline"]["perf"] and not (tmp_path / "perf-window").exists()

@@ -89,6 +89,10 @@ def perf_window(spec: ReleaseSpec, run: Path, pool: SlotPool, base: Evidence, ca
     if not probed or base.failure or base.variant.endpoint is not None:
         log("speed window: nothing to probe side by side" + (f" ({', '.join(_not_probed(c) or '' for c in cands)})"
                                                               if cands else ""))
+        if cands and all(c.decided for c in cands):  # the baseline's record says why it has no speed figures
+            base.skipped["perf"] = ("every candidate's REJECT was decided by fidelity first "
+                                    f"({', '.join(c.variant.name for c in cands)}): no speed window")
+            base.write()
         return {}
     folder = run / WINDOW
     names = [c.variant.name for c in probed]
