@@ -132,8 +132,9 @@ def _perf(view: RunView, c: Candidate) -> dict:
                                              "weights_bytes": q.get("weights_bytes"), "compression": _num(q.get("compression_ratio"))}}
 
 
-def _ends(ci: dict) -> list[float | None]:
+def _ends(ci: Any) -> list[float | None]:
     """A ratio's interval ends as the report prints them beside the ratio (quantgate.perf.intervals.RatioCI)."""
+    ci = _d(ci)
     return [_num(ci.get("low")), _num(ci.get("high"))]
 
 
