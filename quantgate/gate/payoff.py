@@ -10,8 +10,8 @@ The policy's `pay_off` section (quantgate.gate.policy.PayOffCheck) says
 - `workloads.<profile>.min_kv_tokens_ratio`: more KV cache capacity (the `fit` profile);
 - `min_throughput_ratio`: the older point check of output tokens/s at the highest common level.
 Where the ratios come from a side-by-side window (pay_off.json `floor` and `window`, quantgate.perf.rounds), each
-figure is read against the A/A floor too: a speed-up must clear the baseline-against-itself interval, and a floor
-that excludes 1 makes every speed check of the window INCONCLUSIVE.
+figure is read against the A/A floor too: a speed-up must clear the baseline-against-itself interval, a slow-down
+must lie below it, and a floor that excludes 1 makes every speed check of the window INCONCLUSIVE.
 Speed is the ratio candidate/baseline for a rate (tokens/s, goodput) and its inverse for a latency, so "1.25x" always
 means a quarter faster. The check names carry the profile (`pay_off:latency/tpot_p50_ms`) and so does the decision.
 """
@@ -73,21 +73,30 @@ def speed_check(f: SpeedFigure, workload: str, demand: float, *, bound: str, req
                     f"{workload} profile demands where it will be used",
             "inconclusive": f"the interval {worst:.2f}x-{best:.2f}x straddles {demand:.2f}x: more repeats would decide"}
     reason = f"{head}; {tail[outcome]}"
-    if floor is not None and outcome != "fail":
-        outcome, reason = _against_floor(outcome, reason, point, worst, demand, floor, f.lower_is_better, rounds)
+    if floor is not None:
+        outcome, reason = _against_floor(outcome, reason, (point, worst, best), demand, floor, f.lower_is_better,
+                                         rounds)
     return Check(name=name, measured=round(worst, 4), limit=demand, bound=bound, required=required,
                  outcome=outcome, evidence_file=file, reason=reason)
 
 
-def _against_floor(outcome: str, reason: str, point: float, worst: float, demand: float, floor: RatioCI,
+def _against_floor(outcome: str, reason: str, speeds: tuple[float, float, float], demand: float, floor: RatioCI,
                    lower_is_better: bool, rounds: int | None) -> tuple[str, str]:
     """A speed figure of a side-by-side window read against the baseline against itself (quantgate.perf.rounds):
     a floor off 1 says the load changed within the rounds (INCONCLUSIVE whatever the figure); a speed-up (a demand
-    of 1x or more) passes only beyond the floor's interval, else INCONCLUSIVE with the rounds it needs."""
+    of 1x or more) passes only beyond the floor's interval, and a slow-down fails only below it; otherwise
+    INCONCLUSIVE, with the rounds a speed-up needs. `speeds`: the point, worst and best end, as speed-ups."""
+    point, worst, best = speeds
     clear, said = floor_clears(worst, floor, lower_is_better)
     if floor_drifted(floor):
         return "inconclusive", (f"{reason}; but the {said} excludes 1: the load changed within the rounds, so no "
                                 "speed figure of this window can be trusted; run the release again on a quieter slot")
+    if outcome == "fail":
+        near = min(window_speedup(floor.low, lower_is_better), window_speedup(floor.high, lower_is_better))  # type: ignore[arg-type]
+        if best < near:
+            return outcome, f"{reason} ({said})"
+        return "inconclusive", (f"{reason}, but not below the {said}: the baseline against itself varies as much; "
+                                "more rounds (perf.rounds) would decide")
     if outcome != "pass" or demand < 1.0 or clear:
         return outcome, f"{reason} ({said})"
     far = max(window_speedup(floor.low, lower_is_better), window_speedup(floor.high, lower_is_better))  # type: ignore[arg-type]
