@@ -64,6 +64,7 @@ class Probe:
 @dataclass
 class Window:
     rounds: int
+    order: list[Slot] = field(default_factory=list)
     cores: list[int] = field(default_factory=list)
     started: str = ""
     ended: str = ""
@@ -100,13 +101,29 @@ def perf_window(spec: ReleaseSpec, run: Path, pool: SlotPool, base: Evidence, ca
     settings = perf_settings(spec)
     one = settings.model_copy(update={"repeats": 1, "budget_s": (settings.budget_s / settings.repeats
                                                                  if settings.budget_s else None)})
-    window = Window(rounds=spec.perf.rounds)
+    window = Window(rounds=spec.perf.rounds, order=order)
     log(f"speed window: {base.variant.name} and {', '.join(names)} side by side, {spec.perf.rounds} rounds of "
         f"{len(order) // spec.perf.rounds} probes ({settings.profile} profile, concurrency {settings.levels}; about "
         f"{_estimate(one, len(order)):.0f} s)")
     variants = {v.variant.name: v for v in (base, *probed)}
-    results: dict[tuple[str, str | None], list[PerfResult]] = {}
     t0 = time.perf_counter()
+    try:
+        results = _run(spec, pool, variants, _Probing(folder, one, base.variant.path, []), window, log)
+    except QuantgateError as exc:  # a server that cannot start again: no speed figures; the gate says they are missing
+        log(f"speed window: stopped, no speed ratios: {exc.message}")
+        write_json(folder / "window.json", {**asdict(window), "error": exc.message})
+        return {}
+    window.ended, window.seconds = _now(), round(time.perf_counter() - t0, 1)
+    write_json(folder / "window.json", asdict(window))
+    return _write_ratios(run, base, probed, results, window, log)
+
+
+def _run(spec: ReleaseSpec, pool: SlotPool, variants: dict[str, Evidence], shared: _Probing, window: Window,
+         log: Log) -> dict[tuple[str, str | None], list[PerfResult]]:
+    """Every variant's server up on one slot, then the probes in `window.order`; each probe's record into `window`;
+    (variant, half) -> its succeeded probes' results, in round order."""
+    folder, order = shared.folder, window.order
+    results: dict[tuple[str, str | None], list[PerfResult]] = {}
     with pool.take("speed window") as slot, pinned(slot), ExitStack() as servers:
         window.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         started = {}
@@ -116,8 +133,8 @@ def perf_window(spec: ReleaseSpec, run: Path, pool: SlotPool, base: Evidence, ca
             started[name] = servers.enter_context(make_server(server_config(spec, ev.variant, sub, slot), sub))
         window.started = _now()
         for k, s in enumerate(order, 1):
-            rec = _probe(s, started[s.variant], variants[s.variant], _Probing(folder, one, base.variant.path,
-                                                                               window.cores))
+            rec = _probe(s, started[s.variant], variants[s.variant], _Probing(folder, shared.settings,
+                                                                               shared.tokenizer, window.cores))
             window.probes.append(rec)
             log(f"speed window: probe {k}/{len(order)} (round {s.round + 1}, {s.variant}"
                 f"{'' if s.half is None else ' ' + ('first' if s.half == FIRST else 'second')}) "
@@ -125,9 +142,7 @@ def perf_window(spec: ReleaseSpec, run: Path, pool: SlotPool, base: Evidence, ca
                 + (f": {rec.error}" if rec.error else ""))
             if rec.status == "ok":
                 results.setdefault((s.variant, s.half), []).append(load_result(folder / rec.folder))
-    window.ended, window.seconds = _now(), round(time.perf_counter() - t0, 1)
-    write_json(folder / "window.json", asdict(window))
-    return _write_ratios(run, base, probed, results, window, log)
+    return results
 
 
 def _not_probed(c: Evidence) -> str | None:
