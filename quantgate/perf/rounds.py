@@ -14,7 +14,8 @@ Over the rounds each gives a paired t interval (quantgate.perf.intervals, `paire
 the baseline side of the first, and the floor is the ratio of the baseline's second runs to its first.
 
 How the gate reads them (quantgate.gate.payoff): a candidate claiming a speed-up (a demand of 1x or more) must
-show it beyond the floor: the worst end of its interval at or above the demand and outside the floor's interval.
+show it beyond the floor: the worst end of its interval at or above the demand and outside the floor's interval; a
+slow-down fails only where even its best end lies below the floor's interval.
 A floor that excludes 1 says the load changed between the two halves of a round: no speed figure of that window
 can be trusted, and every speed check there is INCONCLUSIVE.
 """
