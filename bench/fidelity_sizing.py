@@ -13,25 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 from pathlib import Path
 
 import numpy as np
 
 from quantgate.fidelity.bounds import ratio_bounds
 from quantgate.gate.sizing import SPREAD, fidelity_bound_share
+from quantgate.serving.kernel_probe import cpuinfo
 
 HERE = Path(__file__).resolve().parent
 SHAPES = sorted((HERE / "data").glob("demo_*_fidelity_shape*.json"))
 SIZES = {"prompt": (10, 12, 16, 30, 50), "haystack": (8, 10, 12, 20)}
-
-
-def cpu() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def main() -> None:
@@ -40,7 +32,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=300)
     args = ap.parse_args()
     rng = np.random.default_rng(1)
-    print(f"CPU {cpu()}; {args.trials} random subsets per row; share = 95% one-sided bound / limit, limit = 2 x truth")
+    print(f"CPU {cpuinfo()[0]}; {args.trials} random subsets per row; share = 95% one-sided bound / limit, limit = 2 x truth")
     print(f"{'shape':38s} {'slice':8s} {'measure':7s} {'n':>3s} {'median':>7s} {'p80':>6s} {'predicted':>9s}")
     for path in args.shapes:
         samples = json.loads(path.read_text())["samples"]

@@ -35,6 +35,7 @@ from quantgate.perf.models import SpeedFigure  # noqa: E402
 from quantgate.perf.probe import load_result, run_probe  # noqa: E402
 from quantgate.perf.rounds import as_rounds, geometric_baseline, plan  # noqa: E402
 from quantgate.perf.workloads import PerfOverrides, settings  # noqa: E402
+from quantgate.serving.kernel_probe import cpuinfo  # noqa: E402
 from quantgate.serving.server import ServerConfig, VLLMServer  # noqa: E402
 from quantgate.target.hardware import get_profile  # noqa: E402
 
@@ -46,14 +47,6 @@ def burn(cores: list[int], stop) -> None:
     os.sched_setaffinity(0, set(cores))
     while not stop.is_set():
         sum(i * i for i in range(10_000))
-
-
-def cpu_model() -> str:
-    try:
-        return next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                    if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
 
 
 def holds_one(ci: dict) -> bool:
@@ -105,7 +98,7 @@ class Tally:
 
     def summary(self) -> None:
         n = self.n
-        print(f"\n{n} repetitions, CPU {cpu_model()}")
+        print(f"\n{n} repetitions, CPU {cpuinfo()[0]}")
         for path, what in (("window", "side-by-side window (paired by round, A/A floor)"),
                            ("old", "old path (a quiet probe first, as a cached one, vs the copy under load)")):
             v = self.verdicts[path]
@@ -141,7 +134,7 @@ def main() -> int:
             tally.add(rep, analyze(here, args.rounds))
         tally.summary()
         return 0
-    print(f"CPU {cpu_model()}, cores {cores}; {args.workload} profile at {one.levels}; {args.rounds} rounds; "
+    print(f"CPU {cpuinfo()[0]}, cores {cores}; {args.workload} profile at {one.levels}; {args.rounds} rounds; "
           f"burner {'off' if args.no_burn else 'on from half-way'}; results in {out}", flush=True)
     with ExitStack() as stack:
         servers = {}

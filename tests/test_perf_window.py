@@ -67,6 +67,7 @@ def _check(cand: tuple[float, float, float], floor: tuple[float, float, float] |
     ((1.30, 1.20, 1.40), (1.0, 0.9, 1.1), "fail", "slower than the latency profile demands"),  # below the floor
     ((1.04, 1.02, 1.06), (1.0, 0.93, 1.07), "inconclusive", "not below the A/A floor"),  # 4% slower: as A/A varies
     ((0.50, 0.45, 0.55), None, "pass", "it pays off"),  # no window: as before
+    ((1.30, 1.20, 1.40), (None, None, None), "fail", "no A/A floor"),  # a figure the floor lacks: as before
 ])
 def test_a_speed_up_must_clear_the_baseline_against_itself(cand, floor, outcome, words):
     c = _check(cand, floor)

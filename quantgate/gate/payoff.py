@@ -18,14 +18,12 @@ means a quarter faster. The check names carry the profile (`pay_off:latency/tpot
 
 from __future__ import annotations
 
-import math
-
 from quantgate.gate.models import Check, GateEvidence, Ratio
 from quantgate.gate.policy import GatePolicy, PayOffCheck
 from quantgate.gate.statistical import finite, missing
 from quantgate.perf.intervals import RatioCI
 from quantgate.perf.models import SpeedFigure
-from quantgate.perf.rounds import floor_clears, floor_drifted, rounds_needed, speedup as window_speedup
+from quantgate.perf.rounds import floor_clears, floor_drifted, floor_speeds, rounds_needed, speedup
 
 LABELS = {"output_tok_s": "output tokens/s", "requests_s": "requests/s", "goodput_rps": "goodput (requests/s within "
           "the SLO)", "ttft_p50_ms": "TTFT p50", "ttft_p95_ms": "TTFT p95", "itl_p50_ms": "ITL p50", "itl_p95_ms":
@@ -38,12 +36,9 @@ def _gap(ev: GateEvidence, slot: str, default: str) -> tuple[str, str | None]:
 
 
 def speed(ratio: float | None, lower_is_better: bool) -> float | None:
-    """How many times as fast as the baseline a candidate/baseline ratio makes the candidate."""
-    if ratio is None:
-        return None
-    if not lower_is_better:
-        return ratio
-    return math.inf if ratio == 0 else 1.0 / ratio
+    """How many times as fast as the baseline a candidate/baseline ratio makes the candidate (perf.rounds.speedup);
+    None for no ratio."""
+    return None if ratio is None else speedup(ratio, lower_is_better)
 
 
 def speed_check(f: SpeedFigure, workload: str, demand: float, *, bound: str, required: bool, file: str | None,
@@ -88,18 +83,20 @@ def _against_floor(outcome: str, reason: str, speeds: tuple[float, float, float]
     INCONCLUSIVE, with the rounds a speed-up needs. `speeds`: the point, worst and best end, as speed-ups."""
     point, worst, best = speeds
     clear, said = floor_clears(worst, floor, lower_is_better)
+    ends = floor_speeds(floor, lower_is_better)
+    if ends is None:  # a figure the floor could not measure on both runs: read as without a floor
+        return outcome, f"{reason} ({said})"
+    near, far = ends
     if floor_drifted(floor):
         return "inconclusive", (f"{reason}; but the {said} excludes 1: the load changed within the rounds, so no "
                                 "speed figure of this window can be trusted; run the release again on a quieter slot")
     if outcome == "fail":
-        near = min(window_speedup(floor.low, lower_is_better), window_speedup(floor.high, lower_is_better))  # type: ignore[arg-type]
         if best < near:
             return outcome, f"{reason} ({said})"
         return "inconclusive", (f"{reason}, but not below the {said}: the baseline against itself varies as much; "
                                 "more rounds (perf.rounds) would decide")
     if outcome != "pass" or demand < 1.0 or clear:
         return outcome, f"{reason} ({said})"
-    far = max(window_speedup(floor.low, lower_is_better), window_speedup(floor.high, lower_is_better))  # type: ignore[arg-type]
     need = rounds_needed(point, worst, far, rounds) if rounds else None
     more = f"needs about {need} rounds (perf.rounds)" if need else "a speed-up this small cannot clear it"
     return "inconclusive", (f"{reason}, but not beyond the {said}: the baseline against itself varies as much; "

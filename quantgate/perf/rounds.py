@@ -83,14 +83,22 @@ def geometric_baseline(first: PerfResult, second: PerfResult) -> PerfResult:
     return first.model_copy(update={"runs": runs, "medians": [], "seconds": first.seconds + second.seconds})
 
 
+def floor_speeds(floor: RatioCI | None, lower_is_better: bool) -> tuple[float, float] | None:
+    """The A/A floor's interval as speed-ups (slowest, fastest); None without a floor or its interval."""
+    if floor is None or floor.low is None or floor.high is None:
+        return None
+    ends = sorted((speedup(floor.low, lower_is_better), speedup(floor.high, lower_is_better)))
+    return ends[0], ends[1]
+
+
 def floor_clears(worst: float, floor: RatioCI | None, lower_is_better: bool) -> tuple[bool, str]:
     """Whether a candidate's worst-end speed-up `worst` (how many times as fast as the baseline) lies beyond the
     A/A floor's interval, and the floor in words. No floor (or no interval): True, said."""
-    if floor is None or floor.low is None or floor.high is None:
+    ends = floor_speeds(floor, lower_is_better)
+    if ends is None:
         return True, "no A/A floor"
-    far = max(speedup(floor.low, lower_is_better), speedup(floor.high, lower_is_better))
-    near = min(speedup(floor.low, lower_is_better), speedup(floor.high, lower_is_better))
-    return worst > far, f"A/A floor {near:.2f}x-{far:.2f}x over {floor.n_cand} rounds"
+    assert floor is not None
+    return worst > ends[1], f"A/A floor {ends[0]:.2f}x-{ends[1]:.2f}x over {floor.n_cand} rounds"
 
 
 def floor_drifted(floor: RatioCI | None) -> bool:

@@ -24,7 +24,7 @@ import datetime as dt
 import os
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from quantgate.base.errors import QuantgateError
@@ -75,8 +75,7 @@ class Window:
 def perf_window(spec: ReleaseSpec, run: Path, pool: SlotPool, base: Evidence, cands: list[Evidence],
                 log: Log = print) -> dict[str, Path]:
     """Probe `base` and the candidates that still need speed figures side by side (see the module doc); write
-    each one's pay_off.json and point its evidence (and the baseline's) at its pooled probe (variant -> that
-    folder, returned). A candidate REJECTed early by fidelity, failed, or served elsewhere (an endpoint) is not
+    each one's pay_off.json and each variant's pooled probe (variant -> that folder, returned). A candidate REJECTed early by fidelity, failed, or served elsewhere (an endpoint) is not
     probed: its evidence says why."""
     assert spec.perf is not None and spec.perf.rounds is not None
     probed = []
@@ -131,10 +130,9 @@ def _run(spec: ReleaseSpec, pool: SlotPool, variants: dict[str, Evidence], share
             sub = folder / name
             sub.mkdir(parents=True, exist_ok=True)
             started[name] = servers.enter_context(make_server(server_config(spec, ev.variant, sub, slot), sub))
-        window.started = _now()
+        window.started, shared = _now(), replace(shared, cores=window.cores)
         for k, s in enumerate(order, 1):
-            rec = _probe(s, started[s.variant], variants[s.variant], _Probing(folder, shared.settings,
-                                                                               shared.tokenizer, window.cores))
+            rec = _probe(s, started[s.variant], variants[s.variant], shared)
             window.probes.append(rec)
             log(f"speed window: probe {k}/{len(order)} (round {s.round + 1}, {s.variant}"
                 f"{'' if s.half is None else ' ' + ('first' if s.half == FIRST else 'second')}) "
@@ -197,8 +195,12 @@ def _write_ratios(run: Path, base: Evidence, probed: list[Evidence],
         log("speed window: the baseline's probes did not all succeed: no speed ratios (the gate says so)")
         return {}
     a, b = as_rounds(first), as_rounds(second)
-    pooled = {base.variant.name: _pool(folder, base, as_rounds(first + second))}
-    aa = compare(a, b, paired=True)
+    pooled = {base.variant.name: _pool(folder, base.variant.name, as_rounds(first + second))}
+    try:
+        aa = compare(a, b, paired=True)
+    except QuantgateError as exc:  # the baseline's two halves probed different levels: no floor, no ratio
+        log(f"speed window: no A/A floor: {exc.message}")
+        return pooled
     geo = geometric_baseline(a, b)
     summary = {"rounds": window.rounds, "started": window.started, "ended": window.ended, "seconds": window.seconds,
                "cores": window.cores, "file": str(folder / "window.json"),
@@ -210,7 +212,7 @@ def _write_ratios(run: Path, base: Evidence, probed: list[Evidence],
             log(f"speed window: {c.variant.name}: not every probe succeeded: no speed ratios")
             continue
         cand = as_rounds(mine)
-        pooled[c.variant.name] = _pool(folder, c, cand)
+        pooled[c.variant.name] = _pool(folder, c.variant.name, cand)
         try:
             ratios = compare(geo, cand, paired=True)
         except QuantgateError as exc:
@@ -221,13 +223,12 @@ def _write_ratios(run: Path, base: Evidence, probed: list[Evidence],
     return pooled
 
 
-def _pool(folder: Path, ev: Evidence, result: PerfResult) -> Path:
-    """<window>/<variant>/perf.json: the variant's probes as one result; its evidence points there."""
-    out = folder / ev.variant.name
+def _pool(folder: Path, name: str, result: PerfResult) -> Path:
+    """<window>/<variant>/perf.json: the variant's probes as one result (the flow points its evidence there:
+    quantgate.release.flow._keep_window)."""
+    out = folder / name
     write_json(out / "perf.json", result.model_copy(update={"medians": level_medians(result.runs)}).model_dump(
         mode="json"))
-    ev.perf = out
-    ev.write()
     return out
 
 

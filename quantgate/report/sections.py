@@ -17,6 +17,7 @@ from typing import Any
 from quantgate.base.stats import num
 from quantgate.gate.checks import DECIDED_EARLY
 from quantgate.perf.payofffile import PayOff
+from quantgate.perf.rounds import floor_speeds, speedup
 
 MAX_REGRESSIONS = 40   # flips shown per kind (the counts cover them all)
 MAX_GAINS = 40
@@ -361,15 +362,15 @@ def pay_off(doc: PayOff | dict | None) -> dict | None:
         value, low, high = num(ci.value), num(ci.low), num(ci.high)
 
         def spd(x: float | None, lower: bool = lower) -> float | None:
-            return None if x is None else (x if not lower else (math.inf if x == 0 else 1 / x))
+            return None if x is None else speedup(x, lower)
 
         ends = sorted(v for v in (spd(low), spd(high)) if v is not None)
-        aa = sorted(v for v in (spd(floor.low), spd(floor.high)) if v is not None) if floor else []
+        aa = floor_speeds(floor, lower)
         rows.append({"figure": r.figure, "concurrency": r.concurrency, "baseline": num(r.baseline),
                      "candidate": num(r.candidate), "ratio": value, "low": low, "high": high,
                      "level": num(ci.level), "speed": spd(value), "speed_low": ends[0] if ends else None,
                      "speed_high": ends[-1] if ends else None, "floor_low": aa[0] if aa else None,
-                     "floor_high": aa[-1] if aa else None, "n": ci.n_cand, "method": ci.method})
+                     "floor_high": aa[1] if aa else None, "n": ci.n_cand, "method": ci.method})
     return {"workload": doc.workload, "rows": rows, "slo_concurrency": dict(doc.slo_concurrency),
             "measured": measured_how(doc)}
 
