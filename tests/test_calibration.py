@@ -79,5 +79,34 @@ def test_datasets_source_reads_a_local_file_offline(tmp_path):
     assert cal.uses_chat and len(cal.records) == 4 and cal.source.startswith("datasets:")
     bad = tmp_path / "b.jsonl"
     bad.write_text(json.dumps({"question": "x"}) + "\n")
-    with pytest.raises(ConfigError, match="no `text` or `messages` column"):
+    with pytest.raises(ConfigError, match="no `text`, `messages` or `prompt` column"):
         build(CalibrationSpec(dataset=str(bad)), samples=4, max_seq_length=32)
+
+
+def test_a_teams_parquet_file_and_datasets_folder_calibrate_like_its_eval_sets(tmp_path):
+    """`calibration.path` takes the tables eval sets come in: a Parquet file of chat `messages`, and a folder saved by
+    `datasets` whose rows have only an eval set's `prompt` (one user turn each); a bad row is named."""
+    import datasets
+
+    chats = [{"messages": [{"role": "user", "content": f"Wie spät ist es in Zürich? {i}"},
+                           {"role": "assistant", "content": "Es ist zehn Uhr."}]} for i in range(6)]
+    parquet = tmp_path / "de.parquet"
+    datasets.Dataset.from_list(chats).to_parquet(str(parquet))
+    got = build(CalibrationSpec(path=parquet), samples=4, max_seq_length=64)
+    assert got.available == 6 and len(got.records) == 4 and got.uses_chat
+    assert got.records[0]["messages"][1] == {"role": "assistant", "content": "Es ist zehn Uhr."}
+    assert got.source == f"{parquet}[train]"
+
+    folder = tmp_path / "tickets"
+    prompts = [{"id": f"t{i}", "prompt": f"Où est ma commande {i} ?", "category": "support"} for i in range(5)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(prompts)}).save_to_disk(str(folder))
+    got = build(CalibrationSpec(path=folder), samples=10, max_seq_length=64)
+    assert got.available == 5 and all(r["messages"][0]["role"] == "user" for r in got.records)
+    with pytest.raises(ConfigError, match="no split 'test'"):
+        build(CalibrationSpec(path=folder, split="test"), samples=2, max_seq_length=64)
+
+    blank = tmp_path / "blank.parquet"
+    datasets.Dataset.from_list([{"text": "fine"}, {"text": "  "}]).to_parquet(str(blank))
+    with pytest.raises(ConfigError) as err:
+        build(CalibrationSpec(path=blank), samples=2, max_seq_length=64)
+    assert "row 2" in str(err.value) and "empty `text`" in str(err.value)

@@ -43,7 +43,7 @@ import typer
 from quantgate.base.errors import QuantgateError
 from quantgate.base.yamlconfig import read_yaml, top_line
 from quantgate.cli.checkkind import Kind, Skip, detect_kind
-from quantgate.cli.checkspec import absent_categories, refuse_before_work
+from quantgate.cli.checkspec import absent_categories, family_warnings, refuse_before_work
 from quantgate.evals.dataset import load_evalset
 from quantgate.evals.setsource import is_evalset_folder, meta_path_for, samples_beside
 from quantgate.gate.feeding import CANNOT_PROMOTE
@@ -171,6 +171,8 @@ def _load_spec(path: Path) -> ReleaseSpec:
     refuse_before_work(path, spec)
     for note in spec.machine_notes:
         print(f"note spec {_show(path)}: {note}", file=sys.stderr, flush=True)
+    for warning in family_warnings(spec):
+        print(f"warning spec {_show(path)}: {warning}", file=sys.stderr, flush=True)
     return spec
 
 

@@ -26,6 +26,7 @@ from quantgate.gate.feeding import Unfed
 from quantgate.gate.policy import DEFAULT_POLICY
 from quantgate.release.autoschemes import local_config
 from quantgate.release.external import detect_scheme, read_config
+from quantgate.release.familycheck import findings, spec_schemes
 from quantgate.release.spec import ReleaseSpec
 
 
@@ -106,6 +107,15 @@ def policy_is_one(path: Path, spec: ReleaseSpec) -> None:
         raise QuantgateError(f"{spec.policy} is not a gate policy: it reads as {kind}", where=_at(path, ("policy",)),
                              fix=f"point `policy` at a gate policy YAML (releases/policies/*.yaml), or remove it for "
                                  f"the default ({DEFAULT_POLICY.relative_to(REPO)})")
+
+
+def family_warnings(spec: ReleaseSpec) -> list[str]:
+    """The support matrix's warnings for the model's family (never measured, or a scheme never measured with it),
+    where the model is on disk; its refusals are the resolver's (quantgate.release.resolve)."""
+    found = _model_config(spec)
+    if found is None:
+        return []
+    return findings(found[1], spec.hardware, spec_schemes(spec), spec.serving.python).warnings
 
 
 def refuse_before_work(path: Path, spec: ReleaseSpec) -> None:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quantgate.base.fileio import write_json
 from quantgate.base.runfiles import ERROR
 from quantgate.base.typedfile import read_model
+from quantgate.serving.logcause import root_cause
 
 CANDIDATE_ERROR = ERROR  # <run>/<candidate>/error.json
 
@@ -31,6 +32,9 @@ class CandidateError(BaseModel):
     detail: str = Field(description="the whole error, as raised")
     server_log: str | None = None
     log_tail: list[str] = Field(default_factory=list, description="the server log's last lines")
+    root_cause: str | None = Field(None, description="the log's last exception that is not a wrapper's, read from the "
+                                                     "whole log (quantgate.serving.logcause): vLLM's engine error sits "
+                                                     "above the API server's traceback, often outside the tail")
     flow_run: str | None = Field(None, description="work pools: the child flow run that did not finish")
 
     def write(self, folder: Path) -> Path:
@@ -39,8 +43,10 @@ class CandidateError(BaseModel):
         return path
 
     def last_error_line(self) -> str | None:
-        """The log tail's last line that names an error, if any (the root cause a reader looks for first)."""
-        return next((ln.strip() for ln in reversed(self.log_tail) if "Error" in ln or "error" in ln), None)
+        """The root cause a reader looks for first: the log tail's last exception that is not a wrapper's
+        (quantgate.serving.logcause), else its last line that names an error, if any."""
+        return self.root_cause or root_cause("\n".join(self.log_tail)) or next(
+            (ln.strip() for ln in reversed(self.log_tail) if "Error" in ln or "error" in ln), None)
 
 
 def load_candidate_error(path: Path) -> CandidateError:

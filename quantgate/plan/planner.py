@@ -259,6 +259,13 @@ def _layout_decisions(lay: Layout, cap: Capacity, req: PlanRequest, replicas: in
                             reason=f"MoE with {s.num_experts} experts: attention data-parallel (each rank keeps "
                                    f"its own requests' KV, no duplication across TP), experts split {lay.dp} ways",
                             numbers={"experts_per_device": round(s.num_experts / lay.dp, 2)}))
+    elif s.is_moe:
+        where = ("one device holds every expert with room for the KV pool, so a replica needs no expert parallelism "
+                 "(EP would only add an all-to-all per layer)") if lay.devices == 1 else (
+                 f"the attention weights alone overflow a device, so each expert is split over the {lay.label} group "
+                 "like the dense layers instead of placing whole experts per rank")
+        out.append(Decision(topic="moe", choice="no expert parallelism", reason=f"MoE with {s.num_experts} experts: {where}",
+                            numbers={"experts": float(s.num_experts)}))
     out.append(Decision(topic="replicas", choice=str(replicas),
                         reason=f"{total} device(s) / {lay.devices} per replica"
                                + ("; spare devices become independent replicas" if replicas > 1 and not req.replicas else ""),

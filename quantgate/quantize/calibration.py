@@ -1,7 +1,9 @@
-"""Calibration data: the user's JSONL or a `datasets` dataset, checked and sampled before any model is loaded.
+"""Calibration data: the user's JSONL, Parquet or CSV file, a folder saved by `datasets`, or a `datasets` dataset,
+checked and sampled before any model is loaded.
 
 A record is `{"text": "..."}` or `{"messages": [{"role": "user", "content": "..."}, ...]}` (chat messages are
-rendered with the model's chat template in the runner child). The default set, written for this project, is
+rendered with the model's chat template in the runner child); a table's `text` or `messages` column gives them, and a
+table with neither but a `prompt` column (an eval set's) gives one user turn per row. The default set, written for this project, is
 `quant_recipes/calibration/default.jsonl`. Sample count, sequence length and seed come from the spec.
 """
 
@@ -26,7 +28,8 @@ class CalibrationSpec(BaseModel):
     """Where calibration text comes from and how much of it to use."""
     model_config = ConfigDict(extra="forbid")
 
-    path: Path | None = Field(None, description="JSONL file of {text} or {messages} records")
+    path: Path | None = Field(None, description="JSONL file of {text} or {messages} records, a Parquet or CSV file, or "
+                                                "a folder saved by `datasets` (save_to_disk; `split` picks a split)")
     dataset: str | None = Field(None, description="`datasets` name or local folder/file, read with load_dataset")
     split: str = "train"
     samples: int | None = Field(None, ge=1, le=100_000, description="default: the scheme's (schemes.yaml)")
@@ -88,26 +91,48 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+TABLES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def is_table(path: Path) -> bool:
+    """A calibration `path` read through `datasets`: a Parquet or CSV file, or a folder `datasets` saved."""
+    return path.is_dir() or path.suffix in (".parquet", ".csv")
+
+
 def read_dataset(name: str, split: str) -> list[dict[str, Any]]:
-    """Records from `datasets.load_dataset` (a local .json/.jsonl/.parquet/.csv file uses the matching builder)."""
+    """Records from `datasets`: a folder saved by it (load_from_disk, `split` of a DatasetDict), a local
+    .json/.jsonl/.parquet/.csv file (the matching builder), or a dataset name already in its cache."""
     import datasets  # the pipeline env has it; imported here so plain JSONL use stays light
 
     p = Path(name)
-    builders = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
     try:
-        if p.is_file() and p.suffix in builders:
-            ds = datasets.load_dataset(builders[p.suffix], data_files=str(p), split=split)
+        if p.is_dir() and ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file()):
+            ds = datasets.load_from_disk(str(p))
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise ConfigError(f"no split {split!r}; the folder has {', '.join(ds)}", where=name,
+                                      fix="set calibration.split to one of them")
+                ds = ds[split]
+        elif p.is_file() and p.suffix in TABLES:
+            ds = datasets.load_dataset(TABLES[p.suffix], data_files=str(p), split="train")
         else:
             ds = datasets.load_dataset(name, split=split)
+    except ConfigError:
+        raise
     except Exception as exc:  # noqa: BLE001 - datasets raises many types; the message is what the user needs
         raise ConfigError(f"could not load dataset: {type(exc).__name__}: {str(exc)[:300]}", where=name,
                           fix="give a local file/folder, or a dataset already in the datasets cache (no network at run time)") from None
-    if "text" not in ds.column_names and "messages" not in ds.column_names:
-        raise ConfigError(f"dataset has no `text` or `messages` column (columns: {ds.column_names})", where=f"{name}[{split}]",
-                          fix="rename the column, or convert it to JSONL records")
     cols = [c for c in ("text", "messages") if c in ds.column_names]
-    records = [check_record({c: row[c] for c in cols if row[c] is not None}, f"{name}[{split}] row {i}")
-               for i, row in enumerate(ds)]
+    if not cols and "prompt" not in ds.column_names:
+        raise ConfigError(f"dataset has no `text`, `messages` or `prompt` column (columns: {ds.column_names})",
+                          where=f"{name}[{split}]", fix="rename the column, or convert it to JSONL records")
+
+    def record(row: dict[str, Any]) -> dict[str, Any]:
+        if cols:
+            return {c: row[c] for c in cols if row[c] is not None}
+        return {"messages": [{"role": "user", "content": row["prompt"]}]} if isinstance(row["prompt"], str) else {}
+
+    records = [check_record(record(row), f"{name}[{split}] row {i}") for i, row in enumerate(ds, start=1)]
     if not records:
         raise ConfigError("dataset split is empty", where=f"{name}[{split}]", fix="choose another split")
     return records
@@ -124,6 +149,10 @@ def build(spec: CalibrationSpec, samples: int, max_seq_length: int) -> Calibrati
     """Read, check and sample the calibration data; the hash covers the chosen records and the length."""
     if spec.dataset is not None:
         source, records = f"datasets:{spec.dataset}[{spec.split}]", read_dataset(spec.dataset, spec.split)
+    elif spec.path is not None and is_table(Path(spec.path)):
+        if not Path(spec.path).exists():
+            raise ConfigError("calibration file not found", where=str(spec.path), fix="check the path")
+        source, records = f"{spec.path}[{spec.split}]", read_dataset(str(spec.path), spec.split)
     else:
         path = Path(spec.path) if spec.path is not None else DEFAULT_CALIBRATION
         source, records = str(path), read_jsonl(path)

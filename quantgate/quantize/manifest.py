@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from quantgate.base.fileio import write_json
 from quantgate.base.typedfile import SetFields, read_model
 from quantgate.quantize.jobfile import DeviceRecord
+from quantgate.target.families import Kept
 
 MANIFEST = "quantgate-quant.json"
 
@@ -56,6 +57,8 @@ class QuantManifest(SetFields):
     recipe_file: str | None = None
     recipe_applied: str | None = None            # the recipe text as applied (overrides included)
     overrides: dict[str, Any] | None = None      # the request's RecipeOverrides
+    family: str | None = None                    # the model family (quant_recipes/families.yaml), None if not listed
+    kept: list[Kept] | None = None               # every module pattern kept at 16 bits, and why
     preflight: dict[str, Any] | None = None      # the PreflightResult, `targeted` as a count
     calibration: CalibrationRecord | None = None  # None for a data-free scheme
     quantization_config: dict[str, Any] | None = None  # config.json's, as llmcompressor wrote it

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.quantize.recipes import quant_settings
 from quantgate.quantize.schemes import ModelSize
+from quantgate.target.families import Kept, family_of, kept_modules
 
 GROUP_CANDIDATES = (128, 64, 32)
 ROUTER_RE = re.compile(r"(^|\.)(gate|router|shared_expert_gate)$")
@@ -62,6 +63,8 @@ class PreflightResult(BaseModel):
     targeted: list[str]
     skipped: list[str]
     notes: list[str]
+    family: str | None = None  # quant_recipes/families.yaml id, None for a family it does not list
+    kept: list[Kept] = []      # every module pattern kept at 16 bits, and why (lm_head, routers, the family's own)
 
 
 def read_safetensors_header(path: Path, *, whole: bool = False) -> dict[str, Any]:
@@ -150,8 +153,18 @@ def check(layout: ModelLayout, recipe: dict[str, Any], *, extra_ignore: Sequence
     settings = quant_settings(recipe)
     notes: list[str] = []
     ignore_added = [] if ALWAYS_IGNORE in settings["ignore"] else [ALWAYS_IGNORE]
-    router_pattern = _router_patterns(layout.routers)
+    kept = [Kept(pattern=ALWAYS_IGNORE, why="lm_head: every recipe keeps the output projection at 16 bits")]
+    family = family_of({"architectures": layout.architectures, "model_type": layout.model_type})
+    names = [lin.name for lin in layout.linears]
+    own = kept_modules(family, names)
+    ignore_added += [k.pattern for k in own if k.pattern not in settings["ignore"] + ignore_added]
+    kept += own
+    if own and family is not None:
+        notes.append(f"{family.name}: kept at 16 bits (quant_recipes/families.yaml): {', '.join(k.pattern for k in own)}")
+    covered = [r for r in layout.routers if any(matches(r, k.pattern) for k in own)]
+    router_pattern = _router_patterns([r for r in layout.routers if r not in covered])
     ignore_added += [p for p in router_pattern if p not in settings["ignore"]]
+    kept += [Kept(pattern=p, why="MoE router gate (found by its name or its output size, one per expert)") for p in router_pattern]
     if router_pattern:
         notes.append(f"MoE router gates kept at 16 bits: {', '.join(router_pattern)}")
     ignore = settings["ignore"] + ignore_added + list(extra_ignore)
@@ -185,7 +198,8 @@ def check(layout: ModelLayout, recipe: dict[str, Any], *, extra_ignore: Sequence
             notes.append(f"group size {requested} does not divide the input size of {_listing(bad)}; "
                          f"using {chosen}, the largest of {'/'.join(map(str, GROUP_CANDIDATES))} that divides every targeted layer")
     return PreflightResult(group_size=chosen, requested_group_size=requested, ignore_added=ignore_added,
-                           targeted=[lin.name for lin in targeted], skipped=skipped, notes=notes)
+                           targeted=[lin.name for lin in targeted], skipped=skipped, notes=notes,
+                           family=family.id if family else None, kept=kept)
 
 
 def _router_patterns(routers: list[str]) -> list[str]:

@@ -264,6 +264,8 @@ def _manifest(p: Plan, tmp: Path, runner: RunnerResult, wall_s: float) -> QuantM
         recipe_file=p.recipe_file,
         recipe_applied=p.recipe_text,
         overrides=p.request.overrides.model_dump(),
+        family=p.preflight.family,
+        kept=p.preflight.kept,
         preflight=p.preflight.model_dump(exclude={"targeted"}) | {"targeted_count": len(p.preflight.targeted)},
         calibration=None if calib is None else CalibrationRecord(
             source=calib.source, sha256=calib.sha256, samples=len(calib.records), available=calib.available,

@@ -39,7 +39,7 @@ from quantgate.fidelity import run as fidelity_run, sampling
 from quantgate.evals.comparefile import Comparison
 from quantgate.gate.models import Decision
 from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, Summary, as_json, write_summary
-from quantgate.release import fidelity_step, judge_cache, outcome, pools, publishing, schedule, spec_warnings, webhook
+from quantgate.release import familycheck, fidelity_step, judge_cache, outcome, pools, publishing, schedule, spec_warnings, webhook
 from quantgate.release.adaptive import fidelity_looks, widen
 from quantgate.release.autoschemes import at_flow_start
 from quantgate.release.cachelayout import in_window
@@ -273,6 +273,13 @@ def _say_before_work(s: ReleaseSpec, logger) -> None:
         logger.info(own)
 
 
+def _model_on_disk(s: ReleaseSpec, model_dir: Path, run: Path, logger) -> ReleaseSpec:
+    """What the model's own files decide, before any quantization: the support matrix for its family (refused or
+    warned), and `schemes: auto` ranked with its real size."""
+    familycheck.at_flow_start(s, model_dir, log=logger.warning)
+    return at_flow_start(s, model_dir, run, log=logger.info)
+
+
 def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
     """The release in its run folder: model, quantize, measure, compare, judge, gate (and widen), promote, publish,
     report, notify."""
@@ -281,7 +288,7 @@ def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
     for note in s.machine_notes:  # `hardware: auto` and skip_unsupported: what was decided for this machine, and why
         logger.warning(note)
     model_dir = prepare_model(s, run)
-    s = at_flow_start(s, model_dir, run, log=logger.info)  # `schemes: auto`: ranked with the model's size
+    s = _model_on_disk(s, model_dir, run, logger)  # `schemes: auto`: ranked with the model's size
     on_pools = s.executor.kind == "pools"  # each child flow run takes its slot on its worker's host instead
     pool = schedule.release_pool(s, model_dir, log=(lambda _: None) if on_pools else logger.info)
     schedule.preload_libraries()  # before any job thread imports them

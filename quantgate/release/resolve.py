@@ -8,6 +8,8 @@ on the machine, and returns the spec with those decisions in place (its `resolve
     schemes (a list)       -> each must be in the profile's support table; skip_unsupported drops, with a note,
                               those this machine's serving build cannot run
     candidates' checkpoints -> their scheme must run on the hardware
+    the model's family      -> no family x scheme the support matrix measured to fail on this platform
+                              (quantgate.release.familycheck; allow_unsupported_family: true lets it through)
     serving knobs, dtype   -> checked against the hardware profile
 
 A problem is reported like the spec model's own: the file, the line and the field, and what to do.
@@ -26,7 +28,8 @@ from quantgate.base.yamlconfig import field_error, item_error, read_yaml, valida
 from quantgate.plan.build import load_planner_policy
 from quantgate.plan.knobs import knob_problems
 from quantgate.release.autoschemes import choose, local_config
-from quantgate.release.external import EXTERNAL, hardware_problem
+from quantgate.release.external import EXTERNAL, hardware_problem, read_config
+from quantgate.release.familycheck import OVERRIDE, findings, refusal_text
 from quantgate.release.spec import ReleaseSpec, load_written_spec
 from quantgate.serving.cpu_kernels import resolve_hardware, split_schemes
 from quantgate.target.hardware import get_profile
@@ -66,6 +69,7 @@ def resolve(spec: ReleaseSpec, path: Path | str) -> ReleaseSpec:
     elif spec.schemes:
         _listed_schemes(spec, found)
     _candidates(spec, found)
+    _family(spec, found)
     _fits_hardware(spec, found)
     _raise(found, path)
     out = spec.model_copy(update={"hardware": found.hardware, "schemes": found.schemes})
@@ -134,6 +138,29 @@ def _candidates(spec: ReleaseSpec, found: _Found) -> None:
                                                         f"({c.checkpoint}/config.json), which {found.hardware} "
                                                         f"cannot serve: {why}"))
             return
+
+
+def _family(spec: ReleaseSpec, found: _Found) -> None:
+    """The support matrix, where the model's config.json is on disk (otherwise the flow asks at its start)."""
+    config = local_config(spec.model)
+    if found.problems or config is None or getattr(spec, OVERRIDE):
+        return
+    try:
+        data = read_config(config.parent)
+    except ValueError:
+        return  # the folder check names it
+    served = [c.scheme for c in spec.candidates if c.checkpoint and c.scheme and c.scheme != EXTERNAL]
+    for scheme, said in findings(data, found.hardware, found.schemes + served, spec.serving.python).refusals:
+        message, fix = refusal_text(said)
+        if scheme is None:
+            found.refuse(("model",), f"{message}: {fix}")
+        elif scheme in spec.schemes:
+            found.refuse(("schemes",), item_error(spec.schemes.index(scheme), f"{message}: {fix}"))
+        elif scheme in found.schemes:  # picked by `schemes: auto`
+            found.refuse(("schemes",), f"{message}: {fix}")
+        else:
+            found.refuse(("candidates",), f"{message}: {fix}")
+        return
 
 
 def _fits_hardware(spec: ReleaseSpec, found: _Found) -> None:

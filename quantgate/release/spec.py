@@ -14,6 +14,7 @@
     baseline: {endpoint: https://host/v1, model: NAME, api_key_env: VAR}  # default: `model` served by quantgate;
                                     # `model` stays required: the tokenizer of recall, perf and fidelity comes from it
     skip_unsupported: false         # true: drop (and log) the schemes this machine's serving build cannot run
+    allow_unsupported_family: false # true: try a model family x scheme the support matrix says fails here
     ladder: false                   # true: try the schemes in order, stop at the first PROMOTE
     eval_sets: [../eval_sets/default.jsonl]
     lm_eval: {tasks: [qg_numbers], limit: 20}  # lm-evaluation-harness tasks, each one more eval set `lm_eval:<task>`:
@@ -85,6 +86,9 @@ class ReleaseSpec(BaseModel):
     concurrency: int = Field(8, ge=1, description="concurrent requests the deployment must hold")
     skip_unsupported: bool = Field(False, description="true: schemes this machine's serving build cannot run (the "
                                    "kernel probe, for CPU profiles) are dropped with a logged reason; false: refused")
+    allow_unsupported_family: bool = Field(False, description="true: release a model family x scheme that the support "
+                                           "matrix (docs/support-matrix.md) measured to fail on this platform, with a "
+                                           "logged warning; false: refused before any work")
     candidates: list[CandidateSpec] = Field(default_factory=list, description="existing checkpoints and endpoints, "
                                             "gated like the schemes (quantgate.release.external)")
     schemes: list[str] = Field(default_factory=list, validate_default=True, description="schemes to quantize; "

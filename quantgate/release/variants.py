@@ -33,6 +33,7 @@ from quantgate.release.spec import ReleaseSpec
 from quantgate.serving.endpoint import EndpointConfig, EndpointServer
 from quantgate.serving.multinode import MultiNodeConfig, MultiNodeServer, multinode_config_from_plan
 from quantgate.serving.server import ServerConfig, VLLMServer, config_from_plan
+from quantgate.serving.logcause import log_cause
 from quantgate.target.catalogue import checkpoint_hash
 
 Log = Callable[[str], None]
@@ -284,7 +285,8 @@ def failed_evidence(variant: Variant, folder: Path, cache: Path, exc: ServingFai
     server = f"the endpoint of {variant.name} ({ep.endpoint}, model {ep.model})" if ep else f"the vLLM server of {variant.name}"
     reason = f"{server} {what}: {first}"
     path = CandidateError(candidate=variant.name, phase=exc.phase, error=reason, detail=exc.message,
-                          server_log=str(exc.log_path), log_tail=log_tail(exc.log_path, 40).splitlines()).write(folder)
+                          server_log=str(exc.log_path), log_tail=log_tail(exc.log_path, 40).splitlines(),
+                          root_cause=log_cause(exc.log_path) if exc.log_path else None).write(folder)
     log(f"{variant.name}: FAILED, recorded in {path}: {reason}")
     dtype = exc.command[exc.command.index("--dtype") + 1] if "--dtype" in exc.command[:-1] else None  # as served
     ev = Evidence(variant=variant, folder=folder, cache=cache, serve_command=exc.command, node_commands=exc.commands,

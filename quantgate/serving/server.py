@@ -29,6 +29,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import child_env, log_tail
 from quantgate.base.procs import TAG_VAR, group_members, guarded, leftovers, remove_shm, shm_held, tag_env, verify_gone
 from quantgate.serving.env import LAUNCHER, serve_python
+from quantgate.serving.logcause import log_cause
 from quantgate.serving.watchdog import STALL_S, Watchdog
 
 log = logging.getLogger(__name__)
@@ -219,8 +220,10 @@ class VLLMServer:
         deadline = time.monotonic() + self.config.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                cause = log_cause(self.log_path)
                 raise QuantgateError(
-                    f"vLLM server for {self.config.model} exited with code {self.proc.returncode} while starting; last log lines:\n{log_tail(self.log_path)}",
+                    f"vLLM server for {self.config.model} exited with code {self.proc.returncode} while starting"
+                    f"{'; root cause: ' + cause if cause else ''}; last log lines:\n{log_tail(self.log_path)}",
                     where=str(self.log_path),
                     fix="read the log above; a model vLLM cannot load, too little KV cache space or a busy port are the usual causes",
                 )
