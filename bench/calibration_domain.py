@@ -1,8 +1,9 @@
-"""Does calibrating on the team's own domain help where it should? The demo model quantized to INT8 W8A8 twice, once
-with the default calibration set and once with a domain set (bench/data/calibration_multilingual.jsonl: translation
-chats and paragraphs in the five languages of the eval set's multilingual category, written for this bench and
-disjoint from the eval prompts), each compared with the FP32 baseline on the same sampled continuations: fidelity per
-category (mean per-token KL and top-1 agreement, 90% two-sided intervals from the gate's own summary).
+"""Does calibrating on the team's own domain help where it should? The demo model quantized to INT8 W8A8 three times:
+with the default calibration set (64 records), with a domain set alone (bench/data/calibration_multilingual.jsonl:
+40 translation chats and paragraphs in the five languages of the eval set's multilingual category, written for this
+bench and disjoint from the eval prompts), and with both together; each compared with the FP32 baseline on the same
+sampled continuations: fidelity per category (mean per-token KL and top-1 agreement, 90% two-sided intervals from the
+gate's own summary). Re-running into the same --out reuses the samples, checkpoints and scores already there.
 
     .venv/bin/python bench/calibration_domain.py [--domain FILE] [--limit 300] [--max-tokens 64] [--out DIR]
 
@@ -26,7 +27,7 @@ from quantgate.base.paths import EVAL_SETS, results_dir  # noqa: E402
 from quantgate.fidelity.core import summarize  # noqa: E402
 from quantgate.fidelity.run import compare_dumps, score_sequences  # noqa: E402
 from quantgate.fidelity.sampling import build_prompts, load_sequences, sample_continuations, write_dump  # noqa: E402
-from quantgate.quantize.calibration import CalibrationSpec  # noqa: E402
+from quantgate.quantize.calibration import DEFAULT_CALIBRATION, CalibrationSpec  # noqa: E402
 from quantgate.quantize.run import QuantizeRequest, quantize  # noqa: E402
 from quantgate.serving.kernel_probe import cpuinfo  # noqa: E402
 from quantgate.serving.server import ServerConfig, VLLMServer  # noqa: E402
@@ -57,7 +58,11 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     demo = ensure_demo_model()
     t0 = time.monotonic()
-    variants = {"default": CalibrationSpec(), "domain": CalibrationSpec(path=args.domain, samples=10_000)}
+    both = out / "default+domain.jsonl"
+    both.write_text(DEFAULT_CALIBRATION.read_text(encoding="utf-8").rstrip("\n") + "\n"
+                    + args.domain.read_text(encoding="utf-8"), encoding="utf-8")
+    variants = {"default": CalibrationSpec(), "domain": CalibrationSpec(path=args.domain, samples=10_000),
+                "default+domain": CalibrationSpec(path=both, samples=10_000)}
     ckpts = {}
     for name, calib in variants.items():
         t = time.monotonic()
@@ -84,16 +89,16 @@ def main() -> int:
     cats = sorted(summaries["default"].by_category)
     print(f"\nINT8 W8A8 on the demo model, fidelity to the FP32 baseline per category (90% intervals); "
           f"{len(sequences)} continuations of up to {args.max_tokens} tokens; CPU {cpu}\n")
-    print("| category | n | KL, default calibration | KL, domain calibration | top-1, default | top-1, domain |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| category | n | " + " | ".join(f"KL, {n} calibration" for n in summaries) + " | "
+          + " | ".join(f"top-1, {n}" for n in summaries) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in range(2 * len(summaries))) + " |")
     rows = []
     for cat in [*cats, "(pooled)"]:
-        d, m = ((summaries["default"], summaries["domain"]) if cat == "(pooled)" else
-                (summaries["default"].by_category[cat], summaries["domain"].by_category[cat]))
-        print(f"| {cat} | {d.n_samples} | {d.kl.mean:.4f} [{d.kl.low:.4f}, {d.kl.high:.4f}] | "
-              f"{m.kl.mean:.4f} [{m.kl.low:.4f}, {m.kl.high:.4f}] | {d.top1.mean:.3f} | {m.top1.mean:.3f} |")
-        rows.append({"category": cat, "default": d.model_dump(include={"n_samples", "n_tokens", "kl", "top1"}),
-                     "domain": m.model_dump(include={"n_samples", "n_tokens", "kl", "top1"})})
+        got = {n: (x if cat == "(pooled)" else x.by_category[cat]) for n, x in summaries.items()}
+        n = next(iter(got.values())).n_samples
+        print(f"| {cat} | {n} | " + " | ".join(f"{g.kl.mean:.4f} [{g.kl.low:.4f}, {g.kl.high:.4f}]" for g in got.values())
+              + " | " + " | ".join(f"{g.top1.mean:.3f}" for g in got.values()) + " |")
+        rows.append({"category": cat} | {k: g.model_dump(include={"n_samples", "n_tokens", "kl", "top1"}) for k, g in got.items()})
     (out / "table.json").write_text(json.dumps({"cpu": cpu, "rows": rows}, indent=1))
     print(f"\ntotal {time.monotonic() - t0:.0f} s; files in {out}")
     return 0

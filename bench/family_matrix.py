@@ -67,9 +67,11 @@ TINY: dict[str, tuple[str, dict]] = {
     "qwen3_moe": ("Qwen3MoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128}),
     "deepseek_v3": ("DeepseekV3ForCausalLM", {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
                                               "moe_intermediate_size": 128, "first_k_dense_replace": 1, "n_group": 1,
-                                              "topk_group": 1, "q_lora_rank": 64, "kv_lora_rank": 64,
-                                              "qk_nope_head_dim": 32, "qk_rope_head_dim": 32, "v_head_dim": 32,
-                                              "num_key_value_heads": 4, "head_dim": 32,
+                                              # MLA at DeepSeek-V3's own head sizes (kv_lora_rank + rope = 576:
+                                              # vLLM's MLA backends take no other)
+                                              "topk_group": 1, "q_lora_rank": 64, "kv_lora_rank": 512,
+                                              "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                                              "num_key_value_heads": 4, "head_dim": 64,  # = qk_rope_head_dim
                                               # as the Hub's DeepSeek-V3 config.json says: vLLM creates the router's
                                               # e_score_correction_bias only for this method
                                               "topk_method": "noaux_tc"}),
@@ -108,11 +110,11 @@ def _served(model: Path, name: str, args: list[str], log: Path):
 
 
 def _cause(exc: BaseException, log: Path | None = None) -> str:
-    text = exc.message if isinstance(exc, QuantgateError) else str(exc)
+    text = exc.message if isinstance(exc, QuantgateError) else f"{type(exc).__name__}: {exc}"
     return (log_cause(log) if log else None) or root_cause(text) or text.splitlines()[0][:300]
 
 
-def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path) -> dict[str, Outcome]:
+def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path, seed: int = 0) -> dict[str, Outcome]:
     """The family's row: the baseline and each scheme, each `ok` with its figures or `fails` at a step with its cause."""
     from quantgate.fidelity.run import compare_dumps, score_sequences
     from quantgate.fidelity.sampling import load_sequences, sample_continuations, write_dump
@@ -123,7 +125,7 @@ def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path) ->
     row: dict[str, Outcome] = {}
     t0 = time.monotonic()
     try:
-        base = build(family, folder / "base", tokenizer_dir)
+        base = build(family, folder / "base", tokenizer_dir, seed)
     except Exception as exc:  # noqa: BLE001 -- a family transformers cannot build is a finding, recorded
         cause = f"transformers could not build it: {type(exc).__name__}: {exc}"[:300]
         return {BASELINE: Outcome(status="fails", step="build", cause=cause)} | {
@@ -143,9 +145,10 @@ def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path) ->
         print(f"  {family} {scheme}: quantize {row[scheme].status} ({row[scheme].seconds['quantize']:.0f} s)", flush=True)
     log = folder / "base.server.log"
     t = time.monotonic()
+    step = "serve"
     try:
         with _served(base, "base", BASE_ARGS, log) as srv:
-            started = time.monotonic() - t
+            started, step = time.monotonic() - t, "parity"
             parity = run_parity(base, srv.base_url, srv.api_key, "base", folder / "parity", dtype="float32")
             sample_continuations(srv.base_url, "base", srv.api_key, _prompts(base), folder / "samples",
                                  max_tokens=MAX_TOKENS, top_k=TOP_K)
@@ -154,11 +157,12 @@ def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path) ->
         row[BASELINE] = Outcome(status=status, step=None if status == "ok" else "parity",
                                 cause=None if status == "ok" else parity.reason, parity=parity.reason,
                                 seconds={"build": round(built_s, 1), "serve": round(started, 1)})
-    except QuantgateError as exc:
-        row[BASELINE] = Outcome(status="fails", step="serve", cause=_cause(exc, log), seconds={"build": round(built_s, 1)})
+    except Exception as exc:  # noqa: BLE001 -- a server that fails, or a reference that raises, is a finding
+        cause = _cause(exc, log if step == "serve" or isinstance(exc, QuantgateError) else None)
+        row[BASELINE] = Outcome(status="fails", step=step, cause=cause, seconds={"build": round(built_s, 1)})
         for scheme in quantized:
-            row[scheme] = row[scheme].model_copy(update={"status": "fails", "step": "serve",
-                                                         "cause": "the unquantized baseline does not serve"})
+            row[scheme] = row[scheme].model_copy(update={"status": "fails", "step": step,
+                                                         "cause": f"the unquantized baseline fails at {step}"})
         return row
     print(f"  {family} baseline: {row[BASELINE].status} (parity: {parity.reason})", flush=True)
     sequences = load_sequences(folder / "samples")
@@ -203,6 +207,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", default=",".join(TINY), help="comma-separated family ids (quant_recipes/families.yaml)")
     ap.add_argument("--schemes", default=",".join(SCHEMES))
+    ap.add_argument("--seed", type=int, default=0, help="the random weights' seed")
     ap.add_argument("--work", type=Path, default=None, help="where checkpoints and logs go (default results/family-matrix/<time>)")
     ap.add_argument("--write", action="store_true", help="update quant_recipes/support_matrix.yaml and docs/support-matrix.md")
     ap.add_argument("--matrix", type=Path, default=MATRIX_FILE, help="the matrix file --write updates (default: the "
@@ -227,7 +232,7 @@ def main() -> int:
     t0 = time.monotonic()
     for family in args.families.split(","):
         print(f"{family}:", flush=True)
-        results[family] = measure(family, args.schemes.split(","), work, tokenizer_dir)
+        results[family] = measure(family, args.schemes.split(","), work, tokenizer_dir, args.seed)
         (work / "matrix.json").write_text(json.dumps({f: {k: o.model_dump(exclude_defaults=True) for k, o in r.items()}
                                                       for f, r in results.items()}, indent=2))
     print(f"\n{'family':<12} {'baseline':<10} " + " ".join(f"{s:<28}" for s in args.schemes.split(",")))

@@ -15,8 +15,10 @@ from quantgate.base.typedfile import RunFileError
 from quantgate.quantize.jobfile import DeviceRecord, RunnerJob, RunnerResult
 from quantgate.quantize.manifest import MANIFEST, CalibrationRecord, QuantManifest, SourceRef, read_quantization
 from quantgate.quantize.run import reusable
+from quantgate.target.families import Kept
 
-ORDER = ["format", "key", "source", "scheme", "hardware", "recipe_file", "recipe_applied", "overrides", "preflight",
+ORDER = ["format", "key", "source", "scheme", "hardware", "recipe_file", "recipe_applied", "overrides", "family", "kept",
+         "preflight",
          "calibration", "quantization_config", "versions", "workarounds", "device", "timings_s", "size_on_disk_bytes",
          "weights_bytes", "compression_ratio", "files", "created"]
 
@@ -25,6 +27,7 @@ def manifest(**over) -> QuantManifest:
     """A manifest as quantize.run._manifest makes it: every field set, None included."""
     fields = dict(format=2, key="k" * 64, source=SourceRef(path="/m", sha256="s", weights_bytes=100), scheme="w4a16",
                   hardware=None, recipe_file="r.yaml", recipe_applied="x: 1\n", overrides={"group_size": None},
+                  family="llama", kept=[Kept(pattern="lm_head", why="every recipe keeps it")],
                   preflight={"notes": []}, calibration=None, quantization_config={"format": "pack"},
                   versions={"torch": "2"}, workarounds=[], device=DeviceRecord(device="cpu", physical_gpu=None, reason="r"),
                   timings_s={"prepare_s": None, "wall": 1.5}, size_on_disk_bytes=60, weights_bytes=50,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 _EXC = re.compile(r"((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)(?:: .*)?)$")
 _PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s*)?(\w+ \d\d-\d\d [\d:.]+ \[[^\]]+\]\s*)?")
-_WRAPPERS = ("See root cause above", "Engine core initialization failed", "engine core", "Traceback")
+# wrappers: lines that point at the cause instead of naming it (vLLM's API server and engine core say so)
+_WRAPPERS = ("root cause", "Engine core initialization failed", "engine core", "EngineDeadError", "Traceback")
 
 
 def root_cause(text: str, limit: int = 300) -> str | None:
