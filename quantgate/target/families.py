@@ -259,7 +259,9 @@ def render_markdown(families: tuple[Family, ...], matrix: SupportMatrix) -> str:
             cells = [notes.cell(rows.get(what), fam, what) for what in [BASELINE, *schemes]]
             out.append(f"| {fam.name} | " + " | ".join(cells) + " |")
         out += ["", "A cell reads *ok* with the fidelity of the quantized tiny model to its baseline (mean per-token KL,",
-                "top-1 agreement): random weights, so these say the path works, not how good the scheme is.", ""]
+                "top-1 agreement). These say the path works, not how good the scheme is: random weights give nearly",
+                "uniform next-token distributions, so top-1 agreement is decided among near-ties and a low one says",
+                "nothing of the family; a KL near 0 can come out negative (the estimator is unbiased).", ""]
         out += notes.lines()
     out += ["## What each family keeps at 16 bits", "",
             "Every recipe keeps `lm_head`; the pre-flight also keeps any MoE router it finds by name or shape. Beyond that:", "",
