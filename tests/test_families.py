@@ -249,3 +249,25 @@ def test_a_known_cause_is_explained_where_a_person_reads_it():
     assert "**fails** (serve) [1]" in page and "1. **Mixtral (MoE), int8-w8a8**: fails at serve" in page
     assert page.count("vLLM 0.32 runs quantized MoE experts on an x86 CPU only through its AMX kernels") == 1
     assert "(why: A)" in page and "- **A**: vLLM 0.32 runs quantized MoE experts" in page
+
+
+def test_schemes_auto_and_the_ranking_leave_out_what_the_matrix_says_fails(monkeypatch, tmp_path):
+    """`schemes: auto` must not pick a scheme the resolver would then refuse: the matrix's failures for the model's
+    family are ranked as not running, with the matrix's reason."""
+    from quantgate.release import autoschemes
+
+    fails = {"status": "fails", "step": "serve", "cause": "NotImplementedError: No Int8 MoE backend supports it"}
+    m = matrix({"mixtral": {"cpu-x86-avx512": {"baseline": OK, "int8-w8a8": fails, "w4a16-gptq": OK}}})
+    monkeypatch.setattr(familycheck, "load_matrix", lambda: m)
+    monkeypatch.setattr(familycheck, "_probe", lambda python: probe("avx512-bf16"))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 128,
+                                  "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                  "num_key_value_heads": 2, "vocab_size": 1000, "num_local_experts": 4,
+                                  "num_experts_per_tok": 2, "max_position_embeddings": 4096, "dtype": "bfloat16"}))
+    reasons = familycheck.matrix_reasons(config, "x86-avx512", ["int8-w8a8", "w4a16-gptq", "w4a16-awq"])
+    assert list(reasons) == ["int8-w8a8"] and "No Int8 MoE backend" in reasons["int8-w8a8"]
+    monkeypatch.setattr(autoschemes, "kernel_reasons", lambda hardware, schemes, python=None: {})
+    picked, why = autoschemes.choose("x86-avx512", "latency", 3, config)
+    assert "int8-w8a8" not in picked and picked, (picked, why)
+    assert familycheck.matrix_reasons(tmp_path / "nowhere" / "config.json", "x86-avx512", ["int8-w8a8"]) == {}

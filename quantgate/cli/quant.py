@@ -18,6 +18,7 @@ from quantgate.quantize.preflight import read_layout
 from quantgate.quantize.recipes import RecipeOverrides
 from quantgate.quantize.run import MANIFEST, QuantizeRequest, quantize as run
 from quantgate.quantize.schemes import load_schemes, rank_schemes
+from quantgate.release.familycheck import matrix_reasons
 from quantgate.serving.cpu_kernels import kernel_reasons, resolve_hardware
 from quantgate.target.hardware import AUTO, get_profile, load_catalogue
 
@@ -63,6 +64,8 @@ def schemes(
     hw_id, missing = _here(hardware, con)
     profile = get_profile(hw_id)
     layout = read_layout(model)
+    ids = [s.id for s in load_schemes().schemes if s.id not in missing]
+    missing = matrix_reasons(Path(model) / "config.json", hw_id, ids) | missing  # the support matrix's failures
     size = layout.size(layout.default_targets())
     ranking = rank_schemes(profile, workload, size, load_schemes(), missing)
     con.print(f"[bold]{layout.model_type}[/] {model}: {size.quantizable_params + size.other_params:,} parameters, "

@@ -4,8 +4,9 @@
     schemes: auto           # the ranking's first scheme that runs here and fits
     schemes: {auto: 2}      # its first two, in rank order (with `ladder: true`, tried in that order)
 
-The model size comes from the model's config.json (quantgate.target.modelshape), read without loading weights. At
-load time the config is read when it is already on disk (a checkpoint folder, or a catalogue model already
+Schemes the serving build lacks kernels for (the kernel probe), and those the support matrix measured to fail for the
+model's family here (quantgate.release.familycheck), are ranked as not running. The model size comes from the
+model's config.json (quantgate.target.modelshape), read without loading weights. At load time the config is read when it is already on disk (a checkpoint folder, or a catalogue model already
 materialized); otherwise the spec is ranked provisionally without the size (every scheme counted as fitting) and
 `at_flow_start` ranks again once the flow has the model, replacing the list when the size changes it. Both say
 what they chose and why in the spec's machine notes, and the flow writes the ranking to <run>/schemes_auto.json.
@@ -23,6 +24,7 @@ from quantgate.base.fileio import write_json
 from quantgate.base.paths import models_dir
 from quantgate.base.runfiles import SCHEMES_AUTO
 from quantgate.quantize.schemes import ModelSize, load_schemes, rank_schemes, size_from_shape, top_schemes
+from quantgate.release.familycheck import matrix_reasons
 from quantgate.serving.cpu_kernels import kernel_reasons
 from quantgate.target.catalogue import load_catalogue
 from quantgate.target.hardware import get_profile
@@ -57,11 +59,14 @@ def local_config(model: str) -> Path | None:
 def choose(hardware: str, workload: str, n: int, config: Path | None, python: Path | None = None) -> tuple[list[str], str]:
     """The top `n` schemes for this hardware and workload (the kernel probe narrows a CPU profile; without a
     serving environment the support table decides) and the note saying which, why, and what the size was."""
+    schemes = list(get_profile(hardware).schemes)
     try:
-        missing = kernel_reasons(hardware, list(get_profile(hardware).schemes), python)
+        missing = kernel_reasons(hardware, schemes, python)
         probe = ""
     except QuantgateError as exc:
         missing, probe = {}, f" (kernel probe not run: {exc.message}; the support table decides)"
+    if config is not None:  # what the support matrix measured to fail for this model's family here
+        missing = matrix_reasons(config, hardware, [s for s in schemes if s not in missing], python) | missing
     size = size_from_shape(load_model_spec(config).shape) if config is not None else UNKNOWN_SIZE
     ranking = rank_schemes(get_profile(hardware), workload, size, load_schemes(), missing)
     picked, why = top_schemes(ranking, n)

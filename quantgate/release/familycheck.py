@@ -70,6 +70,20 @@ def refusal_text(said: Support) -> tuple[str, str]:
             f"`{OVERRIDE}: true` to try it anyway")
 
 
+def matrix_reasons(config: Path, hardware: str, schemes: list[str], python: Path | None = None) -> dict[str, str]:
+    """Scheme -> why the support matrix rules it out for this model here, for `schemes: auto`'s ranking (a failing
+    baseline rules out every scheme); {} where the config cannot be read."""
+    try:
+        data = read_config(Path(config).parent)
+    except ValueError:
+        return {}
+    out: dict[str, str] = {}
+    for scheme, said in findings(data, hardware, schemes, python).refusals:
+        for s in [scheme] if scheme else schemes:
+            out[s] = f"the support matrix: {said.describe()}"
+    return out
+
+
 def spec_schemes(spec) -> list[str]:
     """The schemes the spec quantizes or whose checkpoints it serves (external endpoints are not served here)."""
     return list(spec.schemes) + [c.scheme for c in spec.candidates if c.checkpoint and c.scheme and c.scheme != EXTERNAL]
@@ -92,4 +106,4 @@ def at_flow_start(spec, model_dir: Path, log=print) -> None:
         raise ConfigError(message, where="schemes" if scheme else "model", fix=fix)
 
 
-__all__ = ["FamilyFinding", "at_flow_start", "findings", "refusal_text", "spec_schemes"]
+__all__ = ["FamilyFinding", "at_flow_start", "findings", "matrix_reasons", "refusal_text", "spec_schemes"]
