@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 PYTEST_ARGS ?= --durations=20
 
-.PHONY: demo test lint setup lmeval mlflow s3 model browser clean-envs release-time gpu-wheels gpu-check
+.PHONY: demo test lint setup lmeval mlflow s3 model browser docs docs-env clean-envs release-time gpu-wheels gpu-check
 
 # A release that runs to a REJECT (3) or INCONCLUSIVE (4) decision is a result for the demo, not a failure.
 # `.venv` is this checkout's own environment (scripts/setup.sh setup_checkout_env), so its python imports this
@@ -17,8 +17,16 @@ demo: setup model
 release-time: setup model
 	$(PY) bench/release_time.py
 
-test: setup lmeval mlflow s3 model browser lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+# Two passes: the unit tests (not marked slow) in TEST_WORKERS processes (pytest-xdist: they are independent, and two
+# processes keep both cores busy through each other's waits), then the real-component tests (slow) one at a time in
+# one process, sharing its servers and measured work (they time, kill and count processes, which another test beside
+# them would disturb). A pass that collects no test is not a failure unless neither collects one (exit 5).
+TEST_WORKERS ?= 2
+test: setup lmeval mlflow s3 model browser lint docs-env
+	@$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS); unit=$$?; \
+	 $(PY) -m pytest -m slow $(PYTEST_ARGS); real=$$?; \
+	 for rc in $$unit $$real; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc; done; \
+	 [ $$unit -eq 0 ] || [ $$real -eq 0 ] || { echo "make test: no test was collected"; exit 5; }
 
 # Static checks, before the tests: ruff with the rule set in pyproject.toml ([tool.ruff]), on the package and the flow;
 # then mypy on the package ([tool.mypy]), run from the lint environment against the pipeline environment's packages
@@ -49,6 +57,15 @@ mlflow:
 s3:
 	scripts/setup.sh s3
 
+# The documentation site (mkdocs.yml, docs/) into site/ (git-ignored), from its own environment (.venv-docs, pinned in
+# requirements/docs.lock). --strict: a broken link, a missing anchor or a page left out of the nav fails the build.
+# Nothing is fetched while it builds. `make test` builds the environment; tests/test_docs_site.py builds the site.
+docs: docs-env
+	.venv-docs/bin/mkdocs build --strict --site-dir site
+
+docs-env:
+	scripts/setup.sh docs >/dev/null
+
 model: setup
 	.venv/bin/quantgate models demo >/dev/null
 
@@ -61,4 +78,4 @@ gpu-check:
 	scripts/gpu_check.sh
 
 clean-envs:
-	rm -rf "$${QUANTGATE_HOME:-$$HOME/.cache/quantgate}/envs" .venv .venv-serve .venv-lmeval .venv-lint .venv-mlflow .venv-s3
+	rm -rf "$${QUANTGATE_HOME:-$$HOME/.cache/quantgate}/envs" .venv .venv-serve .venv-lmeval .venv-lint .venv-mlflow .venv-s3 .venv-docs

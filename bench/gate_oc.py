@@ -104,7 +104,7 @@ from quantgate.gate.models import Decision, GateEvidence, ParityEvidence, RateEv
 from quantgate.perf.models import PayOffFigures  # noqa: E402
 from quantgate.gate.policy import GatePolicy, load_policy  # noqa: E402
 from quantgate.release.adaptive import fidelity_looks, fidelity_size  # noqa: E402
-from quantgate.release.spec import ReleaseSpec  # noqa: E402
+from quantgate.spec.schema import ReleaseSpec  # noqa: E402
 
 # Baseline behaviour of the simulated model, per metric: the share answered right (binary) or the mean score
 # (continuous). Set near the demo model's own baseline on the default set; --rates FILE overrides them.

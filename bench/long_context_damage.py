@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from quantgate.base.paths import EVAL_SETS, RELEASES  # noqa: E402
 from quantgate.release import steps as rel  # noqa: E402
-from quantgate.release.resolve import load_spec  # noqa: E402
+from quantgate.spec.resolve import load_spec  # noqa: E402
 from quantgate.release.variants import Variant, size_bytes  # noqa: E402
 from quantgate.serving.kernel_probe import cpuinfo  # noqa: E402
 from quantgate.target.catalogue import MANIFEST, checkpoint_hash, ensure_demo_model  # noqa: E402

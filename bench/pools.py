@@ -35,7 +35,7 @@ from _s3 import aws_env, s3_server  # noqa: E402
 from faults import cpu_model  # noqa: E402  (bench/faults.py: this folder is on the path)
 from quantgate.base.objstore import ResultStore  # noqa: E402
 from quantgate.quantize.calibration import CalibrationSpec  # noqa: E402
-from quantgate.release.pools_child import periodic  # noqa: E402
+from quantgate.pools.child import periodic  # noqa: E402
 from quantgate.quantize.recipes import RecipeOverrides  # noqa: E402
 from quantgate.quantize.run import QuantizeRequest, quantize  # noqa: E402
 from quantgate.serving.server import kill_tree  # noqa: E402

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+import quantgate.pools  # noqa: F401  (registers `executor: pools` with the flow: quantgate.release.executors)
 from quantgate.release.flow import release
 from quantgate.release.stopping import run_flow
 

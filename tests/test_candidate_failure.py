@@ -22,7 +22,7 @@ from quantgate.base.paths import RELEASES
 from quantgate.gate.evidence import gate_run
 from quantgate.gate.failurefile import CANDIDATE_ERROR
 from quantgate.release import steps as rel
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 from quantgate.release.variants import ServingFailure, WatchedServer, failed_evidence, make_server
 from quantgate.serving.server import ServerConfig, VLLMServer
 

@@ -18,7 +18,7 @@ from quantgate.base.yamlconfig import read_yaml
 from quantgate.evals.dataset import load_evalset
 from quantgate.gate.policy import load_policy
 from quantgate.judge.review import check_csv
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 
 BAD = Path(__file__).parent / "data" / "malformed"
 META = "name: t\nversion: 1\nmetrics:\n  exact_match: {higher_is_better: true, aggregation: mean}\n"

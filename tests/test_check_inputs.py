@@ -22,8 +22,8 @@ from quantgate.base.yamlconfig import MAX_DEPTH, read_yaml
 from quantgate.evals.dataset import load_evalset
 from quantgate.gate.policy import load_policy
 from quantgate.judge.review import check_csv, load_key
-from quantgate.release.external import checkpoint_problems
-from quantgate.release.resolve import load_spec
+from quantgate.spec.external import checkpoint_problems
+from quantgate.spec.resolve import load_spec
 
 META = "name: t\nversion: 1\nmetrics:\n  exact_match: {higher_is_better: true, aggregation: mean}\n"
 SAMPLE = {"id": "s", "category": "factual_qa", "prompt": "Capital of France?", "references": ["Paris"],
@@ -577,7 +577,7 @@ def test_a_nan_limit_is_not_a_number(tmp_path):
 
 
 def test_a_tool_turn_in_a_chat_log_is_refused_naming_the_row(tmp_path):
-    """The README promises "tool turns are refused, naming the row"; it was "content is NoneType"."""
+    """eval_sets/README.md promises "tool turns are refused, naming the row"; it was "content is NoneType"."""
     path = tmp_path / "traffic.jsonl"
     ask = {"role": "user", "content": "Where is my order 42?"}
     rows = [[ask, {"role": "assistant", "content": "It ships today."}],

@@ -42,7 +42,7 @@ def _runs_its_own(repo: Path, version: str) -> None:
     found = subprocess.run([repo / ".venv/bin/python", "-c", where], capture_output=True, text=True, env=env,
                            cwd="/", timeout=120)
     assert found.stdout.strip() == str(repo), found.stdout + found.stderr
-    # the Prefect console script (a worker started as the README says) runs this checkout's interpreter
+    # the Prefect console script (a worker started as docs/prefect.md says) runs this checkout's interpreter
     assert (repo / ".venv/bin/prefect").read_text().splitlines()[0] == f"#!{repo}/.venv/bin/python"
     flow = subprocess.run([repo / ".venv/bin/python", "-c", "import runpy, quantgate; runpy.run_path('flows/release.py'"
                            ", run_name='x'); print(quantgate.__version__)"], capture_output=True, text=True, env=env,

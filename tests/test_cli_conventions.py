@@ -41,7 +41,7 @@ def test_version_imports_no_command_module():
     imported = {line.rpartition("|")[2].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "quantgate.cli.lazy" in imported  # what is read is really the import list
     assert not {e.module for e in COMMANDS.values()} & imported
-    assert not {"numpy", "pydantic", "httpx", "yaml", "quantgate.release.spec"} & imported
+    assert not {"numpy", "pydantic", "httpx", "yaml", "quantgate.spec.schema"} & imported
 
 
 def _listed(output: str) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ from quantgate.base.paths import EVAL_SETS, RELEASES
 from quantgate.gate.early import early_fidelity_checks
 from quantgate.release.early import EarlyDecision, Verdicts, early_decision
 from quantgate.release.measurements import VariantJob, ordered_steps
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 from quantgate.release.variants import Variant
 
 POLICY = RELEASES / "policies" / "default.yaml"

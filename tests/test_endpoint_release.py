@@ -126,7 +126,7 @@ def test_one_endpoint_named_twice_in_a_run_is_measured_once(demo_server, demo_mo
     from quantgate.evals.run import is_complete
     from quantgate.release import schedule
     from quantgate.release import steps as rel
-    from quantgate.release.resolve import load_spec
+    from quantgate.spec.resolve import load_spec
     from quantgate.release.variants import baseline_for, external_variant
 
     monkeypatch.setenv(KEY_VAR, demo_server.api_key)

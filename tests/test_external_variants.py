@@ -1,4 +1,4 @@
-"""Variants from elsewhere (quantgate.release.external, quantgate.serving.endpoint): the spec's `candidates` and
+"""Variants from elsewhere (quantgate.spec.external, quantgate.serving.endpoint): the spec's `candidates` and
 endpoint `baseline`, the scheme an existing checkpoint carries, the endpoint adapter, and how the gate handles
 evidence that cannot exist for an endpoint (the policy's `not_applicable`).
 
@@ -26,8 +26,8 @@ from quantgate.gate.models import Gap, GateEvidence
 from quantgate.gate.policy import load_policy
 from quantgate.release import schedule, steps
 from quantgate.release.cachelayout import variant_cache
-from quantgate.release.external import EXTERNAL, detect_scheme
-from quantgate.release.resolve import load_spec
+from quantgate.spec.external import EXTERNAL, detect_scheme
+from quantgate.spec.resolve import load_spec
 from quantgate.release.variants import baseline_for, endpoint_keys, external_variant, server_config
 from quantgate.serving.endpoint import EndpointConfig, EndpointServer, fingerprint
 

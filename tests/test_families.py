@@ -17,7 +17,7 @@ import yaml
 from quantgate.quantize import preflight
 from quantgate.quantize.recipes import load_recipe
 from quantgate.base.paths import RECIPES, REPO
-from quantgate.release import familycheck
+from quantgate.spec import familycheck
 from quantgate.target import families as fam
 from quantgate.target.hardware import KernelProbe, get_profile
 
@@ -254,7 +254,7 @@ def test_a_known_cause_is_explained_where_a_person_reads_it():
 def test_schemes_auto_and_the_ranking_leave_out_what_the_matrix_says_fails(monkeypatch, tmp_path):
     """`schemes: auto` must not pick a scheme the resolver would then refuse: the matrix's failures for the model's
     family are ranked as not running, with the matrix's reason."""
-    from quantgate.release import autoschemes
+    from quantgate.spec import autoschemes
 
     fails = {"status": "fails", "step": "serve", "cause": "NotImplementedError: No Int8 MoE backend supports it"}
     m = matrix({"mixtral": {"cpu-x86-avx512": {"baseline": OK, "int8-w8a8": fails, "w4a16-gptq": OK}}})

@@ -69,7 +69,7 @@ def test_a_tiny_moe_release_reaches_a_decision_with_its_routers_kept_and_its_pla
     release runs and the candidate is REJECTed on its server's failure, the same cause. Where it can, the candidate
     is measured and gated (on a CPU the matrix never measured, e.g. AVX2-only, the check only warns and the candidate's
     server fails as here). Either way: a decision, routers at 16 bits, the MoE reasoning in the plan."""
-    from quantgate.release.familycheck import findings
+    from quantgate.spec.familycheck import findings
 
     model = _bench().build("qwen3_moe", tmp_path / "tiny-qwen3-moe", demo_model)
     spec = tmp_path / "moe.yaml"

@@ -39,7 +39,7 @@ from quantgate.gate.evidence import _eval_error_rate
 from quantgate.parity.core import ParityPolicy, check_parity
 from quantgate.parity.engine import ParityRecord, passed
 from quantgate.release import steps as rel
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 from quantgate.release.stopping import descendants
 from quantgate.serving.server import free_port
 from tests._procs import live

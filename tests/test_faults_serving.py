@@ -27,7 +27,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.procguard import SHM_EVERY_S
 from quantgate.base.procs import TAG_VAR, guarded, leftovers, listening, shm_held, tag_env, tagged, verify_gone
 from quantgate.evals.client import ClientConfig, Request, read_results, run
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 from quantgate.release.variants import Variant, make_server, server_config
 from quantgate.serving import server as server_mod
 from quantgate.serving.server import VLLMServer

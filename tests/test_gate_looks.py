@@ -12,7 +12,7 @@ from quantgate.fidelity.core import SampleFidelity
 from quantgate.gate.fidelityevidence import fidelity_evidence
 from quantgate.gate.looks import plan, shares, spend
 from quantgate.base.paths import RELEASES
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 
 
 @pytest.mark.parametrize("planned,expected", [
@@ -38,7 +38,7 @@ def test_spend_names_the_look_and_what_was_spent():
 def test_the_looks_are_planned_from_the_spec():
     from quantgate.release.adaptive import fidelity_looks
 
-    from quantgate.release.spec_sections import AdaptiveSpec
+    from quantgate.spec.sections import AdaptiveSpec
 
     demo = load_spec(RELEASES / "demo.yaml")  # every eval prompt at once: one look
     assert fidelity_looks(demo) == [300]

@@ -21,7 +21,7 @@ import yaml
 from quantgate.base.paths import REPO
 from quantgate.release import schedule
 from quantgate.release import steps as rel
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 from quantgate.release.variants import Variant, size_bytes
 from quantgate.target.catalogue import MANIFEST, checkpoint_hash
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from quantgate.base.paths import EVAL_SETS
 from quantgate.release import judge_cache
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 from quantgate.release.variants import Evidence, Variant
 
 

@@ -71,7 +71,7 @@ def test_untried_rung_is_listed_but_is_no_failure(tmp_path):
     from quantgate.gate.evidence import candidates
     from quantgate.report.page import write_report
     from quantgate.report.runview import load_run
-    from quantgate.release.resolve import load_spec
+    from quantgate.spec.resolve import load_spec
 
     (tmp_path / "spec.yaml").write_text(SPEC)
     spec = load_spec(tmp_path / "spec.yaml")
@@ -113,7 +113,7 @@ def test_widen_grows_samples_only_for_inconclusive_candidates_within_the_budget(
     from types import SimpleNamespace
 
     from quantgate.base.paths import REPO
-    from quantgate.release.resolve import load_spec
+    from quantgate.spec.resolve import load_spec
     from quantgate.release.adaptive import widen
 
     path = tmp_path / "s.yaml"

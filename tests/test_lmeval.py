@@ -28,7 +28,7 @@ from quantgate.evals.lmeval_tasks import (DEFAULT_INCLUDE, NO_ANSWER, LmEvalSpec
 from quantgate.evals.run import compare_dirs, load_run
 from quantgate.gate.evidence import comparison_evidence
 from quantgate.release.cachelayout import eval_complete, eval_dirs, lmeval_dir
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 
 DATA = Path(__file__).parent / "data" / "lmeval"
 RECORDED = DATA / "samples_qg_numbers.jsonl"

@@ -191,7 +191,7 @@ DECISION = {"schema_version": 1, "decision": "PROMOTE", "candidate": "int8-w8a8"
 PROMOTE_AND_PAUSE = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from quantgate.release import registry
+    from quantgate.publishing import registry
     decision, ckpt, root, paused, go = sys.argv[1:6]
 
     def hook(step):
@@ -219,7 +219,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, what: str, seconds: float = 60
 
 
 def test_promotions_in_two_processes_exclude_each_other_and_stale_temps_are_judged_by_the_lock(tmp_path, monkeypatch):
-    from quantgate.release import registry
+    from quantgate.publishing import registry
 
     monkeypatch.setenv("QUANTGATE_HOME", str(tmp_path / "home"))
     ckpt = tmp_path / "ckpt"

@@ -16,7 +16,7 @@ from quantgate.perf.models import PerfResult, Workload
 from quantgate.release import measurements
 from quantgate.release.measurements import KINDS, VariantJob, ordered_steps, plan, recorded
 from quantgate.release.replicas import Step
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 from quantgate.release.variants import Evidence, Variant
 
 
@@ -137,3 +137,23 @@ def test_every_registered_kind_follows_the_protocol(kind):
     for method in ("folders", "pending", "steps", "phase", "record", "compare"):
         assert callable(getattr(kind, method, None)), f"{kind.name}.{method}"
     assert kind.name and kind.name in {"evals", "recall", "perf", "fidelity"}
+
+
+def test_evidence_refuses_a_field_a_kind_records_but_the_model_lacks(tmp_path, monkeypatch):
+    """A kind whose record() returns a key Evidence does not declare fails when the evidence is made, naming the key,
+    instead of its result being dropped from evidence.json without a word (pydantic's default is to ignore it)."""
+    from pydantic import ValidationError
+
+    probe = _Probe()
+    probe.record = lambda folders, skipped: {"probe": str(folders["probe"])}  # no such Evidence field
+    monkeypatch.setattr(measurements, "KINDS", (*KINDS, probe))
+    job = _job(tmp_path)
+    folders, _ = plan(job)
+    fields = recorded(folders, {})
+    assert "probe" in fields and "evals" in fields
+    with pytest.raises(ValidationError, match="probe") as err:
+        Evidence(variant=job.variant, folder=tmp_path, cache=tmp_path, serve_command=[], dtype=None, served=False, **fields)
+    assert "extra" in str(err.value).lower()
+    monkeypatch.setattr(measurements, "KINDS", KINDS)  # what every registered kind records is accepted as it is
+    Evidence(variant=job.variant, folder=tmp_path, cache=tmp_path, serve_command=[], dtype=None, served=False,
+             **recorded(folders, {}))

@@ -1,4 +1,4 @@
-"""The MLflow export (quantgate.release.mlflow_export, `quantgate export mlflow`) against a real MLflow tracking
+"""The MLflow export (quantgate.publishing.mlflow_export, `quantgate export mlflow`) against a real MLflow tracking
 server: `mlflow server` from .venv-mlflow (requirements/mlflow.lock; `make test` builds it) on a SQLite backend with
 proxied artifacts, one server for the module.
 
@@ -30,11 +30,11 @@ from quantgate.cli.main import app
 from quantgate.gate.evidence import gate_run
 from quantgate.gate.policy import DEFAULT_POLICY
 from quantgate.quantize.manifest import CalibrationRecord, QuantManifest
-from quantgate.release import mlflow_export, registry
-from quantgate.release.mlflow_client import Api
-from quantgate.release.mlflow_content import MAX_PARAM_VALUE, Content, candidate_content, mlflow_key
-from quantgate.release.mlflow_export import MlflowError, MlflowTarget, export_run, log_content, start_run
-from quantgate.release.mlflow_read import read_release
+from quantgate.publishing import mlflow_export, registry
+from quantgate.publishing.mlflow_client import Api
+from quantgate.publishing.mlflow_content import MAX_PARAM_VALUE, Content, candidate_content, mlflow_key
+from quantgate.publishing.mlflow_export import MlflowError, MlflowTarget, export_run, log_content, start_run
+from quantgate.publishing.mlflow_read import read_release
 from quantgate.report.page import write_report
 from quantgate.serving.server import free_port, kill_tree
 

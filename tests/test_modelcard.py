@@ -17,7 +17,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import REPO
 from quantgate.plan.models import Plan
-from quantgate.release import registry
+from quantgate.publishing import registry
 from quantgate.report.cardbaseline import base_model_of
 from quantgate.report.modelcard import (CARD, CardCheck, CardInputs, CardScore, Serving, card_inputs, card_metadata,
                                         checks_of, command_line, render_card)

@@ -272,7 +272,7 @@ def test_a_worker_pointing_at_the_wrong_port_is_named_at_once(demo_model, tmp_pa
 # --- the release flow's serving step picks the multi-node manager for a multi-node plan --------------------------
 
 def _spec(tmp_path, extra: str):
-    from quantgate.release.resolve import load_spec
+    from quantgate.spec.resolve import load_spec
 
     path = tmp_path / "spec.yaml"
     path.write_text("version: 1\nname: mn\nmodel: demo\nhardware: x86-cpu\ncontext: 1024\nconcurrency: 2\n"

@@ -100,9 +100,9 @@ def test_a_window_with_every_candidate_rejected_early_probes_nothing_and_says_wh
 
     from test_decide_early import SPEC
 
-    from quantgate.release.cachelayout import in_window
+    from quantgate.spec.schema import in_window
     from quantgate.release.perf_window import perf_window
-    from quantgate.release.resolve import load_spec
+    from quantgate.spec.resolve import load_spec
     from quantgate.release.variants import Evidence, Variant
 
     spec_file = tmp_path / "spec.yaml"

@@ -16,8 +16,8 @@ from quantgate.base.paths import REPO
 
 CHILD = """
 import json, os, sys, time
-from quantgate.release.resolve import load_spec
-from quantgate.release.pools_child import host_slot
+from quantgate.spec.resolve import load_spec
+from quantgate.pools.child import host_slot
 from quantgate.target.catalogue import ensure_demo_model
 spec, out = load_spec(sys.argv[1]), sys.argv[2]
 with host_slot(spec, ensure_demo_model(), lambda m: None) as slot:

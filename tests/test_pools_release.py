@@ -1,4 +1,4 @@
-"""A release across two "hosts" on Prefect work pools (quantgate.release.pools), with real components: the session's
+"""A release across two "hosts" on Prefect work pools (quantgate.pools.executor), with real components: the session's
 Prefect server, two process workers in two pools (one pinned to core 0, one to core 1, each with its own results
 folder and QUANTGATE_HOME), an S3 API on loopback (moto's server, tests/_s3.py) as the results store, and the demo
 model's baseline and INT8 W8A8 served by vLLM. Slow; CI runs it.
@@ -33,7 +33,7 @@ from _shared import LAYER0_ONLY
 from quantgate.base.objstore import ResultStore
 from quantgate.base.procguard import remove_shm
 from quantgate.base.paths import REPO
-from quantgate.release.pools_child import pull_evidence, rel_key
+from quantgate.pools.child import pull_evidence, rel_key
 from quantgate.serving.server import kill_tree
 
 pytestmark = pytest.mark.skipif(not MOTO.exists(), reason="no .venv-s3 (scripts/setup.sh s3; `make test` builds it)")

@@ -1,4 +1,4 @@
-"""The pure parts of a release on work pools (quantgate.release.pools, pools_child) on a store that is a local path:
+"""The pure parts of a release on work pools (quantgate.pools.executor, pools_child) on a store that is a local path:
 the executor section, paths moved between hosts' results roots, how an unfinished child is recorded, when a silent
 child counts as lost, and the checkpoint and registry entry that a promotion moves through the store."""
 
@@ -14,14 +14,14 @@ from pydantic import ValidationError
 from quantgate.base.errors import QuantgateError
 from quantgate.base.objstore import ResultStore
 from quantgate.gate.evidence import serving_failure
-from quantgate.release import pools
-from quantgate.release.pools_child import ALIVE, rebased
-from quantgate.release.spec_sections import ExecutorSpec
+from quantgate.pools import executor as pools
+from quantgate.pools.child import ALIVE, rebased
+from quantgate.spec.sections import ExecutorSpec
 from quantgate.release.variants import Variant
 
 
 def _spec(tmp_path: Path, **executor):
-    from quantgate.release.spec import ReleaseSpec
+    from quantgate.spec.schema import ReleaseSpec
 
     return ReleaseSpec.model_validate({"version": 1, "name": "u", "model": "demo", "hardware": "x86-cpu",
                                        "schemes": ["int8-w8a8"], "executor": {"kind": "pools", **executor}})

@@ -28,9 +28,9 @@ from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.paths import REPO
 from quantgate.cli.main import app
 from quantgate.gate.models import EXIT_CODES
-from quantgate.release import publishing, registry, targets, webhook
-from quantgate.release.publishing import NotifySpec, PublishTarget
-from quantgate.release.resolve import load_spec
+from quantgate.publishing import publish as publishing, registry, targets, webhook
+from quantgate.publishing.publish import NotifySpec, PublishTarget
+from quantgate.spec.resolve import load_spec
 
 GOOD = """\
 version: 1

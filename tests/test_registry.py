@@ -20,9 +20,9 @@ from _quant_fixtures import fake_quantizer, llama
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import REPO
 from quantgate.quantize.recipes import RecipeOverrides
-from quantgate.release import registry
-from quantgate.release.resolve import load_spec
-from quantgate.release.spec import QuantizationSpec
+from quantgate.publishing import registry
+from quantgate.spec.resolve import load_spec
+from quantgate.spec.schema import QuantizationSpec
 from quantgate.release.variants import quantize_variant
 from quantgate.target import catalogue
 from quantgate.target.catalogue import checkpoint_hash
@@ -102,7 +102,7 @@ def test_copy_checkpoint(setup):
 
 KILL_SCRIPT = textwrap.dedent("""
     import json, os, signal, sys
-    from quantgate.release import registry as registry
+    from quantgate.publishing import registry as registry
     step, decision, ckpt, report, root = sys.argv[1:6]
 
     def hook(name):
@@ -175,7 +175,7 @@ def test_a_concurrent_promotion_that_wins_the_rename_is_kept(setup, tmp_path, mo
 
 def test_publish_is_off_by_default_and_does_not_import_the_hub(setup):
     ckpt, _, root = setup
-    code = ("import sys, json; from quantgate.release import registry; "
+    code = ("import sys, json; from quantgate.publishing import registry; "
             f"e = registry.promote(registry.Promotion(json.loads({json.dumps(json.dumps(DECISION))}), model='demo', "
             f"version='v1', checkpoint={str(ckpt)!r}), root={str(root)!r}); "
             "print('published' in e, 'huggingface_hub' in sys.modules)")

@@ -1,4 +1,4 @@
-"""The registry's typed files (quantgate.release.registryfile) and the run's publish/notify logs: each written through
+"""The registry's typed files (quantgate.publishing.registryfile) and the run's publish/notify logs: each written through
 its model with the keys, order and values the plain dicts had, read back through it (leniently where a missing or
 corrupt file is tolerated)."""
 
@@ -13,11 +13,11 @@ from _gate_fixtures import checkpoint
 from quantgate.base.fileio import write_json
 from quantgate.base.typedfile import RunFileError
 from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, as_json
-from quantgate.release import registry
-from quantgate.release.publishing import PublishLog
-from quantgate.release.registryfile import (EntryPublishLog, EntryPublishRecord, NoEntry, PromotedEntry, RegistryEntry,
+from quantgate.publishing import registry
+from quantgate.publishing.publish import PublishLog
+from quantgate.publishing.registryfile import (EntryPublishLog, EntryPublishRecord, NoEntry, PromotedEntry, RegistryEntry,
                                             load_promotion)
-from quantgate.release.webhook import NotifyLog
+from quantgate.publishing.webhook import NotifyLog
 
 DECISION = {"schema_version": 1, "decision": "PROMOTE", "candidate": "w4a16-gptq", "scheme": "w4a16-gptq",
             "family": "w4a16", "policy": {"name": "default", "version": 1},

@@ -34,8 +34,9 @@ from _publish_fixtures import Receiver
 from _shared import CHECKPOINTS
 from quantgate.base.paths import REPO
 from quantgate.gate.evidence import CANDIDATE_ERROR
-from quantgate.release import registry, schedule
-from quantgate.release.resolve import load_spec
+from quantgate.release import schedule
+from quantgate.publishing import registry
+from quantgate.spec.resolve import load_spec
 from quantgate.target.catalogue import resolve_model
 from quantgate.serving.server import kill_tree
 
@@ -55,7 +56,7 @@ quantization:
 eval: {{limit: 30}}
 recall: {{lengths: [512], depths: [0, 50, 100], kinds: [number, name], samples: 1}}
 fidelity: {{draws: 1, context_prompts: 4, context_new_tokens: 64}}
-perf: {{concurrency: [2], num_prompts: 6, input_len: 64, output_len: 16, repeats: 1, rounds: 2}}
+perf: {perf}
 policy: {policy}
 {judge}
 {outbound}
@@ -63,6 +64,9 @@ policy: {policy}
 # the first run also judges, with the demo model served as the judge: it fails calibration and is the judged model
 # itself, so its verdicts are no evidence, but the step must run and leave its report where the gate reads it
 JUDGE = "judge: {serve: demo, limit: 2, calibration_per_type: 1}"
+# the first run and its unchanged rerun probe speed side by side; the runs after them test what the cache, a killed
+# server and a deployment do, not speed: no probe (each probe window starts both servers again, minutes on 2 cores)
+PERF = "{concurrency: [2], num_prompts: 6, input_len: 64, output_len: 16, repeats: 1, rounds: 2}"
 # what goes out after the first run's decision: a verified copy of the promoted entry, the signed webhook
 OUTBOUND = """\
 publish:
@@ -109,14 +113,14 @@ def workspace(tmp_path_factory, demo_model, receiver, prefect_api, layer0_int8):
     spec = root / "e2e.yaml"
     evalset = REPO / "eval_sets" / "default.jsonl"
     lenient = lenient_policy(root / "lenient.yaml")
-    spec.write_text(SPEC.format(evalset=evalset, policy=lenient, judge=JUDGE, schemes=f"[{FIRST}]",
+    spec.write_text(SPEC.format(evalset=evalset, policy=lenient, judge=JUDGE, schemes=f"[{FIRST}]", perf=PERF,
                                 outbound=OUTBOUND.format(url=receiver.url)))
     # the same release under the default policy: 30 samples are too few for its category checks -> REJECT
     (root / "strict.yaml").write_text(SPEC.format(evalset=evalset, policy=REPO / "releases" / "policies" / "default.yaml",
-                                                  judge="", schemes=f"[{FIRST}]", outbound=""))
+                                                  judge="", schemes=f"[{FIRST}]", outbound="", perf="null"))
     # the same release with one more candidate: a checkpoint folder (only layer 0 quantized), served on every build
     (root / "added.yaml").write_text(SPEC.format(evalset=evalset, policy=lenient, judge="", schemes=f"[{FIRST}]",
-                                                 outbound="") + f"candidates:\n  - {{name: {ADDED}, checkpoint: {layer0_int8}}}\n")
+                                                 outbound="", perf="null") + f"candidates:\n  - {{name: {ADDED}, checkpoint: {layer0_int8}}}\n")
     for scheme, ckpt in CHECKPOINTS.items():  # quantized earlier in this session: the flow reuses it if the key matches
         if scheme == FIRST:
             shutil.copytree(ckpt, root / "results" / "checkpoints" / ckpt.name)
@@ -362,7 +366,7 @@ def test_an_added_candidate_whose_server_is_killed_is_rejected_and_the_cached_on
                       FIRST: first["decision"]}, indent=1))
 
 
-WORKER_STOP_GRACE_S = 30  # README "Running it from a Prefect server": an idle worker stopped in 0.4 s here
+WORKER_STOP_GRACE_S = 30  # docs/prefect.md "Stopping the worker": an idle worker stopped in 0.4 s here
 
 
 @pytest.mark.slow
@@ -378,7 +382,7 @@ def test_prefect_deployment_run_of_the_release(workspace):
             return subprocess.run([prefect, "--no-prompt", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
 
         assert cli("work-pool", "create", "local", "--type", "process").returncode == 0
-        # an Automation on the decision event, as the README shows one (any decision of this release)
+        # an Automation on the decision event, as docs/prefect.md shows one (any decision of this release)
         trigger = {"type": "event", "match": {"prefect.resource.id": "quantgate.release.e2e.*"},
                    "expect": ["quantgate.release.decided"], "posture": "Reactive", "threshold": 1, "within": 0}
         made = cli("automation", "create", "--from-json", json.dumps({"name": "qg-decided", "trigger": trigger,
@@ -443,8 +447,8 @@ def test_prefect_deployment_run_of_the_release(workspace):
         assert again["decision"] == summary["decision"]
         logged = worker_log.read_bytes()[said:].decode(errors="replace")
         assert "Finished in state" in logged and "ERROR" not in logged and "Traceback" not in logged, logged[-3000:]
-        # SIGTERM stops the worker within the grace the README states (it turns SIGTERM into its own SIGINT, which a
-        # worker started with `&` from a script ignores: the README's snippet restores it)
+        # SIGTERM stops the worker within docs/prefect.md's grace (it turns SIGTERM into its own SIGINT, which a
+        # worker started with `&` from a script ignores: that page's snippet restores it)
         worker, asked = procs[0], time.monotonic()
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=WORKER_STOP_GRACE_S)

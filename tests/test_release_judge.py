@@ -19,7 +19,7 @@ from quantgate.judge.corrupt import calibration_pairs
 from quantgate.judge.run import load_calibration_config
 from quantgate.release import steps as rel
 from quantgate.release.judge_step import api_key, failure, margin
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 
 CANDS = ["w4a16-gptq", "int8-w8a8"]
 SPEC = f"""\

@@ -37,7 +37,7 @@ from quantgate.perf.payofffile import load_pay_off
 from quantgate.recall import score as recall_score
 from quantgate.recall.resultfile import load_recall_cells, load_recall_delta
 from quantgate.release import steps as rel
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 from tests._judge_fakes import FakeJudge, prefer, write_run
 
 CAND = "w4a16-gptq"

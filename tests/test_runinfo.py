@@ -14,7 +14,7 @@ from quantgate.base.paths import REPO
 from quantgate.base.runinfo import SCHEMA, load_run_record
 from quantgate.base.typedfile import RunFileError
 from quantgate.release import steps as rel
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 from quantgate.serving.env import serve_python, vllm_version
 
 SPEC = f"""version: 1

@@ -1,4 +1,4 @@
-"""`schemes: auto` / {auto: N} (quantgate.release.autoschemes): the candidates are the top of `quantgate schemes`'s
+"""`schemes: auto` / {auto: N} (quantgate.spec.autoschemes): the candidates are the top of `quantgate schemes`'s
 ranking for the spec's hardware, workload and model size, which comes from the model's config. The expected picks
 are derived from the data files (quant_recipes/schemes.yaml's preference orders, hardware.yaml's support table),
 not written down: a change of the data moves the test with it."""
@@ -13,9 +13,9 @@ import pytest
 from quantgate.base.errors import ConfigError
 from quantgate.quantize.preflight import read_layout
 from quantgate.quantize.schemes import WORKLOADS, load_schemes, rank_schemes, size_from_shape, top_schemes
-from quantgate.release.autoschemes import at_flow_start, auto_count
+from quantgate.spec.autoschemes import at_flow_start, auto_count
 from quantgate.release.ladder import next_rung
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 from quantgate.target.hardware import get_profile
 from quantgate.target.modelshape import load_model_spec
 

@@ -18,8 +18,8 @@ from quantgate.gate.models import GateEvidence, KvCacheChange, RateEvidence, Sta
 from quantgate.gate.policy import GatePolicy
 from quantgate.plan.build import build_plan, load_planner_policy
 from quantgate.plan.knobs import ServingKnobs, knob_arg, knob_problems
-from quantgate.release.resolve import load_spec
-from quantgate.release.spec_sections import ServingSpec
+from quantgate.spec.resolve import load_spec
+from quantgate.spec.sections import ServingSpec
 from quantgate.release.variants import Variant, server_config
 from quantgate.target.hardware import get_profile
 

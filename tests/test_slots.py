@@ -19,7 +19,7 @@ from quantgate.plan.models import SlotRule
 from quantgate.plan.slots import Slot, cores_of, cpu_bind, placement_free, release_width, slots, span
 from quantgate.base.paths import EVAL_SETS
 from quantgate.release.schedule import SlotPool, pinned, wait_for_reference
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 from quantgate.release.variants import baseline_variant, server_config
 
 DATA = Path(__file__).parent / "data"

@@ -8,8 +8,8 @@ import pytest
 
 from quantgate.base.errors import ConfigError
 from quantgate.base.paths import EVAL_SETS, JUDGES, RELEASES
-from quantgate.release.resolve import load_spec, resolve
-from quantgate.release.spec import load_written_spec
+from quantgate.spec.resolve import load_spec, resolve
+from quantgate.spec.schema import load_written_spec
 
 GOOD = """\
 version: 1

@@ -16,7 +16,7 @@ from quantgate.gate.early import early_fidelity_checks
 from quantgate.gate.policy import load_policy
 from quantgate.release.adaptive import fidelity_looks, fidelity_size
 from quantgate.release.fidelity_step import DRAW, sampled_prompts
-from quantgate.release.resolve import load_spec
+from quantgate.spec.resolve import load_spec
 
 POLICY = RELEASES / "policies" / "default.yaml"
 LIMIT = load_policy(POLICY).fidelity.families["int8"].max_kl  # type: ignore[union-attr]

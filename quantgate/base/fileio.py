@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantgate.base.errors import QuantgateError, SettingError
 
@@ -44,7 +44,7 @@ def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
-def json_object(path: Path | str) -> dict[str, Any]:
+def json_object(path: Path | str) -> dict[str, object]:
     """A JSON object file leniently: {} when it is missing, unreadable, not JSON or not an object (for optional
     files whose absence means "nothing recorded": a cache, a checkpoint's config)."""
     try:
@@ -76,22 +76,31 @@ def write_text(path: Path | str, text: str) -> None:
     fsync_path(path.parent)
 
 
+class LockHolder(TypedDict, total=False):
+    """What a lock file names while held (`lock`); read back as written, so any key may be missing."""
+    pid: int
+    host: str
+    thread: int
+    what: str
+    since: str
+
+
 def lock_path(path: Path | str) -> Path:
     """The lock file of `path`: `<path>.lock` beside it."""
     return Path(f"{path}.lock")
 
 
-def lock_holder(path: Path | str) -> dict[str, Any] | None:
+def lock_holder(path: Path | str) -> LockHolder | None:
     """Who holds (or last took) the lock of `path`, as written into its lock file; None when nothing is written."""
     try:
         text = lock_path(path).read_text(encoding="utf-8")
-        holder = json.loads(text) if text.strip() else None
+        holder: LockHolder | None = json.loads(text) if text.strip() else None
     except (OSError, ValueError):
         return None
     return holder if isinstance(holder, dict) else None
 
 
-def _describe(holder: dict[str, Any] | None) -> str:
+def _describe(holder: LockHolder | None) -> str:
     if not holder:
         return "another process (it has not written its name yet)"
     return (f"pid {holder.get('pid')} on host {holder.get('host')}"
@@ -141,7 +150,7 @@ def lock(path: Path | str, *, timeout: float | None = 600.0, what: str = "", pol
                                              "more, the lock is already free (the kernel releases it with the process)"
                                          ) from None
                 time.sleep(poll_s)
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "thread": threading.get_ident(), "what": what,
+        holder: LockHolder = {"pid": os.getpid(), "host": socket.gethostname(), "thread": threading.get_ident(), "what": what,
                   "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)

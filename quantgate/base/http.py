@@ -25,7 +25,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -281,7 +281,7 @@ class JsonlAppender:
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.fsync_every_s, self.last_sync = fsync_every_s, time.monotonic()
 
-    def write(self, rec: dict) -> None:
+    def write(self, rec: Mapping[str, object]) -> None:
         view = memoryview((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
         while view:
             view = view[os.write(self.fd, view):]

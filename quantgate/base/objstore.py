@@ -1,6 +1,6 @@
 """Results on shared storage: folders of a host's results root copied to and from an fsspec URL.
 
-A release spread over several hosts (quantgate.release.pools) keeps working in each host's own results folder, as a
+A release spread over several hosts (quantgate.pools.executor) keeps working in each host's own results folder, as a
 one-host release does, and shares what the others need through a store: `s3://bucket/prefix`, `gs://...`, or a path
 every host mounts. A folder is shared whole, under the same relative name it has in the results root
 (`cache/variants/<key>`, `checkpoints/<name>`, `runs/<run>/<variant>`):
@@ -33,7 +33,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantgate.base.errors import ConfigError, QuantgateError, did_you_mean
 from quantgate.base.fileio import sha256_file
@@ -43,16 +43,31 @@ OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "memory")  # a PUT is a
 _SKIP_SUFFIXES = (".lock", ".part")  # lock files name a local holder; .part files are downloads in progress
 
 
-def local_files(folder: Path) -> dict[str, dict[str, Any]]:
+class FileEntry(TypedDict):
+    """A shared file in a manifest: its sha256 and size."""
+    sha256: str
+    size: int
+
+
+class StoreManifest(TypedDict):
+    """`_quantgate_manifest.json`: the folder's files, whether it is complete, who pushed it from where, when."""
+    files: dict[str, FileEntry]
+    complete: bool
+    host: str
+    root: str
+    written: float
+
+
+def local_files(folder: Path) -> dict[str, FileEntry]:
     """The files a push shares: relative name -> sha256 and size (lock files and downloads in progress left out)."""
-    out = {}
+    out: dict[str, FileEntry] = {}
     for p in sorted(folder.rglob("*")):
         if p.is_file() and not p.name.endswith(_SKIP_SUFFIXES) and p.name != MANIFEST:
             out[p.relative_to(folder).as_posix()] = {"sha256": sha256_file(p), "size": p.stat().st_size}
     return out
 
 
-def _cut_to(part: Path, meta: dict[str, Any]) -> bool:
+def _cut_to(part: Path, meta: FileEntry) -> bool:
     """True when `part` starts with exactly the manifest's bytes, and cut to them: an unfinished folder's writer
     appends to its answers while a reader pulls, so the file it fetched may have grown since the manifest."""
     if part.stat().st_size <= meta["size"]:
@@ -105,7 +120,7 @@ class ResultStore:
     def key(self, rel: str) -> str:
         return f"{self._root}/{rel}" if self._root else rel
 
-    def manifest(self, rel: str) -> dict[str, Any] | None:
+    def manifest(self, rel: str) -> StoreManifest | None:
         """The folder's manifest on the store; None when it was never pushed."""
         try:
             return json.loads(self._fs.cat_file(self.key(f"{rel}/{MANIFEST}")))
@@ -116,7 +131,7 @@ class ResultStore:
         m = self.manifest(rel)
         return m is not None and bool(m.get("complete"))
 
-    def push(self, rel: str, *, complete: bool = True, source: Path | None = None) -> dict[str, Any]:
+    def push(self, rel: str, *, complete: bool = True, source: Path | None = None) -> StoreManifest:
         """Upload `<local>/<rel>` (or a snapshot of it, `source`): the files that differ from the store's manifest,
         then the new manifest. A content-addressed folder that is complete on the store need not be pushed again:
         callers ask `complete()` first."""
@@ -125,12 +140,13 @@ class ResultStore:
             raise QuantgateError(f"nothing to push: {folder} is not a folder", where=str(folder),
                                  fix="a bug in the caller: push what was measured, after it was measured")
         files = local_files(folder)
-        had = (self.manifest(rel) or {}).get("files", {})
+        prev = self.manifest(rel)
+        had = prev.get("files", {}) if prev else {}
         for name, meta in files.items():
-            if had.get(name, {}).get("sha256") != meta["sha256"]:
+            if (old := had.get(name)) is None or old.get("sha256") != meta["sha256"]:
                 self._fs.makedirs(posixpath.dirname(self.key(f"{rel}/{name}")), exist_ok=True)
                 self._fs.put_file(str(folder / name), self.key(f"{rel}/{name}"))
-        manifest = {"files": files, "complete": complete, "host": socket.gethostname(), "root": str(self.local),
+        manifest: StoreManifest = {"files": files, "complete": complete, "host": socket.gethostname(), "root": str(self.local),
                     "written": time.time()}
         self._write_manifest(rel, json.dumps(manifest, indent=1).encode())
         return manifest
@@ -144,7 +160,7 @@ class ResultStore:
         self._fs.pipe_file(tmp, data)
         self._fs.mv(tmp, final)
 
-    def pull(self, rel: str, *, partial: bool = False) -> dict[str, Any] | None:
+    def pull(self, rel: str, *, partial: bool = False) -> StoreManifest | None:
         """Fetch the folder into `<local>/<rel>`, every file checked against the manifest; None when the store has
         no complete folder there (`partial`: any pushed folder). Returns the manifest."""
         for attempt in (1, 2):
@@ -160,7 +176,7 @@ class ResultStore:
                                      "again when its writer has finished; if it persists, delete the folder there")
         return None
 
-    def _fetch(self, rel: str, m: dict[str, Any], keep_local: bool) -> str | None:
+    def _fetch(self, rel: str, m: StoreManifest, keep_local: bool) -> str | None:
         """The manifest's files into place; the name of the first one whose bytes do not match, else None.
         `keep_local`: a file this host has already is kept (an unfinished folder: this host's copy is as new)."""
         folder = self.local / rel
@@ -182,7 +198,7 @@ class ResultStore:
             os.replace(part, dest)
         return None
 
-    def wait(self, rel: str, *, timeout_s: float, poll_s: float = 2.0, what: str = "") -> dict[str, Any]:
+    def wait(self, rel: str, *, timeout_s: float, poll_s: float = 2.0, what: str = "") -> StoreManifest:
         """Pull the folder as soon as it is complete on the store; a QuantgateError after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while (m := self.pull(rel)) is None:

@@ -24,7 +24,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 Log = Callable[[str], None]
 
@@ -48,7 +51,16 @@ class _Sink:
 
 _SINK: ContextVar[_Sink | None] = ContextVar("quantgate_progress", default=None)
 _BAR_LOCK = threading.Lock()
-_BAR: dict[str, Any] = {"progress": None, "tasks": 0}
+
+
+@dataclass
+class _Bar:
+    """The terminal's one progress bar (rich's, while any task shows) and how many tasks it shows."""
+    progress: Progress | None = None
+    tasks: int = 0
+
+
+_BAR = _Bar()
 
 
 def line(label: str, done: int, total: int, elapsed_s: float, unit: str = "", in_flight: float = 0.0,
@@ -137,7 +149,9 @@ class Counter:
             self.sink.log(self.text())
         if self.task is not None:
             elapsed = now - self.start
-            _BAR["progress"].update(self.task, completed=self.done, rate=f"{self.done / elapsed:.2f}/s" if elapsed else "")
+            assert _BAR.progress is not None  # a task is shown on the bar
+            _BAR.progress.update(cast("TaskID", self.task), completed=self.done,
+                                 rate=f"{self.done / elapsed:.2f}/s" if elapsed else "")
 
 
 class _Quiet:
@@ -168,22 +182,23 @@ def _bar_add(label: str, total: int) -> int | None:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
                                TimeRemainingColumn)  # rich: only for a terminal
     with _BAR_LOCK:
-        if _BAR["progress"] is None:
-            bar = _BAR["progress"] = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        if _BAR.progress is None:
+            bar = _BAR.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                               TaskProgressColumn(), TextColumn("{task.fields[rate]}"),
                                               TextColumn("ETA"), TimeRemainingColumn(), transient=True)
             bar.start()
-        _BAR["tasks"] += 1
-        return _BAR["progress"].add_task(label, total=total, rate="")
+        _BAR.tasks += 1
+        return _BAR.progress.add_task(label, total=total, rate="")
 
 
 def _bar_remove(task: int) -> None:
     with _BAR_LOCK:
-        _BAR["progress"].remove_task(task)
-        _BAR["tasks"] -= 1
-        if _BAR["tasks"] == 0:
-            _BAR["progress"].stop()
-            _BAR["progress"] = None
+        assert _BAR.progress is not None  # the task was added to it
+        _BAR.progress.remove_task(cast("TaskID", task))
+        _BAR.tasks -= 1
+        if _BAR.tasks == 0:
+            _BAR.progress.stop()
+            _BAR.progress = None
 
 
 @contextmanager

@@ -36,7 +36,7 @@ class GitState(BaseModel):
 
 class ResolvedRelease(BaseModel):
     """What the machine decided for the spec at the run's start, beside what the spec said. The spec is resolved
-    when it loads (quantgate.release.spec); this is the record of it, computed once per run."""
+    when it loads (quantgate.spec.schema); this is the record of it, computed once per run."""
     model_config = ConfigDict(extra="allow")
 
     hardware: str                                  # the hardware profile the release ran on

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -26,7 +26,7 @@ class SetFields(BaseModel):
     kept."""
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> dict[str, object]:
         return self.model_dump(by_alias=True, exclude_unset=True)
 
 class RunFileError(QuantgateError):
@@ -76,7 +76,7 @@ def read_model(path: Path | str, model: type[M], what: str, fix: str) -> M:
 
 
 def read_migrated(path: Path | str, model: type[M], what: str, fix: str,
-                  migrations: Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]], current: int) -> M:
+                  migrations: Mapping[int, Callable[[dict[str, object]], dict[str, object]]], current: int) -> M:
     """read_model for a versioned file: its `schema_version` (1 when absent) is brought to `current` by
     `migrations[v]` (v -> v+1) before it is validated; a version newer than `current` is refused."""
     path = Path(path)

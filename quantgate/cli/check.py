@@ -13,7 +13,7 @@ Kinds (detected per file, or forced with --kind):
 A spec is checked with everything it names: each eval set (prompts against the spec's `context`) and its gate policy
 (default: releases/policies/default.yaml); its model folder (unless a catalogue id), each candidate checkpoint and a
 judge it serves from a folder: there, readable, no symlink loop, a config.json, weights files, and for a quantized
-checkpoint weights stored as its scheme says (safetensors headers; quantgate.release.external.checkpoint_problems).
+checkpoint weights stored as its scheme says (safetensors headers; quantgate.spec.external.checkpoint_problems).
 A relative `model` folder is taken from the current directory, as the release resolves it. What the release would
 refuse later is refused here (quantgate.cli.checkspec): a `context` longer than the model's max_position_embeddings,
 a pools store URL fsspec cannot open, `schemes` for a model quantized already, a `policy` that is no policy, a
@@ -50,11 +50,11 @@ from quantgate.gate.feeding import CANNOT_PROMOTE
 from quantgate.gate.policy import DEFAULT_POLICY, load_policy
 from quantgate.judge.review import check_csv, key_path_for, load_key
 from quantgate.judge.reviewfile import ReviewKey
-from quantgate.release.autoschemes import local_config
-from quantgate.release.external import checkpoint_problems, read_config
-from quantgate.release.resolve import load_spec, refuse_unservable
-from quantgate.release.spec import ReleaseSpec
-from quantgate.release.spec_warnings import eval_subsets, feed_warnings, own_categories
+from quantgate.spec.autoschemes import local_config
+from quantgate.spec.external import checkpoint_problems, read_config
+from quantgate.spec.resolve import load_spec, refuse_unservable
+from quantgate.spec.schema import ReleaseSpec
+from quantgate.spec.warn import eval_subsets, feed_warnings, own_categories
 from quantgate.target.catalogue import load_catalogue
 
 

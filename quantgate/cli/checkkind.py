@@ -13,7 +13,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.yamlconfig import read_yaml, top_line
 from quantgate.evals.setsource import is_evalset_folder, meta_path_for
 from quantgate.gate.policy import CHECK_SECTIONS, GatePolicy
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.schema import ReleaseSpec
 
 
 class Kind(str, Enum):

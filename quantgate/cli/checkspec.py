@@ -24,10 +24,10 @@ from quantgate.base.yamlconfig import read_yaml, top_line
 from quantgate.cli.checkkind import Kind, Skip, detect_kind
 from quantgate.gate.feeding import Unfed
 from quantgate.gate.policy import DEFAULT_POLICY
-from quantgate.release.autoschemes import local_config
-from quantgate.release.external import detect_scheme, read_config
-from quantgate.release.familycheck import findings, spec_schemes
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.autoschemes import local_config
+from quantgate.spec.external import detect_scheme, read_config
+from quantgate.spec.familycheck import findings, spec_schemes
+from quantgate.spec.schema import ReleaseSpec
 
 
 def _at(path: Path, key: tuple) -> str:
@@ -111,7 +111,7 @@ def policy_is_one(path: Path, spec: ReleaseSpec) -> None:
 
 def family_warnings(spec: ReleaseSpec) -> list[str]:
     """The support matrix's warnings for the model's family (never measured, or a scheme never measured with it),
-    where the model is on disk; its refusals are the resolver's (quantgate.release.resolve)."""
+    where the model is on disk; its refusals are the resolver's (quantgate.spec.resolve)."""
     found = _model_config(spec)
     if found is None:
         return []

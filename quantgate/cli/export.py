@@ -1,5 +1,5 @@
 """`quantgate export mlflow RUN --tracking-uri URL`: a finished release run into an MLflow tracking server
-(quantgate.release.mlflow_export): a run per variant under a parent run, and a registered model version for each
+(quantgate.publishing.mlflow_export): a run per variant under a parent run, and a registered model version for each
 PROMOTE candidate. The bearer token, when the server wants one, comes from MLFLOW_TRACKING_TOKEN.
 
 Exit codes: 0 exported (or exported before: nothing new written), 1 the export failed at the server (unreachable
@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from quantgate.base.paths import results_dir
-from quantgate.release.mlflow_export import MlflowError, MlflowTarget, export_run
+from quantgate.publishing.mlflow_export import MlflowError, MlflowTarget, export_run
 
 TOKEN_ENV = "MLFLOW_TRACKING_TOKEN"
 

@@ -7,7 +7,7 @@ import json
 import re
 import shlex
 from pathlib import Path
-from typing import get_args
+from typing import cast, get_args
 
 import typer
 from rich.console import Console
@@ -18,7 +18,7 @@ from quantgate.base.errors import ConfigError, SettingError
 from quantgate.base.fileio import write_text
 from quantgate.plan.build import build_plan
 from quantgate.plan.knobs import CudagraphMode
-from quantgate.plan.lws import VLLM_IMAGE, k8s_name, manifest_yaml, render_lws
+from quantgate.plan.lws import VLLM_IMAGE, LwsSpec, Metadata, k8s_name, manifest_yaml, render_lws
 from quantgate.plan.models import Plan
 
 # Placeholders a printed command keeps for the user's launcher to fill (quant_recipes/planner.yaml's master_addr is
@@ -95,9 +95,9 @@ def _lws_manifest(p: Plan, *, image: str, name: str | None, namespace: str | Non
     set_name = name or k8s_name(Path(p.model).stem)
     objects = render_lws(p, name=set_name, image=image, model_uri=uri, namespace=namespace, pvc=pvc,
                          host_path=host_path)
-    spec = objects[0]["spec"]
+    spec, service = cast(LwsSpec, objects[0]["spec"]), cast(Metadata, objects[1]["metadata"])  # as render_lws makes
     what = (f"LeaderWorkerSet {set_name} ({spec['replicas']} group(s) x {spec['leaderWorkerTemplate']['size']} pods) "
-            f"and Service {objects[1]['metadata']['name']}")
+            f"and Service {service['name']}")
     return manifest_yaml(objects), what
 
 

@@ -1,5 +1,5 @@
 """`quantgate pools setup POOL...`: the Prefect work pools a release on several hosts submits its variants to
-(quantgate.release.pools), each with its `measure-variant/<pool>` deployment. Needs PREFECT_API_URL (the server the
+(quantgate.pools.executor), each with its `measure-variant/<pool>` deployment. Needs PREFECT_API_URL (the server the
 workers poll). Then on each host: `QUANTGATE_REPO=<checkout> prefect worker start --pool POOL --type process`."""
 
 from __future__ import annotations
@@ -23,5 +23,5 @@ def setup(pools: Annotated[list[str], typer.Argument(help="work pool names, e.g.
         raise ConfigError("work pools live on a Prefect server: PREFECT_API_URL is not set", where="environment",
                            fix="start one (`prefect server start`) and export PREFECT_API_URL=http://<host>:4200/api")
     # Prefect loads only now (as for `quantgate release`), so the other commands start quickly
-    for name in importlib.import_module("quantgate.release.pools").setup_pools(pools, log=print):
+    for name in importlib.import_module("quantgate.pools.executor").setup_pools(pools, log=print):
         print(f"ready: {name}")

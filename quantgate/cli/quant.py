@@ -18,7 +18,7 @@ from quantgate.quantize.preflight import read_layout
 from quantgate.quantize.recipes import RecipeOverrides
 from quantgate.quantize.run import MANIFEST, QuantizeRequest, quantize as run
 from quantgate.quantize.schemes import load_schemes, rank_schemes
-from quantgate.release.familycheck import matrix_reasons
+from quantgate.spec.familycheck import matrix_reasons
 from quantgate.serving.cpu_kernels import kernel_reasons, resolve_hardware
 from quantgate.target.hardware import AUTO, get_profile, load_catalogue
 

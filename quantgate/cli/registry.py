@@ -18,9 +18,9 @@ import typer
 from pydantic import ValidationError
 
 from quantgate.gate.summaryfile import as_json
-from quantgate.release import registry
-from quantgate.release.publishing import HF_TOKEN, PublishTarget, publish_one
-from quantgate.release.targets import HUB
+from quantgate.publishing import registry
+from quantgate.publishing.publish import HF_TOKEN, PublishTarget, publish_one
+from quantgate.publishing.targets import HUB
 
 registry_app = typer.Typer(help="Promoted entries: list, verify, publish.", no_args_is_help=True)
 

@@ -20,11 +20,11 @@ from quantgate.cli.check import Checked, Kind, validate
 from quantgate.gate.models import EXIT_CODES
 from quantgate.gate.summaryfile import Summary
 from quantgate.release.outcome import summary_of
-from quantgate.release.publishing import env_notes, exit_code, failures
+from quantgate.publishing.publish import env_notes, exit_code, failures
 from quantgate.release.runrecord import check_new_run_id, timings
-from quantgate.release.resolve import load_spec
-from quantgate.release.spec import load_written_spec
-from quantgate.release.spec_warnings import sizing_warnings
+from quantgate.spec.resolve import load_spec
+from quantgate.spec.schema import load_written_spec
+from quantgate.spec.warn import sizing_warnings
 from quantgate.release.stopping import run_flow
 
 
@@ -34,7 +34,8 @@ _SERVED_NOTE: dict[Any, str] = {True: "  (served)", False: "  (from cache)"}
 
 def load_flow():
     """The release flow (quantgate.release.flow), imported when a release runs: Prefect loads only then, so the
-    other commands start quickly."""
+    other commands start quickly. The work-pools executor is loaded with it (it registers `executor: pools`)."""
+    importlib.import_module("quantgate.pools")
     return importlib.import_module("quantgate.release.flow").release
 
 
@@ -53,7 +54,7 @@ def executor_overrides(spec: Path, kind: str | None, store: str | None) -> dict[
         ResultStore(merged.store, results_dir())  # an fsspec URL whose filesystem is missing is refused here
         if not os.environ.get("PREFECT_API_URL"):
             raise SettingError("a release on work pools needs the Prefect server its workers poll", setting="executor",
-                               fix="export PREFECT_API_URL=http://<server>:4200/api (README: Across hosts)")
+                               fix="export PREFECT_API_URL=http://<server>:4200/api (docs/scale-out.md)")
     return overrides or None
 
 
@@ -111,18 +112,18 @@ def release(
     if summary is None:
         print(f"error: the release flow ended {state.type.value}: {state.message}", file=sys.stderr)
         raise typer.Exit(1)
-    print(json.dumps({k: summary[k] for k in ("release", "run", "decision", "promoted")}, indent=2))
-    for name, row in summary["candidates"].items():
-        print(f"{name}: {row['decision']}" + "".join(f"\n  - {r}" for r in row["reasons"]))
-    _print_timings(summary["run"])
     typed = Summary.model_validate(summary)
+    print(json.dumps({k: summary[k] for k in ("release", "run", "decision", "promoted")}, indent=2))
+    for name, row in typed.candidates.items():
+        print(f"{name}: {row.decision}" + "".join(f"\n  - {r}" for r in row.reasons))
+    _print_timings(str(summary["run"]))
     for r in typed.publish or []:
         print(f"publish {r.candidate} to {r.target}: {r.status}" + (f" ({r.where})" if r.where else ""))
     for n in typed.notify or []:
         print(f"notify {n.url}: {n.status}")
     for line in failures(typed):  # publishing and webhooks: reported, never swallowed
         print(f"error: {line}", file=sys.stderr)
-    raise typer.Exit(exit_code(typed, EXIT_CODES[summary["decision"]]))
+    raise typer.Exit(exit_code(typed, EXIT_CODES[str(summary["decision"])]))
 
 
 def _print_timings(run_id: str) -> None:

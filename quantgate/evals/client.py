@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json, read_results
@@ -30,6 +30,13 @@ class Request:
     id: str
     messages: list[dict[str, str]]
     max_tokens: int
+
+
+class Decoding(TypedDict):
+    """The decoding settings sent with every request."""
+    temperature: float
+    top_p: float
+    seed: int
 
 
 @dataclass(frozen=True)
@@ -48,7 +55,7 @@ class ClientConfig:
     progress: bool = True
     fsync_every_s: float = 1.0
 
-    def decoding(self) -> dict[str, Any]:
+    def decoding(self) -> Decoding:
         """Deterministic decoding sent with every request (max_tokens is per sample)."""
         return {"temperature": 0.0, "top_p": 1.0, "seed": self.seed}
 

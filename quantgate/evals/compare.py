@@ -15,7 +15,7 @@ import json
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict
 
 from quantgate.base.stats import harm_p_binary, harm_p_paired
 
@@ -27,6 +27,75 @@ class MetricInfo(Protocol):  # read-only: frozen models (MetricSpec) fit it
     def higher_is_better(self) -> bool: ...
     @property
     def binary(self) -> bool: ...
+
+
+class PairedStats(TypedDict):
+    """paired_stats: means, delta and its bootstrap CI, spread of the drops; the harm p-value; binary: lost/gained."""
+    n: int
+    base_mean: float
+    cand_mean: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    sd_diff: float
+    lost: NotRequired[int]
+    gained: NotRequired[int]
+    mcnemar_p: NotRequired[float]
+    p_harm: NotRequired[float]
+    discordance: NotRequired[float]
+
+
+class PooledStats(PairedStats):
+    metrics_used: dict[str, int]  # samples per metric
+
+
+class MetricReport(TypedDict):
+    higher_is_better: bool
+    binary: bool
+    overall: PairedStats
+    by_category: dict[str, PairedStats]
+
+
+class Agreement(TypedDict):
+    overall: float
+    by_category: dict[str, float]
+
+
+class Flip(TypedDict):
+    """A sample that went right -> wrong (a regression) or wrong -> right (a gain) on one binary metric."""
+    id: str
+    category: str
+    metric: str
+    references: list[str]
+    base_output: str | None
+    cand_output: str | None
+
+
+class SetReport(TypedDict):
+    """compare_runs' result; compare_dirs (quantgate.evals.run) adds both runs' model and the eval set."""
+    n_base: int
+    n_cand: int
+    n_paired: int
+    only_in_base: list[str]
+    only_in_cand: list[str]
+    bootstrap: dict[str, float]
+    agreement: Agreement
+    metrics: dict[str, MetricReport]
+    regressions: list[Flip]
+    gains: list[Flip]
+    pooled: PooledStats | None
+    base: NotRequired[dict[str, str | None]]
+    cand: NotRequired[dict[str, str | None]]
+    evalset: NotRequired[dict[str, object]]
+
+
+class RunSummary(TypedDict):
+    """summary.json of a scored run (quantgate.evals.run, quantgate.evals.lmeval)."""
+    n_samples: int
+    n_answered: int
+    n_failed: int
+    error_rate: float
+    metrics: dict[str, dict]  # summarize
 
 
 def cache_key(model_hash: str, evalset_hash: str, decoding: Mapping[str, Any], engine_version: str | None) -> str:
@@ -87,14 +156,14 @@ def _sd(xs: Sequence[float]) -> float:
 
 
 def paired_stats(pairs: Sequence[tuple[float, float]], info: MetricInfo, *, n_boot: int = 2000, seed: int = 0,
-                 level: float = 0.95) -> dict:
+                 level: float = 0.95) -> PairedStats:
     """Means, delta, bootstrap CI of (cand - base), spread of the drops and the one-sided harm p-value of (base, cand)
     pairs; for a binary metric also the samples lost and gained and the discordance."""
     base, cand = [p[0] for p in pairs], [p[1] for p in pairs]
     lo, hi = bootstrap_ci([c - b for b, c in pairs], n_boot=n_boot, seed=seed, level=level)
     sign = 1.0 if info.higher_is_better else -1.0
     drops = [sign * (b - c) for b, c in pairs]
-    out = {"n": len(pairs), "base_mean": _mean(base), "cand_mean": _mean(cand),
+    out: PairedStats = {"n": len(pairs), "base_mean": _mean(base), "cand_mean": _mean(cand),
            "delta": _mean(cand) - _mean(base) if pairs else math.nan, "ci_low": lo, "ci_high": hi,
            "sd_diff": _sd(drops)}
     if info.binary:
@@ -114,7 +183,7 @@ class _Binary:
 
 
 def _pooled(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Sequence[str],
-            metrics: Mapping[str, MetricInfo], **kw: Any) -> dict[str, Any] | None:
+            metrics: Mapping[str, MetricInfo], **kw: Any) -> PooledStats | None:
     """One binary, higher-is-better measure per sample (the first such metric in its scores), paired."""
     used: dict[str, int]
     pairs, used = [], {}
@@ -130,17 +199,17 @@ def _pooled(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Seque
 
 
 def _flips(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Sequence[str], name: str, info: MetricInfo,
-           references: Mapping[str, Sequence[str]] | None) -> tuple[list[dict], list[dict]]:
+           references: Mapping[str, Sequence[str]] | None) -> tuple[list[Flip], list[Flip]]:
     """Samples that went right -> wrong (regressions) and wrong -> right (gains) on one binary metric."""
     good = 1.0 if info.higher_is_better else 0.0
-    lost: list[dict]
-    gained: list[dict]
+    lost: list[Flip]
+    gained: list[Flip]
     lost, gained = [], []
     for i in ids:
         sb, sc = b_by[i]["scores"].get(name), c_by[i]["scores"].get(name)
         if sb is None or sc is None or (sb == good) == (sc == good):
             continue
-        row = {"id": i, "category": b_by[i]["category"], "metric": name,
+        row: Flip = {"id": i, "category": b_by[i]["category"], "metric": name,
                "references": list((references or {}).get(i, [])),
                "base_output": b_by[i].get("output"), "cand_output": c_by[i].get("output")}
         (lost if sb == good else gained).append(row)
@@ -156,7 +225,7 @@ def compare_runs(
     seed: int = 0,
     level: float = 0.95,
     references: Mapping[str, Sequence[str]] | None = None,
-) -> dict[str, Any]:
+) -> SetReport:
     """Paired statistics of candidate vs baseline over the ids both runs scored (see the module docstring)."""
     b_by, c_by = {r["id"]: r for r in base}, {r["id"]: r for r in cand}
     ids = [i for i in b_by if i in c_by]
@@ -167,7 +236,7 @@ def compare_runs(
     def agreement(group: list[str]) -> float:
         return _mean([float(b_by[i].get("output") == c_by[i].get("output")) for i in group])
 
-    result: dict[str, Any] = {
+    result: SetReport = {
         "n_base": len(b_by), "n_cand": len(c_by), "n_paired": len(ids),
         "only_in_base": sorted(set(b_by) - set(c_by)), "only_in_cand": sorted(set(c_by) - set(b_by)),
         "bootstrap": {"n_boot": n_boot, "seed": seed, "level": level},
@@ -180,7 +249,7 @@ def compare_runs(
             return [(b_by[i]["scores"][name], c_by[i]["scores"][name]) for i in group
                     if name in b_by[i]["scores"] and name in c_by[i]["scores"]]
 
-        def stats(group: list[str], label: str, name: str = name, info: Any = info) -> dict:
+        def stats(group: list[str], label: str, name: str = name, info: Any = info) -> PairedStats:
             return paired_stats(pairs(group), info, n_boot=n_boot, level=level,
                                  seed=seed + zlib.crc32(f"{name}/{label}".encode()))
 

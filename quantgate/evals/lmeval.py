@@ -42,7 +42,7 @@ from quantgate.base.fileio import child_env, lock, log_tail, write_json, write_t
 from quantgate.base.http import api_base
 from quantgate.base.paths import REPO, home
 from quantgate.base.procs import guarded
-from quantgate.evals.compare import cache_key, summarize
+from quantgate.evals.compare import RunSummary, cache_key, summarize
 from quantgate.evals.manifestfile import LmEvalManifest, LmEvalTaskRef, read_manifest
 from quantgate.evals.lmeval_tasks import (NO_ANSWER, LmEvalSpec, answered_in_log, convert, data_files, read_task,
                                           set_name, task_digest, task_of, task_problem)
@@ -83,7 +83,7 @@ def lm_eval_python(log=print) -> Path:
     return python
 
 
-def settings(limit: int | None, num_fewshot: int | None) -> dict[str, Any]:
+def settings(limit: int | None, num_fewshot: int | None) -> dict[str, int | bool | str | None]:
     """What besides the task's files decides its answers: part of the task digest, hence of the cache folder."""
     return {"limit": limit, "num_fewshot": num_fewshot, "chat_template": True, "lm_eval_lock": _lock_hash()}
 
@@ -156,14 +156,14 @@ def _fail(path: Path, manifest: LmEvalManifest, message: str, where: str, **extr
     return QuantgateError(message, where=where, fix="read the log named here; a re-run asks only what is missing")
 
 
-def write_scored(out: Path, task: str, metrics: list[str], samples: Path) -> tuple[dict[str, Any], str | None]:
+def write_scored(out: Path, task: str, metrics: list[str], samples: Path) -> tuple[RunSummary, str | None]:
     """results.jsonl, scores.jsonl and summary.json from lm-eval's samples file; (summary, filter used)."""
     lines = [json.loads(x) for x in samples.read_text(encoding="utf-8").splitlines() if x.strip()]
     results, scores, used = convert(lines, task, metrics, where=str(samples))
     write_text(out / RESULTS, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results))
     write_text(out / SCORES, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scores))
     failed = len(results) - len(scores)
-    summary = {"n_samples": len(results), "n_answered": len(scores), "n_failed": failed,
+    summary: RunSummary = {"n_samples": len(results), "n_answered": len(scores), "n_failed": failed,
                "error_rate": failed / len(results) if results else 0.0, "metrics": summarize(scores, metrics)}
     write_json(out / SUMMARY, summary)
     return summary, used
@@ -172,7 +172,7 @@ def write_scored(out: Path, task: str, metrics: list[str], samples: Path) -> tup
 def run_lm_eval(task_file: Path, task: str, endpoint: str, model: str, out: Path | str, *, api_key: str | None = None,
                 model_hash: str | None = None, limit: int | None = None, num_fewshot: int | None = None,
                 concurrency: int = 16, max_error_rate: float = 0.05, timeout_s: float | None = None,
-                log=print) -> dict[str, Any]:
+                log=print) -> RunSummary:
     """Run one lm-eval task against a running server into `out` (module docstring); returns the summary."""
     out, task_file = Path(out).resolve(), Path(task_file).resolve()  # lm-eval runs in the task's folder
     config = read_task(task_file)
@@ -216,7 +216,7 @@ def run_lm_eval(task_file: Path, task: str, endpoint: str, model: str, out: Path
 
 
 def run_spec_task(lm: LmEvalSpec, task: str, endpoint: str, model: str, out: Path, *, api_key: str | None,
-                  model_hash: str | None, label: str, log=print) -> dict[str, Any]:
+                  model_hash: str | None, label: str, log=print) -> RunSummary:
     """One task of a release spec's `lm_eval:` section against a variant's server (quantgate.release.steps), with
     a log line and progress lines under `label` (the variant)."""
     log(f"{label}: lm-eval task {task} ({lm.limit or 'all'} samples, concurrency {lm.concurrency})")

@@ -54,7 +54,7 @@ class EvalManifest(_Manifest):
     model_hash: str | None = None
     endpoint: str | None = None
     engine_version: Any = None       # what the server's /version said
-    decoding: dict[str, Any] | None = None
+    decoding: dict[str, object] | None = None
     default_max_tokens: int | None = None
     limit: int | None = None
     n_samples: int | None = None
@@ -88,7 +88,7 @@ class LmEvalManifest(_Manifest):
     model_hash: str | None = None
     endpoint: str | None = None
     engine_version: Any = None
-    decoding: dict[str, Any] | None = None
+    decoding: dict[str, object] | None = None
     limit: int | None = None
     started_at: str | None = None
     n_samples: int | None = None

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantgate.base.runfiles import MANIFEST, RESULTS, SCORES, SUMMARY
 from quantgate.base.errors import QuantgateError
@@ -28,7 +28,7 @@ from quantgate.base.fileio import write_json, write_text
 from quantgate.base.http import EndpointError, api_base, get_json, model_entry, read_results
 from quantgate.evals import scoring
 from quantgate.evals.client import ClientConfig, ErrorRateExceeded, Request, run
-from quantgate.evals.compare import cache_key, compare_runs, summarize
+from quantgate.evals.compare import RunSummary, SetReport, cache_key, compare_runs, summarize
 from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.evals.manifestfile import ClientStats, EvalManifest, EvalsetRef, read_manifest, read_status
 from quantgate.evals.metrics import load_table
@@ -59,7 +59,12 @@ class _Background:
         return self.value
 
 
-def probe_server(endpoint: str, model: str, api_key: str | None, timeout_s: float = 10.0) -> dict[str, Any]:
+class ServerInfo(TypedDict):
+    max_model_len: int | None  # as the server's model list gives it
+    engine_version: str | None
+
+
+def probe_server(endpoint: str, model: str, api_key: str | None, timeout_s: float = 10.0) -> ServerInfo:
     """Check that the server answers and serves `model`; return its max_model_len and engine version if given."""
     entry = model_entry(endpoint, model, api_key, timeout_s)
     try:
@@ -70,7 +75,7 @@ def probe_server(endpoint: str, model: str, api_key: str | None, timeout_s: floa
     return {"max_model_len": entry.get("max_model_len"), "engine_version": engine}
 
 
-def _manifest(es, cfg: ClientConfig, server: dict[str, Any], *, model_hash: str | None, limit: int | None,
+def _manifest(es, cfg: ClientConfig, server: ServerInfo, *, model_hash: str | None, limit: int | None,
               n_samples: int) -> EvalManifest:
     """What a run is (the cache key says it in one string), as manifest.json records it while running."""
     key = cache_key(model_hash or f"name:{cfg.model}", es.sha256, cfg.decoding(), server["engine_version"])
@@ -96,7 +101,7 @@ def _claim(out: Path, manifest: EvalManifest) -> Path:
     return path
 
 
-def _score(out: Path, samples, metrics: list[str]) -> dict[str, Any]:
+def _score(out: Path, samples, metrics: list[str]) -> RunSummary:
     """Score the answered samples into scores.jsonl and summarize them into summary.json; returns the summary."""
     records = read_results(out / RESULTS)
     wanted = {s.id for s in samples}
@@ -104,7 +109,7 @@ def _score(out: Path, samples, metrics: list[str]) -> dict[str, Any]:
     scores = scoring.score_samples(samples, outputs)
     write_text(out / SCORES, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scores))
     failed = len(samples) - len(outputs)
-    summary = {"n_samples": len(samples), "n_answered": len(outputs), "n_failed": failed,
+    summary: RunSummary = {"n_samples": len(samples), "n_answered": len(outputs), "n_failed": failed,
                "error_rate": failed / len(samples) if samples else 0.0, "metrics": summarize(scores, metrics)}
     write_json(out / SUMMARY, summary)
     return summary
@@ -124,7 +129,7 @@ def run_eval(
     timeout_s: float = 120.0,
     max_error_rate: float = 0.05,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Answer, score and summarize an eval set against a running server; returns the summary."""
     out = Path(out)
     server = probe_server(endpoint, model, api_key)
@@ -196,7 +201,7 @@ def load_run(run_dir: Path | str) -> tuple[dict, list[dict]]:
     return manifest.dump(), records
 
 
-def compare_dirs(base_dir: Path | str, cand_dir: Path | str, *, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+def compare_dirs(base_dir: Path | str, cand_dir: Path | str, *, n_boot: int = 2000, seed: int = 0) -> SetReport:
     """Compare two run directories of the same eval set (refused when the eval set hashes differ)."""
     bm, base = load_run(base_dir)
     cm, cand = load_run(cand_dir)

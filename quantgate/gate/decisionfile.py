@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,7 +41,7 @@ class RunDecision(BaseModel):
     policy: dict[str, str | int] | None
     created: str
     candidates: dict[str, Decision]
-    ladder: list[dict[str, Any]] | None = Field(None, description="with `ladder: true`: every rung, tried or not")
+    ladder: list[dict[str, object]] | None = Field(None, description="with `ladder: true`: every rung, tried or not")
 
     def write(self, path: Path) -> None:
         doc = self.model_dump(mode="json")  # the candidates' decisions whole (unset defaults included)

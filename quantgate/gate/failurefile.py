@@ -1,7 +1,7 @@
 """The typed form of `<run>/<candidate>/error.json`: why a candidate's measurement failed, which the gate turns into a
 failed `serving` check. Two places record one (the local flow when the candidate's vLLM server could not start or
 died, quantgate.release.variants.failed_evidence; the work-pools parent when the child flow run measuring it did not
-finish, quantgate.release.pools), both through `CandidateError.write`; the gate reads it with
+finish, quantgate.pools.executor), both through `CandidateError.write`; the gate reads it with
 `load_candidate_error`.
 """
 

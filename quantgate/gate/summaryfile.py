@@ -9,7 +9,6 @@ Keys a later writer adds are kept; every field defaults, since a candidate whose
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -55,11 +54,11 @@ class BaselineRow(BaseModel):
     model_config = _OPEN
 
     size_bytes: int | None = None
-    parity: dict[str, Any] | None = None
+    parity: dict[str, object] | None = None
 
 
 class PublishRecord(BaseModel):
-    """One promoted entry published to one target (quantgate.release.publishing.publish_one): status published,
+    """One promoted entry published to one target (quantgate.publishing.publish.publish_one): status published,
     exists, skipped or failed, where it went, the error of a failure."""
     model_config = _OPEN
 
@@ -73,7 +72,7 @@ class PublishRecord(BaseModel):
 
 
 class NotifyRecord(BaseModel):
-    """One webhook told of the decision (quantgate.release.webhook.send): delivered or failed, after how many
+    """One webhook told of the decision (quantgate.publishing.webhook.send): delivered or failed, after how many
     attempts."""
     model_config = _OPEN
 
@@ -86,7 +85,7 @@ class NotifyRecord(BaseModel):
     attempts: int | None = None
 
 
-def as_json(record: BaseModel) -> dict[str, Any]:
+def as_json(record: BaseModel) -> dict[str, object]:
     """A summary or record as its file holds it: the fields it was given (a short row stays short), JSON types."""
     return record.model_dump(mode="json", exclude_unset=True)
 
@@ -104,9 +103,9 @@ class Summary(BaseModel):
     decision: str | None = None
     promoted: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
-    policy: dict[str, Any] | None = None
-    recall_cost: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    ladder: list[dict[str, Any]] | None = None
+    policy: dict[str, object] | None = None
+    recall_cost: dict[str, dict[str, object]] = Field(default_factory=dict)
+    ladder: list[dict[str, object]] | None = None
     publish: list[PublishRecord] | None = None
     notify: list[NotifyRecord] | None = None
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json, read_results
@@ -55,10 +55,34 @@ def _reply(body: dict) -> str:
     return body["choices"][0]["message"]["content"] or ""
 
 
+class Judged(TypedDict):
+    """One line of judgements.jsonl: the job, the judge's replies and the verdict parsed from the last one."""
+    id: str
+    pair_id: str
+    slot: str
+    messages: list[dict[str, str]]
+    replies: list[str]
+    label: str | None
+    parsed: str | None
+    reason: str | None
+    verdict_retry: bool
+    http_attempts: int
+    error: str | None
+
+
+class JudgeStats(TypedDict):
+    total: int
+    skipped: int
+    judged: int
+    failed: int
+    last_error: str | None
+    elapsed_s: NotRequired[float]
+
+
 async def judge_one(client, url: str, job: JudgeJob, cfg: JudgeClientConfig, parse: Callable[[str | None], Parsed],
-                    retry_text: str) -> dict:
+                    retry_text: str) -> Judged:
     base = {"model": cfg.model, "max_tokens": cfg.max_tokens, "temperature": 0.0, "top_p": 1.0, "seed": cfg.seed}
-    rec: dict[str, Any] = {"id": job.id, "pair_id": job.pair_id, "slot": job.slot, "messages": job.messages, "replies": [],
+    rec: Judged = {"id": job.id, "pair_id": job.pair_id, "slot": job.slot, "messages": job.messages, "replies": [],
            "label": None, "parsed": None, "reason": None, "verdict_retry": False, "http_attempts": 0, "error": None}
     messages = list(job.messages)
     for turn in range(2):
@@ -70,7 +94,7 @@ async def judge_one(client, url: str, job: JudgeJob, cfg: JudgeClientConfig, par
             return rec
         rec["replies"].append(text)
         p = parse(text)
-        rec.update(label=p.label, parsed=p.how, reason=p.reason)
+        rec["label"], rec["parsed"], rec["reason"] = p.label, p.how, p.reason
         if p.label is not None or turn == 1:
             return rec
         rec["verdict_retry"] = True
@@ -79,13 +103,13 @@ async def judge_one(client, url: str, job: JudgeJob, cfg: JudgeClientConfig, par
 
 
 async def judge_all_async(jobs: Sequence[JudgeJob], path: Path | str, cfg: JudgeClientConfig,
-                          parse: Callable[[str | None], Parsed], retry_text: str) -> dict:
+                          parse: Callable[[str | None], Parsed], retry_text: str) -> JudgeStats:
     """Judge every job not already judged in `path`; raise QuantgateError when the judge keeps failing."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = {i for i, r in read_results(path).items() if r.get("error") is None}
     pending = [j for j in jobs if j.id not in done]
-    stats: dict[str, Any] = {"total": len(jobs), "skipped": len(jobs) - len(pending), "judged": 0, "failed": 0, "last_error": None}
+    stats: JudgeStats = {"total": len(jobs), "skipped": len(jobs) - len(pending), "judged": 0, "failed": 0, "last_error": None}
     consecutive = 0
     url = api_base(cfg.endpoint) + "/chat/completions"
     t0 = time.monotonic()
@@ -116,5 +140,5 @@ async def judge_all_async(jobs: Sequence[JudgeJob], path: Path | str, cfg: Judge
     return stats
 
 
-def judge_all(jobs, path, cfg, parse, retry_text) -> dict:
+def judge_all(jobs, path, cfg, parse, retry_text) -> JudgeStats:
     return asyncio.run(judge_all_async(jobs, path, cfg, parse, retry_text))

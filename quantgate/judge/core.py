@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -232,7 +232,7 @@ def rates(outs: Sequence[Outcome], level: float = 0.95) -> dict:
     n = len(valid)
     counts = {"win": sum(o.winner == "second" for o in valid), "tie": sum(o.winner == "tie" for o in valid),
               "loss": sum(o.winner == "first" for o in valid)}
-    out: dict[str, Any] = {"n": n, "invalid": len(outs) - n}
+    out: dict[str, int | dict[str, float]] = {"n": n, "invalid": len(outs) - n}
     for name, k in counts.items():
         lo, hi = wilson(k, n, level)
         out[name] = {"count": k, "rate": k / n if n else math.nan, "ci_low": lo, "ci_high": hi}

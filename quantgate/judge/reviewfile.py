@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -75,7 +75,7 @@ class HumanReview(BaseModel):
     rates: HumanRates = Field(default_factory=HumanRates)
     agreement: Agreement = Field(default_factory=Agreement)
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> dict[str, object]:
         """The file's content (NaN rates stay NaN, as json.dumps writes them)."""
         return self.model_dump()
 

@@ -48,7 +48,7 @@ class JudgeEndpoint(BaseModel):
 
 
 class JudgeSettings(BaseModel):
-    """How to judge: the release spec's `judge:` section (quantgate.release.spec_sections.JudgeSpec.settings) and
+    """How to judge: the release spec's `judge:` section (quantgate.spec.sections.JudgeSpec.settings) and
     `quantgate judge`'s options both become one of these."""
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -67,7 +67,7 @@ class ParityRecord(ParityReport):
 
     dtype: str | None = Field(None, description="the dtype the reference ran in")
     served_dtype: str | None = Field(None, description="the server's --dtype (auto: vLLM's choice)")
-    device: dict[str, Any] | None = Field(None, description="where the reference ran (quantize.devices.Placement)")
+    device: dict[str, object] | None = Field(None, description="where the reference ran (quantize.devices.Placement)")
     template_mismatch: list[str] = Field(default_factory=list, description="prompts whose served prompt tokens are "
                                                                            "not the chat template's")
     texts: dict[str, PromptTexts] = Field(default_factory=dict, description="prompt id -> both answers as text")

@@ -8,7 +8,6 @@ ratio, the intervals, the per-level rows) is typed loosely and kept as written.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import ConfigDict, Field
 
@@ -30,12 +29,12 @@ class PayOff(PayOffFigures):
     itl_p95_ratio: float | None = None
     tpot_ratio: float | None = None
     goodput_ratio: float | None = None
-    ci: dict[str, Any] = Field(default_factory=dict)
-    slo: dict[str, Any] | None = None
-    intervals: dict[str, Any] = Field(default_factory=dict)
+    ci: dict[str, object] = Field(default_factory=dict)
+    slo: dict[str, object] | None = None
+    intervals: dict[str, object] = Field(default_factory=dict)
     probe_seconds: dict[str, float | None] = Field(default_factory=dict)
     higher_is_better: dict[str, bool] = Field(default_factory=dict)
-    by_concurrency: list[dict[str, Any]] = Field(default_factory=list)
+    by_concurrency: list[dict[str, object]] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
     @property

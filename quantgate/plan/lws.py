@@ -37,7 +37,7 @@ import copy
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import yaml
 
@@ -188,6 +188,29 @@ def _check_inputs(name: str, namespace: str | None, image: str, model_uri: str, 
                            fix="give an absolute path such as /models")
 
 
+class Metadata(TypedDict):
+    """An object's `metadata` as render_lws writes it."""
+    name: str
+    labels: dict[str, str]
+    namespace: NotRequired[str]
+    annotations: NotRequired[dict[str, str]]
+
+
+class GroupTemplate(TypedDict):
+    """The LeaderWorkerSet's `spec.leaderWorkerTemplate`: nodes per group, restart policy, the pod templates."""
+    size: int
+    restartPolicy: str
+    leaderTemplate: dict[str, object]
+    workerTemplate: dict[str, object]
+
+
+class LwsSpec(TypedDict):
+    """The LeaderWorkerSet's `spec`."""
+    replicas: int
+    startupPolicy: str
+    leaderWorkerTemplate: GroupTemplate
+
+
 @dataclass(frozen=True)
 class _Pods:
     """What the leader's and the workers' pod templates share."""
@@ -197,7 +220,7 @@ class _Pods:
     labels: dict[str, str]
     image: str
     port: int
-    volume: dict[str, Any] | None
+    volume: dict[str, object] | None
     mount_path: str
     gpu_resource: str | None
     rdma_resource: str | None
@@ -225,16 +248,16 @@ class _Pods:
         check = self.mn.nccl_check
         return bool(self.rdma_resource and check and RDMA_TRANSPORTS & set(check.look_for))
 
-    def template(self, node: NodeCommand, command: list[str], *, leader: bool) -> dict[str, Any]:
+    def template(self, node: NodeCommand, command: list[str], *, leader: bool) -> dict[str, object]:
         """One PodTemplateSpec: the container running `command` with the node's environment and resources."""
         env = dict(node.env)
         resources = self.resources(env)
-        mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
-        volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}}]
+        mounts: list[dict[str, object]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+        volumes: list[dict[str, object]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}}]
         if self.volume is not None:
             mounts.append({"name": "model", "mountPath": self.mount_path, "readOnly": True})
             volumes.append({"name": "model", **copy.deepcopy(self.volume)})
-        container: dict[str, Any] = {
+        container: dict[str, object] = {
             "name": "vllm", "image": self.image, "imagePullPolicy": "IfNotPresent", "command": command,
             "env": [{"name": k, "value": v} for k, v in env.items()],
             "resources": {"requests": dict(resources), "limits": dict(resources)} if resources else {},
@@ -253,7 +276,7 @@ class _Pods:
 def render_lws(plan: Plan, *, name: str, image: str, model_uri: str, namespace: str | None = None, port: int = 8000,
                served_model_name: str | None = None, pvc: str | None = None, host_path: str | None = None,
                mount_path: str = "/models", gpu_resource: str | None = None, rdma_resource: str | None = "rdma/ib",
-               shm_size: str = "16Gi", memory: str | None = None) -> list[dict[str, Any]]:
+               shm_size: str = "16Gi", memory: str | None = None) -> list[dict[str, object]]:
     """[LeaderWorkerSet, Service] for a plan whose replicas span nodes (see the module's docstring).
 
     Raises SettingError for a plan whose replicas each fit one node, or whose worker nodes need different
@@ -265,7 +288,7 @@ def render_lws(plan: Plan, *, name: str, image: str, model_uri: str, namespace: 
     rep = reps[0]
     mn = rep.multi_node
     assert mn is not None  # _multi_node_replicas keeps those only
-    volume: dict[str, Any] | None = None
+    volume: dict[str, object] | None = None
     if pvc:
         volume = {"persistentVolumeClaim": {"claimName": pvc, "readOnly": True}}
     elif host_path:
@@ -282,27 +305,28 @@ def render_lws(plan: Plan, *, name: str, image: str, model_uri: str, namespace: 
                  mount_path=mount_path, gpu_resource=gpu_resource, rdma_resource=rdma_resource, shm_size=shm_size,
                  memory=memory)
 
-    def meta(obj_name: str) -> dict[str, Any]:
+    def meta(obj_name: str) -> dict[str, object]:
         return {"name": obj_name, **({"namespace": namespace} if namespace else {}), "labels": dict(labels)}
 
-    lws = {
+    spec: LwsSpec = {
+        "replicas": len(reps),
+        # workers start with the leader: it is ready only once every node joined (LeaderReady would wait forever)
+        "startupPolicy": "LeaderCreated",
+        "leaderWorkerTemplate": {
+            "size": len(mn.native),
+            # a lost node hangs the whole replica: restart the group together
+            "restartPolicy": "RecreateGroupOnPodRestart",
+            "leaderTemplate": pods.template(head, _command(leader_argv), leader=True),
+            "workerTemplate": pods.template(workers[0], _command(worker_argv), leader=False),
+        },
+    }
+    lws: dict[str, object] = {
         "apiVersion": LWS_API, "kind": "LeaderWorkerSet",
         "metadata": {**meta(name), "annotations": {"quantgate/hardware": plan.hardware,
                                                    "quantgate/layout": plan.layout.label}},
-        "spec": {
-            "replicas": len(reps),
-            # workers start with the leader: it is ready only once every node joined (LeaderReady would wait forever)
-            "startupPolicy": "LeaderCreated",
-            "leaderWorkerTemplate": {
-                "size": len(mn.native),
-                # a lost node hangs the whole replica: restart the group together
-                "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": pods.template(head, _command(leader_argv), leader=True),
-                "workerTemplate": pods.template(workers[0], _command(worker_argv), leader=False),
-            },
-        },
+        "spec": spec,
     }
-    service = {
+    service: dict[str, object] = {
         "apiVersion": "v1", "kind": "Service", "metadata": meta(f"{name}-api"),
         "spec": {"type": "ClusterIP", "selector": {SET_LABEL: name, COMPONENT: "leader"},
                  "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]},
@@ -317,7 +341,7 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
-def manifest_yaml(objects: list[dict[str, Any]]) -> str:
+def manifest_yaml(objects: list[dict[str, object]]) -> str:
     """The objects as one multi-document YAML text for `kubectl apply -f`."""
     head = ("# Rendered by `quantgate plan --lws`: a LeaderWorkerSet (needs the LWS controller in the cluster)\n"
             "# and the Service of its leaders' OpenAI API. See docs/kubernetes.md.\n")

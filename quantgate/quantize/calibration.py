@@ -13,9 +13,11 @@ import hashlib
 import json
 import random
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing_extensions import TypedDict  # pydantic validates typing's TypedDict only from Python 3.12
 
 from quantgate.base.errors import ConfigError
 from quantgate.base.paths import RECIPES
@@ -43,10 +45,16 @@ class CalibrationSpec(BaseModel):
         return self
 
 
+class CalibrationRecord(TypedDict, total=False):
+    """One calibration record as check_record normalizes it: a `text`, or chat `messages` ({"role", "content"})."""
+    text: str
+    messages: list[dict[str, str]]
+
+
 class CalibrationSet(BaseModel):
     """The selected records, as handed to the runner, with the hash that identifies them."""
     source: str
-    records: list[dict[str, Any]]
+    records: list[CalibrationRecord]
     available: int
     max_seq_length: int
     seed: int
@@ -54,7 +62,7 @@ class CalibrationSet(BaseModel):
     uses_chat: bool
 
 
-def check_record(rec: Any, where: str) -> dict[str, Any]:
+def check_record(rec: Any, where: str) -> CalibrationRecord:
     """Normalize one record to {"text"} or {"messages"}; refuse anything else naming where it is."""
     fix = 'write {"text": "..."} or {"messages": [{"role": "user", "content": "..."}]}'
     if not isinstance(rec, dict):
@@ -72,7 +80,7 @@ def check_record(rec: Any, where: str) -> dict[str, Any]:
     raise ConfigError("record has neither a non-empty `text` string nor a `messages` list", where=where, fix=fix)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[CalibrationRecord]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("calibration file not found", where=str(path), fix="check the path, or omit it to use the default set")
@@ -99,7 +107,7 @@ def is_table(path: Path) -> bool:
     return path.is_dir() or path.suffix in (".parquet", ".csv")
 
 
-def read_dataset(name: str, split: str) -> list[dict[str, Any]]:
+def read_dataset(name: str, split: str) -> list[CalibrationRecord]:
     """Records from `datasets`: a folder saved by it (load_from_disk, `split` of a DatasetDict), a local
     .json/.jsonl/.parquet/.csv file (the matching builder), or a dataset name already in its cache."""
     import datasets  # the pipeline env has it; imported here so plain JSONL use stays light
@@ -127,7 +135,7 @@ def read_dataset(name: str, split: str) -> list[dict[str, Any]]:
         raise ConfigError(f"dataset has no `text`, `messages` or `prompt` column (columns: {ds.column_names})",
                           where=f"{name}[{split}]", fix="rename the column, or convert it to JSONL records")
 
-    def record(row: dict[str, Any]) -> dict[str, Any]:
+    def record(row: Mapping[str, object]) -> dict[str, object]:  # a row of the dataset, as `datasets` gives it
         if cols:
             return {c: row[c] for c in cols if row[c] is not None}
         return {"messages": [{"role": "user", "content": row["prompt"]}]} if isinstance(row["prompt"], str) else {}
@@ -138,7 +146,7 @@ def read_dataset(name: str, split: str) -> list[dict[str, Any]]:
     return records
 
 
-def select(records: list[dict[str, Any]], samples: int, seed: int) -> list[dict[str, Any]]:
+def select(records: list[CalibrationRecord], samples: int, seed: int) -> list[CalibrationRecord]:
     """`samples` records drawn without replacement by `seed` (all of them, shuffled, when fewer exist)."""
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
@@ -163,7 +171,7 @@ def build(spec: CalibrationSpec, samples: int, max_seq_length: int) -> Calibrati
                           seed=spec.seed, sha256=digest, uses_chat=any("messages" in r for r in chosen))
 
 
-def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
+def write_jsonl(records: list[CalibrationRecord], path: Path) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")

@@ -18,7 +18,7 @@ dtype with the reason. The adapters call it and record the answer (the quantize 
 Calibration has a rule of its own (`calibration_dtype`): on a CPU without native arithmetic for the checkpoint's
 16-bit dtype, llmcompressor calibrates in FP32 and the quantized model is cast back before it is saved, so the
 checkpoint holds the same dtypes and bytes as one calibrated in its own dtype. BF16 arithmetic emulated on an
-AVX2-only CPU made the demo's INT8 calibration several times slower than FP32 (README, "Where models run").
+AVX2-only CPU made the demo's INT8 calibration several times slower than FP32 (docs/gpu.md, "Where models run").
 """
 
 from __future__ import annotations

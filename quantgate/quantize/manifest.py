@@ -56,10 +56,10 @@ class QuantManifest(SetFields):
     hardware: str | None = None                  # the hardware profile asked for, if any
     recipe_file: str | None = None
     recipe_applied: str | None = None            # the recipe text as applied (overrides included)
-    overrides: dict[str, Any] | None = None      # the request's RecipeOverrides
+    overrides: dict[str, object] | None = None   # the request's RecipeOverrides
     family: str | None = None                    # the model family (quant_recipes/families.yaml), None if not listed
     kept: list[Kept] | None = None               # every module pattern kept at 16 bits, and why
-    preflight: dict[str, Any] | None = None      # the PreflightResult, `targeted` as a count
+    preflight: dict[str, object] | None = None   # the PreflightResult, `targeted` as a count
     calibration: CalibrationRecord | None = None  # None for a data-free scheme
     quantization_config: dict[str, Any] | None = None  # config.json's, as llmcompressor wrote it
     versions: dict[str, str] | None = None       # library versions, quantgate included

@@ -14,7 +14,7 @@ import re
 import struct
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import BaseModel
 
@@ -67,7 +67,14 @@ class PreflightResult(BaseModel):
     kept: list[Kept] = []      # every module pattern kept at 16 bits, and why (lm_head, routers, the family's own)
 
 
-def read_safetensors_header(path: Path, *, whole: bool = False) -> dict[str, Any]:
+class TensorEntry(TypedDict):
+    """A tensor in a safetensors header."""
+    dtype: str
+    shape: list[int]
+    data_offsets: list[int]
+
+
+def read_safetensors_header(path: Path, *, whole: bool = False) -> dict[str, TensorEntry]:
     """The JSON header of a .safetensors file (8-byte little-endian length, then JSON). `whole`: also check that the
     file holds every byte the header's data offsets describe: a truncated copy (an interrupted download or copy) has
     a readable header and fails only when the weights are loaded, minutes into a release."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 from collections.abc import Iterator, Sequence
 
 import yaml
@@ -96,7 +96,14 @@ def iter_modifiers(data: dict[str, Any]) -> Iterator[tuple[str, str, str, dict[s
                 yield stage, group, name, kwargs if kwargs is not None else {}
 
 
-def quant_settings(data: dict[str, Any]) -> dict[str, Any]:
+class QuantSettings(TypedDict):
+    group_sizes: list[int | None]  # each quantizing group's weight group size (None: not group-wise)
+    ignore: list[str]
+    targets: list[str]
+    fixed_group: bool  # a preset scheme whose group size cannot change
+
+
+def quant_settings(data: dict[str, Any]) -> QuantSettings:
     """What the pre-flight check needs: weight group sizes, ignore list, targets, fixed-format flag."""
     groups: list[int | None] = []
     ignore: list[str] = []

@@ -24,11 +24,14 @@ import time
 import traceback
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from quantgate.quantize.devices import calibration_dtype, choose_device, torch_dtype_name
 from quantgate.quantize.jobfile import DeviceRecord, RunnerJob, RunnerResult
 from quantgate.quantize.preflight import checkpoint_dtype
+
+if TYPE_CHECKING:
+    from quantgate.quantize.calibration import CalibrationRecord
 
 EXIT_REFUSED = 3
 # Upstream version whose AWQ path pins CPU memory unconditionally (see pin_memory_workaround below).
@@ -80,11 +83,19 @@ def pin_memory_workaround() -> str | None:
     return f"llmcompressor {llmc_version}: IntermediatesCache.pin_memory skipped (no accelerator)"
 
 
-def device_record(torch: Any) -> dict[str, Any]:
+class _Device(TypedDict):
+    """Where calibration runs (jobfile.DeviceRecord's first fields)."""
+    device: str
+    physical_gpu: str | None
+    reason: str
+    name: NotRequired[str]
+
+
+def device_record(torch: Any) -> _Device:
     """Where `oneshot` calibrates in this process (quantize.devices.choose_device), with the GPU's name if any."""
     cuda = torch.cuda.is_available()
     device, physical, why = choose_device(cuda, torch.cuda.device_count() if cuda else 0, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    out: dict[str, Any] = {"device": device, "physical_gpu": physical, "reason": why}
+    out: _Device = {"device": device, "physical_gpu": physical, "reason": why}
     if device != "cpu":
         out["name"] = torch.cuda.get_device_name(0)
         torch.cuda.reset_peak_memory_stats(0)
@@ -99,7 +110,7 @@ def native_half(torch: Any) -> set[str]:
     return native | {"float16"} if cpu._is_amx_fp16_supported() else native
 
 
-def render(records: list[dict[str, Any]], tokenizer: Any, max_len: int | None) -> dict[str, list]:
+def render(records: list[CalibrationRecord], tokenizer: Any, max_len: int | None) -> dict[str, list]:
     """Token ids for each record; chat records go through the model's chat template."""
     ids, masks = [], []
     for rec in records:
@@ -155,11 +166,13 @@ def run(job: RunnerJob) -> tuple[int, RunnerResult]:
     result.device = rec = DeviceRecord.model_validate(
         device | {"load_dtype": str(model.dtype).removeprefix("torch."), "calibration_dtype_reason": why})
     t2 = time.perf_counter()
-    kwargs: dict[str, Any] = {"model": model, "recipe": job.recipe, "processor": tokenizer}
+    # a tokenizer is the processor of a text model (llmcompressor's annotation names ProcessorMixin alone)
     if dataset is not None:
-        kwargs.update(dataset=dataset, num_calibration_samples=len(dataset), max_seq_length=job.max_seq_length,
-                      shuffle_calibration_samples=False)
-    oneshot(**kwargs)
+        oneshot(model=model, recipe=job.recipe, processor=tokenizer, dataset=dataset,  # type: ignore[arg-type]
+                num_calibration_samples=len(dataset), max_seq_length=job.max_seq_length,
+                shuffle_calibration_samples=False)
+    else:
+        oneshot(model=model, recipe=job.recipe, processor=tokenizer)  # type: ignore[arg-type]
     result.oneshot_s = round(time.perf_counter() - t2, 2)
     if rec.device.startswith("cuda"):
         rec.peak_memory_bytes = torch.cuda.max_memory_allocated(0)

@@ -50,10 +50,10 @@ class RecallCells(BaseModel):
     status: str | None = None
     model: str | None = None
     endpoint: str | None = None
-    grid: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, object] = Field(default_factory=dict)
     cost: dict[str, Any] = Field(default_factory=dict)
     overall: Outcome
-    observations: dict[str, Any] = Field(default_factory=dict)
+    observations: dict[str, object] = Field(default_factory=dict)
     by_kind: dict[str, Outcome] = Field(default_factory=dict)
     by_language: dict[str, Outcome] = Field(default_factory=dict)
     cells: list[Cell] = Field(default_factory=list)
@@ -102,7 +102,7 @@ class RecallDelta(BaseModel):
     n_cand_only: int = 0
     n_requests: int | None = None
     n_haystacks: int | None = None
-    paired_within_haystack: dict[str, Any] | None = None
+    paired_within_haystack: dict[str, object] | None = None
     n_error_excluded: int = 0
     overall: OverallDelta
     by_kind: dict[str, KindDelta] = Field(default_factory=dict)

@@ -4,10 +4,9 @@ quantgate.gate.looks)."""
 
 from __future__ import annotations
 
-from typing import Any
 
 from quantgate.evals.dataset import load_evalset
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.schema import ReleaseSpec
 
 
 def _grow(current: int | None, budget: int | None, available: int) -> int | None:
@@ -52,11 +51,13 @@ def _widened(spec: ReleaseSpec) -> ReleaseSpec | None:
     if a is None:
         return None
     available = min((len(load_evalset(p, with_dataset=False).samples) for p in spec.eval_sets), default=0)
-    update: dict[str, Any] = {}
+    update: dict[str, object] = {}  # ReleaseSpec fields: the widened settings
+    limit = spec.eval.limit
     if (n := _grow(spec.eval.limit, a.max_eval_samples, available)) is not None:
         update["eval"] = spec.eval.model_copy(update={"limit": n})
+        limit = n
     if spec.fidelity is not None:
-        reach = (update["eval"].limit if "eval" in update else spec.eval.limit) or available
+        reach = limit or available
         if (k := _grow(spec.fidelity.limit, a.max_fidelity_samples, reach * max(len(spec.eval_sets), 1))) is not None:
             update["fidelity"] = spec.fidelity.model_copy(update={"limit": k})
     return spec.model_copy(update=update) if update else None

@@ -35,7 +35,7 @@ from quantgate.perf.workloads import write_requests
 from quantgate.plan.build import load_planner_policy
 from quantgate.plan.slots import placement_free
 from quantgate.release.secrets import endpoint_api_key
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.schema import ReleaseSpec, in_window
 from quantgate.release.variants import Variant
 from quantgate.serving.endpoint import EndpointConfig, describe
 from quantgate.serving.env import serve_python, vllm_version
@@ -122,12 +122,6 @@ def perf_settings(spec: ReleaseSpec) -> ProbeSettings:
     return s
 
 
-def in_window(spec: ReleaseSpec) -> bool:
-    """Whether the release probes speed in its side-by-side window (quantgate.release.perf_window) instead of on
-    each variant's own server: `perf.rounds` set, on this host (not work pools), no endpoint among the variants."""
-    p = spec.perf
-    endpoints = spec.baseline is not None or any(c.endpoint is not None for c in spec.candidates)
-    return p is not None and p.rounds is not None and spec.executor.kind == "local" and not endpoints
 
 
 def perf_dir(cache: Path, spec: ReleaseSpec) -> Path | None:

@@ -36,8 +36,8 @@ from quantgate.fidelity.run import is_complete
 from quantgate.gate.early import early_fidelity_checks
 from quantgate.release import fidelity_step
 from quantgate.release.adaptive import fidelity_looks, fidelity_size
-from quantgate.release.spec import ReleaseSpec
-from quantgate.release.variants import Log, Variant, policy_path
+from quantgate.spec.schema import ReleaseSpec, policy_path
+from quantgate.release.variants import Log, Variant
 
 SKIPPABLE = ("recall", "perf", "judge")  # the steps a decided REJECT makes pointless (evals stay: the report's deltas)
 

@@ -33,7 +33,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base import progress
@@ -50,7 +50,7 @@ from quantgate.fidelity.record import FidelityRecord, SubsetDraw
 from quantgate.fidelity.run import (DUMP, Sequence, append_scores, compare_dumps, is_complete,
                                     score_sequences, stratified)
 from quantgate.recall.run import build_checked_grid, load_needle_data
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.schema import ReleaseSpec
 
 Log = Callable[[str], None]
 FLOOR_CONTEXT = 1  # haystack sequences per context length in the floor's subset (each is a long prefill on the
@@ -104,10 +104,17 @@ def done(dirs: Mapping[str, Path], samples: Path) -> bool:
     return sampling.is_complete(samples) and all(is_complete(d, None) for d in dirs.values())
 
 
-def prompt_records(spec: ReleaseSpec) -> list[dict[str, Any]]:
+class ChatRecord(TypedDict):
+    """A prompt to sample a continuation of (quantgate.fidelity.sampling.build_prompts)."""
+    id: str
+    category: str
+    messages: list[dict[str, str]]
+
+
+def prompt_records(spec: ReleaseSpec) -> list[ChatRecord]:
     """The chat prompts of the eval samples the release asks (`eval.limit`: the same subset), ids prefixed by their
     eval set's name in the release (quantgate.evals.setsource.set_names: two sets of one file name stay apart)."""
-    out = []
+    out: list[ChatRecord] = []
     for name, path in zip(set_names(spec.eval_sets), spec.eval_sets):
         es = load_evalset(path, with_dataset=False)
         out += [{"id": f"{name}/{s.id}", "category": s.category, "messages": s.chat()}
@@ -115,7 +122,7 @@ def prompt_records(spec: ReleaseSpec) -> list[dict[str, Any]]:
     return out
 
 
-def context_records(spec: ReleaseSpec, tokenizer: Path) -> list[dict[str, Any]]:
+def context_records(spec: ReleaseSpec, tokenizer: Path) -> list[ChatRecord]:
     """`fidelity.context_prompts` prompts per length of the recall grid, category `context:<length>`: a haystack
     document of that length (the recall grid's own, then more of the same kind) followed by
     `fidelity.context_instruction`, so that the baseline's continuation is long text written at that depth of
@@ -131,7 +138,7 @@ def context_records(spec: ReleaseSpec, tokenizer: Path) -> list[dict[str, Any]]:
     docs: dict[int, dict[str, str]] = {}  # length -> haystack -> document
     for p in prompts:
         docs.setdefault(p.length, {}).setdefault(p.haystack, document_of(p.messages))
-    out = []
+    out: list[ChatRecord] = []
     for length, by_haystack in sorted(docs.items()):
         for hay, doc in sorted(by_haystack.items())[: f.context_prompts]:
             out.append({"id": f"context/{hay}", "category": f"{CONTEXT_PREFIX}{length}",

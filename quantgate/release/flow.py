@@ -39,16 +39,18 @@ from quantgate.fidelity import run as fidelity_run, sampling
 from quantgate.evals.comparefile import Comparison
 from quantgate.gate.models import Decision
 from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, Summary, as_json, write_summary
-from quantgate.release import familycheck, fidelity_step, judge_cache, outcome, pools, publishing, schedule, spec_warnings, webhook
+from quantgate.release import fidelity_step, judge_cache, outcome, schedule
+from quantgate.release.executors import remote
+from quantgate.spec import familycheck, warn as spec_warnings
+from quantgate.publishing import publish as publishing, webhook
 from quantgate.release.adaptive import fidelity_looks, widen
-from quantgate.release.autoschemes import at_flow_start
-from quantgate.release.cachelayout import in_window
+from quantgate.spec.autoschemes import at_flow_start
 from quantgate.release.early import Verdicts
 from quantgate.release.perf_window import perf_window
 from quantgate.release import steps as rel
 from quantgate.release.runrecord import recording_status, timed
-from quantgate.release.resolve import load_spec
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.resolve import load_spec
+from quantgate.spec.schema import ReleaseSpec, in_window
 
 WORKERS = 16  # threads for submitted jobs; the SlotPool, not this, limits how many compute at once
 
@@ -189,9 +191,9 @@ def measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path,
     spec's `candidates`) side by side on the pool's slots, the baseline submitted first so that it takes the first
     free slot. With one slot the candidates wait for a served baseline (they score its answers). An endpoint takes
     no slot: it is measured where it runs, beside whatever the slots hold. `executor: pools`: each variant in a
-    child flow run on its work pool instead (quantgate.release.pools)."""
+    child flow run on its work pool instead (quantgate.pools.executor)."""
     if s.executor.kind == "pools":
-        return pools.measure(s, run, candidates, get_run_logger().info, baseline)
+        return remote(s.executor.kind).measure(s, run, candidates, get_run_logger().info, baseline)
     base = rel.baseline_for(s, model_dir)
     reference = rel.planned_evals(s, base, run, pool.sample)  # first: it also asks vLLM its version, once
     candidates = [c if not isinstance(c, str) or c in s.schemes else rel.external_variant(s, c, model_dir, run)
@@ -258,7 +260,7 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None, executo
         state = _release(s, run, not_promoted)
         done["decision"] = (outcome.summary_of(state.data) or {}).get("decision")
     if s.executor.kind == "pools":  # the whole run folder, status included, beside what the children shared
-        pools.share_run(s, run)
+        remote(s.executor.kind).share_run(s, run)
     return state
 
 
@@ -359,13 +361,13 @@ def _promote(s: ReleaseSpec, run: Path, decisions: list[Decision], variants: dic
     for d in decisions:
         if d.promoted:
             if s.executor.kind == "pools":
-                pools.pull_checkpoint(s, variants[d.candidate])
+                remote(s.executor.kind).pull_checkpoint(s, variants[d.candidate])
             entry = promote(s, run, d, variants[d.candidate])
             if entry is None:
                 continue
             promotions[d.candidate] = entry
             if s.executor.kind == "pools":
-                pools.share_entry(s, entry)
+                remote(s.executor.kind).share_entry(s, entry)
     return promotions
 
 

@@ -19,7 +19,7 @@ from quantgate.base.runfiles import JUDGE_REPORT
 from quantgate.base.paths import results_dir
 from quantgate.release.cachelayout import eval_sets_by_name
 from quantgate.release.judge_step import ERROR, margin
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.schema import ReleaseSpec
 
 Log = Callable[[str], None]
 

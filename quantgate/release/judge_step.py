@@ -23,8 +23,8 @@ from quantgate.judge.reportfile import JudgeReport, load_judge_report
 from quantgate.judge.run import JudgeEndpoint, run_judge
 from quantgate.release.cachelayout import eval_sets_by_name
 from quantgate.release.secrets import spec_api_key
-from quantgate.release.spec import JudgeSpec, ReleaseSpec
-from quantgate.release.variants import Variant, make_server, policy_path, server_config, size_bytes
+from quantgate.spec.schema import JudgeSpec, ReleaseSpec, policy_path
+from quantgate.release.variants import Variant, make_server, server_config, size_bytes
 from quantgate.target.catalogue import checkpoint_hash, resolve_model
 
 SERVER_DIR = "judge-server"

@@ -22,7 +22,7 @@ from quantgate.perf.probe import run_probe
 from quantgate.plan.slots import Slot
 from quantgate.recall.run import build_checked_grid, run_recall
 from quantgate.release.cachelayout import eval_sets_by_name, perf_settings
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.schema import ReleaseSpec
 from quantgate.release.variants import Log, Variant, make_server, server_config
 
 

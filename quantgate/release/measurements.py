@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from quantgate.base.fileio import write_json
 from quantgate.base.runfiles import COMPARE_DIR, PAY_OFF, PERF
 from quantgate.base import progress
+from quantgate.evals.compare import SetReport
 from quantgate.evals.run import compare_dirs
 from quantgate.perf.compare import compare as perf_compare
 from quantgate.perf.probe import load_result
@@ -46,7 +47,7 @@ from quantgate.release.cachelayout import (eval_complete, eval_dirs, perf_dir, p
 from quantgate.release.early import EarlyDecision, Verdicts
 from quantgate.release.measure import measure_eval, measure_perf, measure_recall
 from quantgate.release.replicas import Step
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.schema import ReleaseSpec
 from quantgate.release.variants import Evidence, Log, Variant
 
 
@@ -94,6 +95,10 @@ class VariantJob:
         return self.baseline and self.verdicts is not None and self.verdicts.skips(step)
 
 
+# Evidence fields as a kind records them: its folders by key, its one folder, or None (skipped or not measured)
+Recorded = dict[str, dict[str, Path] | Path | None]
+
+
 class Measurement(Protocol):
     name: str
 
@@ -102,8 +107,8 @@ class Measurement(Protocol):
     def steps(self, job: VariantJob, folders: dict[str, Path], pending: list[str],
               early: EarlyDecision | None) -> list[Step]: ...
     def phase(self, job: VariantJob, early: EarlyDecision | None) -> float: ...
-    def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> dict[str, Any]: ...
-    def compare(self, run: Path, base: Evidence, cand: Evidence) -> dict[str, Any] | None: ...
+    def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> Recorded: ...
+    def compare(self, run: Path, base: Evidence, cand: Evidence) -> dict[str, SetReport] | None: ...
 
 
 class EvalSets:
@@ -124,10 +129,10 @@ class EvalSets:
     def phase(self, job: VariantJob, early: EarlyDecision | None) -> float:
         return 1
 
-    def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> dict[str, Any]:
+    def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> Recorded:
         return {"evals": folders}
 
-    def compare(self, run: Path, base: Evidence, cand: Evidence) -> dict[str, Any]:
+    def compare(self, run: Path, base: Evidence, cand: Evidence) -> dict[str, SetReport]:
         """compare/<candidate>.json: paired statistics per eval set (also what the summary's rows are made of)."""
         out = {name: compare_dirs(base.evals[name], cand.evals[name]) for name in base.evals}
         write_json(run / COMPARE_DIR / f"{cand.variant.name}.json", out)
@@ -150,7 +155,7 @@ class _Single:
     def phase(self, job: VariantJob, early: EarlyDecision | None) -> float:
         return 2
 
-    def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> dict[str, Any]:
+    def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> Recorded:
         return {self.name: None if self.name in skipped else folders.get(self.name)}
 
     def steps(self, job: VariantJob, folders: dict[str, Path], pending: list[str],
@@ -235,7 +240,7 @@ class Fidelity:
             return 0  # the candidates beside it wait for its samples and dumps
         return 1.5 if early is not None else 3  # deciding early: after the eval sets, before recall and perf
 
-    def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> dict[str, Any]:
+    def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> Recorded:
         return {"fidelity": folders}
 
     def steps(self, job: VariantJob, folders: dict[str, Path], pending: list[str],
@@ -321,15 +326,15 @@ def ordered_steps(job: VariantJob, folders: Mapping[str, dict[str, Path]], pendi
     return [s for k in kinds for s in k.steps(job, folders[k.name], pending[k.name], early)]
 
 
-def recorded(folders: Mapping[str, dict[str, Path]], skipped: Mapping[str, str]) -> dict[str, Any]:
+def recorded(folders: Mapping[str, dict[str, Path]], skipped: Mapping[str, str]) -> Recorded:
     """The Evidence fields every kind records."""
-    out: dict[str, Any] = {}
+    out: Recorded = {}
     for k in KINDS:
         out |= k.record(folders[k.name], skipped)
     return out
 
 
-def compare_all(run: Path, base: Evidence, cand: Evidence) -> dict[str, dict[str, Any] | None]:
+def compare_all(run: Path, base: Evidence, cand: Evidence) -> dict[str, dict[str, SetReport] | None]:
     """Every kind's comparison of a candidate with the baseline (each writes the files the gate reads)."""
     return {k.name: k.compare(run, base, cand) for k in KINDS}
 

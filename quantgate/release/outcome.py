@@ -10,7 +10,7 @@
                 (every check's measured value, limit and outcome)
 
   An Automation matches it with `{"match": {"prefect.resource.id": "quantgate.release.*"}, "expect":
-  ["quantgate.release.decided"]}` (README, "Running it from a Prefect server").
+  ["quantgate.release.decided"]}` (docs/prefect.md, "The decision as an event").
 - **The artifacts**, beside the report's markdown: a link to `<run>/report.html` and a table of every candidate's
   checks (candidate, check, outcome, measured, limit, reason), which the Prefect UI shows on the flow run.
 - **The state**: a flow run that promotes nothing ends, by the flow's `not_promoted` parameter (`EndAs`):
@@ -42,7 +42,7 @@ EndAs = Literal["failed", "completed"]  # how a decided REJECT / INCONCLUSIVE en
 class NotPromoted(Exception):
     """The data of a release flow run that ends Failed: the run's summary (summary.json), picklable."""
 
-    def __init__(self, message: str, summary: dict[str, Any]) -> None:
+    def __init__(self, message: str, summary: dict[str, object]) -> None:
         super().__init__(message)
         self.summary = summary
 
@@ -50,7 +50,7 @@ class NotPromoted(Exception):
         return (NotPromoted, (self.args[0], self.summary))
 
 
-def summary_of(result: object) -> dict[str, Any] | None:
+def summary_of(result: object) -> dict[str, object] | None:
     """The summary a release flow run returned: its Completed value, or the NotPromoted of a Failed one."""
     if isinstance(result, NotPromoted):
         return result.summary
@@ -100,7 +100,7 @@ def artifact_key(release: str, part: str = "") -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"release-{release}{'-' + part if part else ''}".lower()).strip("-")
 
 
-def check_rows(decisions: list[Decision]) -> list[dict[str, Any]]:
+def check_rows(decisions: list[Decision]) -> list[dict[str, str | float | None]]:
     """One table row per check of every decision, for the flow run's table artifact."""
     return [{"candidate": d.candidate, "decision": d.decision, "check": c.name, "outcome": c.outcome,
              "measured": c.measured, "limit": c.limit, "reason": c.reason} for d in decisions for c in d.checks]

@@ -36,7 +36,7 @@ from quantgate.perf.probe import load_result, run_probe
 from quantgate.perf.rounds import FIRST, SECOND, Slot, as_rounds, geometric_baseline, plan
 from quantgate.release.cachelayout import perf_settings
 from quantgate.release.schedule import SlotPool, pinned
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.schema import ReleaseSpec
 from quantgate.release.variants import Evidence, Log, make_server, server_config
 
 WINDOW = "perf-window"

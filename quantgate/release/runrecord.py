@@ -21,8 +21,8 @@ import time
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
-from collections.abc import Iterator
+from typing import Any, Literal, TypedDict
+from collections.abc import Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
@@ -32,7 +32,7 @@ from quantgate.base.fileio import lock, write_json
 from quantgate.base.paths import REPO, results_dir
 from quantgate.base.runinfo import GitState, RunRecord
 from quantgate.base.runstatus import RunStatus, root_cause_in_log, root_cause_in_text
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.schema import ReleaseSpec
 from quantgate.release.stopping import on_stop, stopping
 from quantgate.serving.env import serve_python, vllm_version
 
@@ -87,14 +87,15 @@ def run_dir(run_id: str) -> Path:
     return path
 
 
-def git_state(repo: Path = REPO) -> dict[str, Any]:
+def git_state(repo: Path = REPO) -> GitState:
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10).stdout.strip()
 
     try:
-        return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        return GitState(commit=git("rev-parse", "HEAD") or None,
+                        dirty=bool(git("status", "--porcelain", "--untracked-files=no")))
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        return GitState(commit=None, dirty=None)
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
@@ -111,7 +112,7 @@ def run_record(spec: ReleaseSpec, spec_path: str | Path) -> RunRecord:
     """What <run>/run.json holds: the spec as loaded and its file, the code and package versions (the serving side's
     vLLM among them) and the ResolvedRelease."""
     python, vllm = _serving_side(spec)
-    return RunRecord(spec_file=str(spec_path), spec=spec.model_dump(mode="json"), git=GitState(**git_state()),
+    return RunRecord(spec_file=str(spec_path), spec=spec.model_dump(mode="json"), git=git_state(),
                      packages={**package_versions(), "vllm": vllm}, resolved=spec.resolved(python))
 
 
@@ -129,12 +130,14 @@ def _serving_side(spec: ReleaseSpec) -> tuple[Path | None, str | None]:
 
 
 @contextmanager
-def step(run: Path, name: str, inputs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def step(run: Path, name: str, inputs: Mapping[str, object]) -> Iterator[dict[str, object]]:
     """Record one step: yields a dict for its outputs; writes <run>/<name>/manifest.json with timing and status."""
-    record: dict[str, Any] = {"step": name, "inputs": inputs, "outputs": {}, "started": dt.datetime.now(dt.UTC).isoformat()}
+    outputs: dict[str, object] = {}
+    record: dict[str, object] = {"step": name, "inputs": inputs, "outputs": outputs,
+                                 "started": dt.datetime.now(dt.UTC).isoformat()}
     start = time.monotonic()
     try:
-        yield record["outputs"]
+        yield outputs
         record["status"] = "ok"
     except BaseException as exc:
         record["status"] = "failed"
@@ -218,14 +221,23 @@ def timings(run: Path) -> list[Timing]:
 _INTERRUPTS = ("KeyboardInterrupt", "SystemExit", "TerminationSignal", "Abort", "CancelledError", "Cancelled")
 
 
-def write_status(run: Path, status: str, **fields: Any) -> RunStatus:
+def write_status(run: Path, status: str, /, **fields: Any) -> RunStatus:
     """<run>/status.json (quantgate.base.runstatus.RunStatus)."""
     record = RunStatus(status=status, finished=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **fields)
     write_json(run / STATUS, record.model_dump(mode="json", exclude_none=True))
     return record
 
 
-def failure_fields(run: Path, exc: BaseException) -> dict[str, Any]:
+class FailureFields(TypedDict, total=False):
+    """status.json's fields of a release that raised (quantgate.base.runstatus.RunStatus)."""
+    status: str
+    step: str | None
+    error: str
+    root_cause: str | None
+    log: str | None
+
+
+def failure_fields(run: Path, exc: BaseException) -> FailureFields:
     """What status.json says of a release that raised `exc`: interrupted, or failed with the step (the first that
     failed in timings.json), the error, its root cause (the first exception in the failing server's log, else in
     the error's own text, else the exception it came from) and that log."""
@@ -254,12 +266,12 @@ def _cut_short(run: Path) -> str | None:
 
 
 @contextmanager
-def recording_status(run: Path) -> Iterator[dict[str, Any]]:
+def recording_status(run: Path) -> Iterator[dict[str, object]]:
     """<run>/status.json when the block ends: completed (with what the block put in the yielded dict, e.g. the
     decision), failed (failure_fields) or interrupted (with the step it cut short), also by a stop signal that ends
     the process before the block can (quantgate.release.stopping.on_stop). The block holds status.json's lock: a
     SIGKILL leaves no status, and the lock's free holder tells `quantgate runs` the run was interrupted."""
-    done: dict[str, Any] = {}
+    done: dict[str, object] = {}
 
     def interrupted(sig: str) -> None:
         write_status(run, "interrupted", signal=sig, step=_cut_short(run))

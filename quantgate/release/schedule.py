@@ -32,7 +32,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.evals.run import is_scored
 from quantgate.plan.build import build_plan, load_planner_policy
 from quantgate.plan.slots import Slot, release_width, slots
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.schema import ReleaseSpec
 
 Log = Callable[[str], None]
 BASELINE, QUANTIZE, CANDIDATE = 0, 1, 2  # who gets a freed slot first: the baseline's answers are everyone's reference

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from quantgate.base.runfiles import PARITY
 from quantgate.base.errors import QuantgateError
@@ -36,14 +35,14 @@ from quantgate.base.runinfo import write_run_record
 from quantgate.parity.engine import load_parity, passed as parity_passed
 from quantgate.plan.slots import Slot
 from quantgate.recall import run as recall
-from quantgate.release import registry
-from quantgate.release.registryfile import NoEntry
+from quantgate.publishing import registry
+from quantgate.publishing.registryfile import NoEntry
 from quantgate.release.adaptive import fidelity_size
 from quantgate.release.early import SKIPPABLE, early_decision
 from quantgate.release.cachelayout import engine_of, eval_dirs, variant_cache
 from quantgate.release.judge_step import api_key, failure, judge_candidates
-from quantgate.release.publishing import check_env
-from quantgate.release.external import candidate_names
+from quantgate.publishing.publish import check_env
+from quantgate.spec.external import candidate_names
 from quantgate.release.ladder import describe, next_rung, rungs
 from quantgate.release import measurements
 from quantgate.release.measure import check_parity, gpus_of, parity_reference, replica_starter
@@ -51,10 +50,10 @@ from quantgate.release.measurements import MeasureRequest, VariantJob
 from quantgate.release.replicas import Lender, Lending, StepRunner
 from quantgate.release.runrecord import new_run_id, run_dir, run_record
 from quantgate.release.schedule import pinned
-from quantgate.release.spec import ReleaseSpec
-from quantgate.release.variants import (Evidence, Log, ServingFailure, Variant, baseline_for, baseline_variant,
-                                        endpoint_keys, external_variant, failed_evidence, failed_row, make_server,
-                                        not_applicable, policy_path, quantize_variant, server_config)
+from quantgate.spec.schema import ReleaseSpec, policy_path
+from quantgate.release.variants import (Evidence, Log, ServingFailure, SummaryRow, Variant, baseline_for,
+                                        baseline_variant, endpoint_keys, external_variant, failed_evidence, failed_row,
+                                        make_server, not_applicable, quantize_variant, server_config)
 from quantgate.report.junit import write_junit
 from quantgate.report.page import write_report
 from quantgate.report.store import Store, default_path
@@ -74,7 +73,7 @@ def start_run(spec: ReleaseSpec, spec_path: str | Path, run_id: str | None) -> P
     if spec.judge is not None and spec.judge.endpoint is not None:
         api_key(spec.judge)  # and a judge API key that is not there
     endpoint_keys(spec)  # and an endpoint's (the error names its spec field)
-    check_env(spec.notify)  # and a webhook secret (quantgate.release.publishing)
+    check_env(spec.notify)  # and a webhook secret (quantgate.publishing.publish)
     run = run_dir(new_run_id(spec.name) if run_id is None else run_id)  # '' is refused, not replaced
     write_run_record(run, run_record(spec, spec_path))
     return run
@@ -256,9 +255,9 @@ def _rungs(spec: ReleaseSpec, decisions: list) -> list[dict]:
     return rungs(candidate_names(spec), {d.candidate: d.decision for d in decisions}, {d.candidate: d.reasons for d in decisions})
 
 
-def _summary_row(base: Evidence, cand: Evidence, comparison: Comparison) -> dict[str, Any]:
+def _summary_row(base: Evidence, cand: Evidence, comparison: Comparison) -> SummaryRow:
     sets = comparison.root
-    metrics = {}
+    metrics: dict[str, dict[str, float | None]] = {}
     for set_name, report in sets.items():
         for metric, m in report.metrics.items():
             metrics[f"{set_name}/{metric}"] = {k: getattr(m.overall, k) for k in ("n", "base_mean", "cand_mean", "delta",
@@ -310,13 +309,16 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, measured: list[tupl
                decisions: list, promotions: Mapping[str, Path]) -> Summary:
     """What <run>/summary.json will hold: a row per candidate tried (its evidence and its comparison with the
     baseline, as compare_variants returned it); with a ladder, the rungs (schemes not tried are no row). Not
-    written here: the publish and notify records join it first (quantgate.release.publishing.with_records), then
+    written here: the publish and notify records join it first (quantgate.publishing.publish.with_records), then
     quantgate.gate.summaryfile.write_summary writes it, once per run."""
     cands = [c for c, _ in measured]
     comparisons = {c.variant.name: comparison for c, comparison in measured}
     by_name = {d.candidate: d for d in decisions}
     promoted = [d.candidate for d in decisions if d.promoted]
-    summary: dict[str, Any] = {
+    notes = [f"{c.variant.name} was served with {c.dtype or 'auto'} activations, the baseline with {base.dtype or 'auto'}: "
+             "its deltas include the engine's numerics at that dtype, not only the quantized weights"
+             for c in cands if c.dtype != base.dtype and base.variant.endpoint is None and c.variant.endpoint is None]
+    summary: dict[str, object] = {  # validated into the Summary, whose field order its file keeps
         "release": spec.name, "run": run.name, "model": spec.model, "hardware": spec.hardware,
         "baseline": {"size_bytes": base.variant.size_bytes, "parity": base.parity and {k: base.parity[k] for k in ("verdict", "reason")}},
         "candidates": {c.variant.name: {**(failed_row(c) or _summary_row(base, c, comparisons[c.variant.name])),
@@ -326,25 +328,23 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, measured: list[tupl
                                                     else None} for c in cands},
         "decision": overall([d.decision for d in decisions]),
         "promoted": promoted,
-        "notes": [f"{c.variant.name} was served with {c.dtype or 'auto'} activations, the baseline with {base.dtype or 'auto'}: "
-                  "its deltas include the engine's numerics at that dtype, not only the quantized weights"
-                  for c in cands if c.dtype != base.dtype and base.variant.endpoint is None and c.variant.endpoint is None],
+        "notes": notes,
         "policy": decisions[0].policy if decisions else None,
         "recall_cost": recall.costs({e.variant.name: e.recall for e in (base, *cands)}),
     }
-    summary["notes"] += [f"the judge failed for {c.variant.name}: {err}" for c in cands
-                         if (err := failure(run, c.variant.name))]
-    summary["notes"] += [f"{c.variant.name}: REJECT decided early by fidelity, so "
-                         f"{', '.join([*c.skipped, *(['judge'] if spec.judge else [])]) or 'nothing'} did not run "
-                         f"(decide_early: false measures everything): {c.decided}" for c in cands if c.decided]
-    summary["notes"] += [f"{c.variant.name} was not measured: {r['failure']} ({r['error']})" for c in cands
-                         if (r := failed_row(c))] + spec.machine_notes
-    summary["notes"] += [f"{e.variant.name} is the endpoint {e.variant.endpoint.endpoint} (model {e.variant.endpoint.model}):"
-                         " quantgate neither started nor stopped it; its engine, dtype and hardware are not the spec's, "
-                         "and its results are cached for this run only" for e in (base, *cands) if e.variant.endpoint]
+    notes += [f"the judge failed for {c.variant.name}: {err}" for c in cands
+              if (err := failure(run, c.variant.name))]
+    notes += [f"{c.variant.name}: REJECT decided early by fidelity, so "
+              f"{', '.join([*c.skipped, *(['judge'] if spec.judge else [])]) or 'nothing'} did not run "
+              f"(decide_early: false measures everything): {c.decided}" for c in cands if c.decided]
+    notes += [f"{c.variant.name} was not measured: {r['failure']} ({r['error']})" for c in cands
+              if (r := failed_row(c))] + spec.machine_notes
+    notes += [f"{e.variant.name} is the endpoint {e.variant.endpoint.endpoint} (model {e.variant.endpoint.model}):"
+              " quantgate neither started nor stopped it; its engine, dtype and hardware are not the spec's, "
+              "and its results are cached for this run only" for e in (base, *cands) if e.variant.endpoint]
     if spec.ladder:
-        summary["ladder"] = _rungs(spec, decisions)
-        summary["notes"].append(describe(summary["ladder"]))
+        summary["ladder"] = ladder = _rungs(spec, decisions)
+        notes.append(describe(ladder))
     return Summary.model_validate(summary)
 
 

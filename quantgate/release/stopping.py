@@ -323,20 +323,21 @@ def run_flow(flow: Callable[..., Any], /, **parameters: Any) -> Any:
     """`flow(**parameters)` in a worker thread, with Prefect's API server owned (prefect_api_server) and the stop
     signals handled in the main thread (on_stop_signals, STOP_SIGNALS); returns what the flow returns or raises what
     it raised. Call it from the main thread."""
-    box: dict[str, Any] = {}
+    value: list[Any] = []  # what the flow returned, once it has
+    error: list[BaseException] = []  # what it raised
     local_server_defaults()
 
     def target() -> None:
         try:
-            box["value"] = flow(**parameters)
+            value.append(flow(**parameters))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            box["error"] = exc
+            error.append(exc)
 
     with on_stop_signals(STOP_SIGNALS), prefect_api_server():
         worker = threading.Thread(target=target, name="release-flow", daemon=True)
         worker.start()
         while worker.is_alive():
             worker.join(0.5)  # signal handlers run in this thread meanwhile
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    if error:
+        raise error[0]
+    return value[0] if value else None

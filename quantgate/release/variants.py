@@ -12,10 +12,10 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 from collections.abc import Callable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.runfiles import CHECKPOINT, EVIDENCE, PLAN, QUANTIZATION
 from quantgate.base.errors import ConfigError, QuantgateError
@@ -23,13 +23,12 @@ from quantgate.base.fileio import log_tail, write_json
 from quantgate.base.paths import results_dir
 from quantgate.base.typedfile import read_migrated
 from quantgate.gate.failurefile import CANDIDATE_ERROR, CandidateError
-from quantgate.gate.policy import DEFAULT_POLICY
 from quantgate.plan.build import build_plan
 from quantgate.plan.slots import Slot, slots
 from quantgate.quantize.run import QuantizeRequest, quantize
-from quantgate.release.external import CandidateSpec, EndpointRef, external
+from quantgate.spec.external import CandidateSpec, EndpointRef, external
 from quantgate.release.secrets import endpoint_api_key
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.schema import ReleaseSpec
 from quantgate.serving.endpoint import EndpointConfig, EndpointServer
 from quantgate.serving.multinode import MultiNodeConfig, MultiNodeServer, multinode_config_from_plan
 from quantgate.serving.server import ServerConfig, VLLMServer, config_from_plan
@@ -40,23 +39,29 @@ Log = Callable[[str], None]
 
 
 class Variant(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a field nobody declared is a mistake, not data to drop
+
     name: str                      # "baseline", the scheme id, or the name of a `candidates` entry
     path: Path                     # its checkpoint; an endpoint's: the spec's `model` (the tokenizer, no weights)
     scheme: str | None = None
     content_hash: str              # an endpoint's: of its URL and model name
     size_bytes: int | None         # None: no checkpoint files (an endpoint)
-    quantization: dict[str, Any] | None = None  # the quantization manifest
+    quantization: dict[str, object] | None = None  # the quantization manifest (QuantManifest.dump)
     origin: Literal["model", "quantized", "checkpoint", "endpoint"] = "model"  # `model`, quantized here, or elsewhere
     endpoint: EndpointRef | None = None  # origin endpoint: where it answers (quantgate starts and stops nothing)
 
 
 EVIDENCE_SCHEMA = 2  # 1: before 2026-12-04, no schema_version (the same fields)
-EVIDENCE_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: lambda doc: {**doc, "schema_version": 2}}
+EVIDENCE_MIGRATIONS: dict[int, Callable[[dict[str, object]], dict[str, object]]] = {1: lambda doc: {**doc, "schema_version": 2}}
 
 
 class Evidence(BaseModel):
     """<run>/<variant>/evidence.json: what was measured for a variant and where its results are. Written by `write`
-    alone and read by `load_evidence` in the release (the gate and the report, below it, read it as JSON)."""
+    alone and read by `load_evidence` in the release (the gate and the report, below it, read it as JSON). Unknown
+    fields are refused: a measurement kind whose `record()` returns a key this model lacks fails loudly at once,
+    instead of its result being dropped from evidence.json without a word."""
+    model_config = ConfigDict(extra="forbid")
+
     schema_version: int = EVIDENCE_SCHEMA
     variant: Variant
     folder: Path                   # <run>/<variant>
@@ -64,7 +69,7 @@ class Evidence(BaseModel):
     serve_command: list[str]       # the head's, for a multi-node server
     node_commands: list[list[str]] = []  # multi-node: every node's `vllm serve` line, by rank
     dtype: str | None              # the --dtype it was served with (None: vLLM's auto)
-    parity: dict[str, Any] | None = None
+    parity: dict[str, object] | None = None
     evals: dict[str, Path] = {}    # eval set name -> run directory of quantgate.evals.run
     recall: Path | None = None     # run directory of quantgate.recall.run (None: no recall in the spec)
     perf: Path | None = None       # output directory of quantgate.perf.probe (None: no probe in the spec)
@@ -91,8 +96,6 @@ def size_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.suffix == ".safetensors")
 
 
-def policy_path(spec: ReleaseSpec) -> Path:
-    return spec.policy or DEFAULT_POLICY
 
 
 def baseline_variant(model_dir: Path) -> Variant:
@@ -295,7 +298,20 @@ def failed_evidence(variant: Variant, folder: Path, cache: Path, exc: ServingFai
     return ev
 
 
-def failed_row(ev: Evidence) -> dict[str, Any] | None:
+class SummaryRow(TypedDict, total=False):
+    """A candidate's row of summary.json as the release makes it (quantgate.gate.summaryfile.CandidateRow): its
+    figures (quantgate.release.steps), or, when its server failed, why (`failed_row`)."""
+    scheme: str | None
+    size_bytes: int | None
+    size_ratio: float | None
+    metrics: dict[str, dict[str, float | None]]
+    regressions: int
+    agreement: dict[str, float | None]
+    failure: str
+    error: str
+
+
+def failed_row(ev: Evidence) -> SummaryRow | None:
     """summary.json's row for a candidate whose server failed (its scheme, why, the error file); None otherwise."""
     if ev.failure is None:
         return None

@@ -95,8 +95,8 @@ def license_of(folder: Path | None) -> dict[str, str]:
     card = _card_data(folder / README)
     if isinstance(card.get("license"), str):
         return {k: card[k] for k in ("license", "license_name", "license_link") if isinstance(card.get(k), str)}
-    config = json_object(folder / "config.json")
-    return {"license": config["license"]} if isinstance(config.get("license"), str) else {}
+    stated = json_object(folder / "config.json").get("license")
+    return {"license": stated} if isinstance(stated, str) else {}
 
 
 def baseline_facts(folder: Path | None, spec: dict[str, Any]) -> dict[str, Any]:

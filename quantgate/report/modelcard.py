@@ -22,7 +22,7 @@ The YAML front matter is the metadata the Hugging Face Hub reads: the base model
 `library_name`, `pipeline_tag`, the tags, the gate's decision under `quantgate:`, and a `model-index` with the
 candidate's mean on each eval set and metric. It has the keys, order and shapes huggingface_hub's ModelCardData and
 EvalResult write (tests/test_modelcard.py builds both and compares), but is written with PyYAML: a promotion must
-not import huggingface_hub, which is imported only to publish to the Hub (quantgate.release.targets).
+not import huggingface_hub, which is imported only to publish to the Hub (quantgate.publishing.targets).
 
 The serving section gives the exact `vllm serve` line of the planned layout and dtype, as quantgate served the
 candidate (serving.server.plan_args, plus the spec's extra_args), without the arguments quantgate manages
@@ -106,8 +106,8 @@ class CardInputs(_Model):
     size_ratio: float | None = None
     recipe_file: str | None = None
     recipe_text: str | None = None
-    calibration: dict[str, Any] | None = None
-    versions: dict[str, Any] = Field(default_factory=dict)
+    calibration: dict[str, object] | None = None
+    versions: dict[str, object] = Field(default_factory=dict)
     serving: Serving
     hardware: str | None = None
     workload: str | None = None
@@ -196,7 +196,7 @@ def model_index(c: CardInputs) -> list[dict[str, Any]] | None:
     Hub's evaluation service did not compute it). Scores without a finite candidate mean, or whose name has no set
     part, are left out; None when no row is left, so a card without scores has no model-index. The shape is what
     huggingface_hub's eval_results_to_model_index makes of the same EvalResult rows."""
-    sets: dict[str, list[dict[str, Any]]] = {}
+    sets: dict[str, list[dict[str, object]]] = {}
     for key, s in c.scores.items():
         set_name, _, metric = key.partition("/")
         if set_name and metric and s.cand_mean is not None and math.isfinite(s.cand_mean):
@@ -218,7 +218,7 @@ def card_metadata(c: CardInputs) -> dict[str, Any]:
     `transformers`. How quantgate itself serves it is the body's `vllm serve` line. `base_model_relation` is only
     written with a `base_model`, the model it relates to."""
     decision = {"decision": c.decision, "policy": c.policy, "run": c.run}
-    meta: dict[str, Any] = {
+    meta: dict[str, object] = {
         "base_model": c.base_model, "library_name": LIBRARY, "license": c.license, "license_name": c.license_name,
         "license_link": c.license_link, "pipeline_tag": TASK,
         "tags": ["quantgate", "compressed-tensors", *([c.scheme] if c.scheme else [])],

@@ -137,7 +137,7 @@ def checkpoint_hash(folder: Path, *, use_cache: bool = True) -> str:
         key = str(f.resolve())
         st = f.stat()
         hit = cache.get(key)
-        if hit and hit[0] == _stamp(st):
+        if isinstance(hit, list) and hit and hit[0] == _stamp(st):
             digest = hit[1]
         else:
             digest = sha256_file(f)

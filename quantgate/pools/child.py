@@ -1,4 +1,4 @@
-"""One variant of a release, measured on a work pool's worker (the child flow run of quantgate.release.pools).
+"""One variant of a release, measured on a work pool's worker (the child flow run of quantgate.pools.executor).
 
     spec (as the parent resolved it), run id, variant name, store URL
       -> this host's model (its own QUANTGATE_HOME) -> this host's slot (the worker's cores, or the plan's number of
@@ -40,7 +40,7 @@ from prefect.runtime import flow_run
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
-from quantgate.base.objstore import ResultStore
+from quantgate.base.objstore import ResultStore, StoreManifest
 from quantgate.base.paths import home, results_dir
 from quantgate.base.runfiles import EVIDENCE
 from quantgate.plan.build import build_plan
@@ -50,7 +50,7 @@ from quantgate.quantize.run import plan as quantize_plan
 from quantgate.release import steps as rel
 from quantgate.release.cachelayout import engine_of, eval_dirs, variant_cache
 from quantgate.release.schedule import pinned
-from quantgate.release.spec import ReleaseSpec
+from quantgate.spec.schema import ReleaseSpec
 from quantgate.release.variants import Evidence, Log, load_evidence, quantize_request, server_config
 
 BASELINE = "baseline"
@@ -68,7 +68,7 @@ def rel_key(path: Path) -> str:
         return path.resolve().relative_to(results_dir().resolve()).as_posix()
     except ValueError:
         raise QuantgateError(f"{path} is not under the results folder {results_dir()}: it cannot be shared",
-                             where="quantgate.release.pools_child", fix="a bug: every shared folder lives under "
+                             where="quantgate.pools.child", fix="a bug: every shared folder lives under "
                              "the results root") from None
 
 
@@ -89,7 +89,7 @@ def pull_evidence(store: ResultStore, run: Path, name: str, *, timeout_s: float 
     and the cache folder it points at; None when the store has no complete folder for it."""
     folder = run / name
     if timeout_s > 0:
-        manifest: dict[str, Any] | None = store.wait(rel_key(folder), timeout_s=timeout_s, what=f"{name}'s evidence")
+        manifest: StoreManifest | None = store.wait(rel_key(folder), timeout_s=timeout_s, what=f"{name}'s evidence")
     else:
         manifest = store.pull(rel_key(folder))
     if manifest is None or not (folder / EVIDENCE).is_file():

@@ -14,7 +14,7 @@
         attempts: 5                        # retried on connection errors, timeouts, HTTP 5xx and 429
 
 Each publish is recorded in <run>/publish.json (PublishLog: candidate, entry, target, status, where, error) and each
-notification in <run>/notify.json (quantgate.release.webhook.NotifyLog); both are copied into <run>/summary.json with a note per
+notification in <run>/notify.json (quantgate.publishing.webhook.NotifyLog); both are copied into <run>/summary.json with a note per
 failure. A failure never un-does a promotion (the entry stays in the registry; `quantgate registry publish ENTRY
 TARGET` retries it by hand) and is never swallowed: the release exits OUTBOUND_FAILED (5) instead of 0, and the
 Prefect flow run ends Failed, named "Publish failed". A notify `secret_env` that is not set stops the release at its
@@ -37,7 +37,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.typedfile import read_model
 from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, Summary, as_json
-from quantgate.release import registry, targets
+from quantgate.publishing import registry, targets
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HF_TOKEN = "HF_TOKEN"
@@ -128,7 +128,7 @@ class PublishLog(RecordLog):
 
 
 class NotifySpec(BaseModel):
-    """A webhook told of the decision after the gate (quantgate.release.webhook)."""
+    """A webhook told of the decision after the gate (quantgate.publishing.webhook)."""
 
     model_config = ConfigDict(extra="forbid")
 

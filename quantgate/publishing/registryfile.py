@@ -1,4 +1,4 @@
-"""The typed files of a registry entry (quantgate.release.registry) and of a promotion in a run folder.
+"""The typed files of a registry entry (quantgate.publishing.registry) and of a promotion in a run folder.
 
     <entry>/manifest.json           RegistryEntry: what the entry holds (schema_version 3; 1 and 2 read as written)
     <entry>/publish.json            EntryPublishLog: where the entry was published, one EntryPublishRecord per publish
@@ -12,7 +12,6 @@ those of the plain dicts written before; unknown keys of a newer writer are kept
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import (BaseModel, ConfigDict, Field, RootModel, SerializerFunctionWrapHandler, ValidationError,
                       model_serializer)
@@ -25,7 +24,7 @@ SCHEMA_VERSION = 3
 _OPEN = ConfigDict(extra="allow", populate_by_name=True)
 
 
-def _as_json(m: BaseModel) -> dict[str, Any]:
+def _as_json(m: BaseModel) -> dict[str, object]:
     """The fields the writer set, in the file's order, JSON types."""
     return m.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
@@ -73,7 +72,7 @@ class RegistryEntry(BaseModel):
     card: str | None = Field(None, description="the model card's file name (schema 3)")
     files: dict[str, str] | None = Field(None, description="sha256 of the entry's other files (schema 3)")
     run: str | None = Field(None, description="the run folder it was promoted from")
-    policy: dict[str, Any] | None = None
+    policy: dict[str, object] | None = None
     checks: EntryChecks | None = None
     created: str | None = Field(None, description="UTC time of the promotion")
 
@@ -102,7 +101,7 @@ class LocatedEntry(RegistryEntry):
     path: str = Field(description="the entry's folder")
 
     @model_serializer(mode="wrap")
-    def _manifest_first(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _manifest_first(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         d = handler(self)
         tail = {k: d.pop(k) for k in ("path", "reused", "published") if k in d}
         return d | tail  # the manifest's keys first (a newer writer's included), then these, as the file had them

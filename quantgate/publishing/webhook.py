@@ -15,7 +15,7 @@ body bytes under the secret>`. A receiver recomputes it over the raw body and co
 Delivery goes through quantgate.base.http's client (post_json): one whole-request deadline per attempt, retries
 with doubling delays on connection errors, timeouts, HTTP 5xx and 429. Any 2xx answer is delivered; other
 statuses are not retried. Every outcome goes to <run>/notify.json (NotifyLog: url, status delivered | failed, attempts, HTTP
-status, error); a failure is reported by the release (quantgate.release.publishing), never raised here.
+status, error); a failure is reported by the release (quantgate.publishing.publish), never raised here.
 It is sent before the report is written (the summary, written once, holds its records), so the body's report
 paths exist once the run has ended.
 """
@@ -40,7 +40,7 @@ from quantgate.base.http import Retry, post_json
 from quantgate.base.typedfile import RunFileError
 from quantgate.gate.decisionfile import load_run_decision
 from quantgate.gate.summaryfile import NotifyRecord, Summary, as_json
-from quantgate.release.publishing import NOTIFY_FILE, NotifySpec, RecordLog
+from quantgate.publishing.publish import NOTIFY_FILE, NotifySpec, RecordLog
 
 EVENT = "quantgate.decision"
 SIGNATURE = "X-Quantgate-Signature-256"

@@ -1,7 +1,7 @@
 """Local registry of promoted variants (adapter): results/registry/<model>/<version>/, written atomically.
 
 An entry holds:
-    manifest.json    (quantgate.release.registryfile.RegistryEntry) model, version, candidate, scheme, checkpoint (source, sha256 of the entry's files, the
+    manifest.json    (quantgate.publishing.registryfile.RegistryEntry) model, version, candidate, scheme, checkpoint (source, sha256 of the entry's files, the
                      evaluated sha256, how the files came in), `files` (sha256 of the entry's other files: the
                      decision, the card, the report copy), run, report, decision summary, created; written last,
                      so a folder with a manifest is complete
@@ -33,9 +33,9 @@ the lock with the process); the next promotion of any version of the model remov
 a process id, which would be wrong on storage shared by several hosts.
 
 Publishing (`publish_entry`) is off by default: the entry is verified from its bytes, then copied to a folder or
-an fsspec URL under <target>/<model>/<version>/ (quantgate.release.targets: atomically where the target can rename,
+an fsspec URL under <target>/<model>/<version>/ (quantgate.publishing.targets: atomically where the target can rename,
 read back and compared after), or uploaded to a Hugging Face Hub repository (`hf://<owner>/<repo>`, huggingface_hub
-imported only then). Release specs reach it through `publish:` (quantgate.release.publishing), the command line
+imported only then). Release specs reach it through `publish:` (quantgate.publishing.publish), the command line
 through `quantgate registry publish`.
 """
 
@@ -57,8 +57,8 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, write_json
 from quantgate.base.paths import results_dir
 from quantgate.gate.models import Decision
-from quantgate.release import targets
-from quantgate.release.registryfile import (SCHEMA_VERSION, EntryCheckpoint, EntryChecks, EntryPublishLog,
+from quantgate.publishing import targets
+from quantgate.publishing.registryfile import (SCHEMA_VERSION, EntryCheckpoint, EntryChecks, EntryPublishLog,
                                             EntryPublishRecord, EntryReport, LocatedEntry, PromotedEntry, RegistryEntry)
 from quantgate.report.modelcard import CARD, card_inputs, render_card
 from quantgate.target.catalogue import checkpoint_hash, sha256_file

@@ -1,4 +1,4 @@
-"""The sections of a release spec (quantgate.release.spec): serving, quantization, eval, recall, perf, fidelity,
+"""The sections of a release spec (quantgate.spec.schema): serving, quantization, eval, recall, perf, fidelity,
 judge and adaptive sampling, each a strict model whose fields the spec's YAML sets under its key.
 
 Relative paths are relative to the spec file's folder (`_resolve`, with the spec's path in the validation context).
@@ -107,7 +107,7 @@ class AdaptiveSpec(BaseModel):
 
 
 class ExecutorSpec(BaseModel):
-    """Where a release serves and measures its variants (quantgate.release.pools). `local`: on this host's slots.
+    """Where a release serves and measures its variants (quantgate.pools.executor). `local`: on this host's slots.
     `pools`: one Prefect child flow run per variant on the work pool named for it, results shared through `store`."""
     model_config = ConfigDict(extra="forbid")
 

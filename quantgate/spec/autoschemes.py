@@ -5,7 +5,7 @@
     schemes: {auto: 2}      # its first two, in rank order (with `ladder: true`, tried in that order)
 
 Schemes the serving build lacks kernels for (the kernel probe), and those the support matrix measured to fail for the
-model's family here (quantgate.release.familycheck), are ranked as not running. The model size comes from the
+model's family here (quantgate.spec.familycheck), are ranked as not running. The model size comes from the
 model's config.json (quantgate.target.modelshape), read without loading weights. At load time the config is read when it is already on disk (a checkpoint folder, or a catalogue model already
 materialized); otherwise the spec is ranked provisionally without the size (every scheme counted as fitting) and
 `at_flow_start` ranks again once the flow has the model, replacing the list when the size changes it. Both say
@@ -24,7 +24,7 @@ from quantgate.base.fileio import write_json
 from quantgate.base.paths import models_dir
 from quantgate.base.runfiles import SCHEMES_AUTO
 from quantgate.quantize.schemes import ModelSize, load_schemes, rank_schemes, size_from_shape, top_schemes
-from quantgate.release.familycheck import matrix_reasons
+from quantgate.spec.familycheck import matrix_reasons
 from quantgate.serving.cpu_kernels import kernel_reasons
 from quantgate.target.catalogue import load_catalogue
 from quantgate.target.hardware import get_profile

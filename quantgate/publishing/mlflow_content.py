@@ -24,7 +24,7 @@ from quantgate.fidelity.record import load_fidelity_record
 from quantgate.gate.fidelityevidence import fidelity_evidence
 from quantgate.gate.models import Interval
 from quantgate.perf.payofffile import load_pay_off
-from quantgate.release.mlflow_read import BASELINE, Decision, Release, Variant
+from quantgate.publishing.mlflow_read import BASELINE, DecisionView, Release, VariantView
 from quantgate.report.sections import pay_off
 from quantgate.serving.server import plan_args
 
@@ -89,7 +89,7 @@ class Content:
             self.artifacts[artifact] = path.read_bytes()
 
 
-def fidelity_bounds(folder: Path, d: Decision, log: Callable[[str], None]) -> dict[str, Interval]:
+def fidelity_bounds(folder: Path, d: DecisionView, log: Callable[[str], None]) -> dict[str, Interval]:
     """check name -> the interval the gate judged that fidelity check on: the candidate's fidelity file summarized
     again as the gate does, at the decision's level (1 - 2 alpha: the look's alpha, else the policy's fidelity
     alpha, which the decision states as false_promote_at_limit). {} without a fidelity file or a stated level (an
@@ -110,7 +110,7 @@ def fidelity_bounds(folder: Path, d: Decision, log: Callable[[str], None]) -> di
     return out
 
 
-def _checks(c: Content, d: Decision, bounds: dict[str, Interval]) -> None:
+def _checks(c: Content, d: DecisionView, bounds: dict[str, Interval]) -> None:
     """Each check with a numeric figure: the figure, its limit, pass as 1 / 0 and the fidelity interval."""
     for check in d.checks:
         c.metric(f"check.{check.name}", check.measured)
@@ -130,7 +130,7 @@ def _policy(c: Content, policy: dict[str, Any] | None) -> None:
         c.param(f"policy.{key}", (policy or {}).get(key))
 
 
-def _common(rel: Release, v: Variant) -> Content:
+def _common(rel: Release, v: VariantView) -> Content:
     """What every variant run has: who it is, its files, where it ran and how it was served."""
     c = Content()
     spec = rel.spec
@@ -160,7 +160,7 @@ def _common(rel: Release, v: Variant) -> Content:
     return c
 
 
-def baseline_content(rel: Release, v: Variant) -> Content:
+def baseline_content(rel: Release, v: VariantView) -> Content:
     """The baseline's run: its size, parity verdict and eval means (from the candidates' summary rows)."""
     c = _common(rel, v)
     base = rel.summary.baseline
@@ -174,7 +174,7 @@ def baseline_content(rel: Release, v: Variant) -> Content:
     return c
 
 
-def candidate_content(rel: Release, v: Variant, log: Callable[[str], None]) -> Content:
+def candidate_content(rel: Release, v: VariantView, log: Callable[[str], None]) -> Content:
     """A candidate's run: its decision (tag, reasons as the run's description, every check), scheme and recipe,
     and the summary's figures."""
     c = _common(rel, v)

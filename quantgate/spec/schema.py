@@ -31,11 +31,11 @@
     eval: {limit: 50}
     perf: {slo: {ttft_ms: 500}}     # the `workload` profile's probe (quant_recipes/workloads.yaml); fields override it
     publish: [{folder: ../published}, {hf_repo: org/name, token_env: HF_TOKEN}]  # where each PROMOTE entry goes
-                                    # after promotion: folder, url (fsspec) or hf_repo (quantgate.release.publishing)
+                                    # after promotion: folder, url (fsspec) or hf_repo (quantgate.publishing.publish)
     notify: [{url: https://ci.example/hook, secret_env: HOOK_SECRET}]  # the decision POSTed after the gate, HMAC-signed
 
 Relative paths are relative to the spec file's folder. This model checks what the file says (the hardware profile
-exists, referenced files exist, cross-field rules) without looking at the machine; quantgate.release.resolve then
+exists, referenced files exist, cross-field rules) without looking at the machine; quantgate.spec.resolve then
 decides what depends on it (`auto`, the kernel probe, which schemes run here). Both name the field and line.
 """
 
@@ -51,13 +51,14 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.runinfo import ResolvedRelease
 from quantgate.base.yamlconfig import field_error, item_error, load_model
+from quantgate.gate.policy import DEFAULT_POLICY
 from quantgate.evals.lmeval_tasks import LmEvalSpec
 from quantgate.evals.setsource import SameName, set_names
 from quantgate.quantize.schemes import known_scheme_ids
-from quantgate.release.autoschemes import auto_count
-from quantgate.release.external import CandidateSpec, EndpointRef, folder_problem
-from quantgate.release.publishing import NotifySpec, PublishTarget
-from quantgate.release.spec_sections import (AdaptiveSpec, EvalSpec, ExecutorSpec, FidelitySpec, JudgeSpec, PerfSpec,
+from quantgate.spec.autoschemes import auto_count
+from quantgate.spec.external import CandidateSpec, EndpointRef, folder_problem
+from quantgate.publishing.publish import NotifySpec, PublishTarget
+from quantgate.spec.sections import (AdaptiveSpec, EvalSpec, ExecutorSpec, FidelitySpec, JudgeSpec, PerfSpec,
                                              QuantizationSpec, RecallSpec, ServingSpec, _resolve)
 from quantgate.target.catalogue import load_catalogue
 from quantgate.target.hardware import AUTO, get_profile
@@ -90,7 +91,7 @@ class ReleaseSpec(BaseModel):
                                            "matrix (docs/support-matrix.md) measured to fail on this platform, with a "
                                            "logged warning; false: refused before any work")
     candidates: list[CandidateSpec] = Field(default_factory=list, description="existing checkpoints and endpoints, "
-                                            "gated like the schemes (quantgate.release.external)")
+                                            "gated like the schemes (quantgate.spec.external)")
     schemes: list[str] = Field(default_factory=list, validate_default=True, description="schemes to quantize; "
                                "may be empty when `candidates` lists at least one")
     baseline: EndpointRef | None = Field(None, description="an endpoint as the baseline (parity and size are then not "
@@ -176,7 +177,7 @@ class ReleaseSpec(BaseModel):
         return v
 
     _machine: list[str] = PrivateAttr(default_factory=list)  # notes: the spec's own, and (resolve) the machine's
-    _auto: int | None = PrivateAttr(None)  # `schemes: auto` / {auto: N}: N (quantgate.release.autoschemes)
+    _auto: int | None = PrivateAttr(None)  # `schemes: auto` / {auto: N}: N (quantgate.spec.autoschemes)
     _written: dict[str, Any] = PrivateAttr(default_factory=dict)  # `hardware` and `schemes` as the file gave them
 
     @property
@@ -186,7 +187,7 @@ class ReleaseSpec(BaseModel):
 
     @property
     def machine_notes(self) -> list[str]:
-        """The spec's own notes and, once resolved (quantgate.release.resolve), what `hardware: auto`, `schemes: auto`
+        """The spec's own notes and, once resolved (quantgate.spec.resolve), what `hardware: auto`, `schemes: auto`
         and skip_unsupported decided, each with its reason."""
         return list(self._machine)
 
@@ -194,7 +195,7 @@ class ReleaseSpec(BaseModel):
     @classmethod
     def _note_written(cls, data, handler):
         """What the file said for `hardware` and `schemes` (run.json records it beside what was decided), the N of
-        `schemes: auto`, and the spec's own notes; quantgate.release.resolve adds the machine's decisions."""
+        `schemes: auto`, and the spec's own notes; quantgate.spec.resolve adds the machine's decisions."""
         spec = handler(data)
         raw = data if isinstance(data, dict) else {}
         spec._auto = auto_count(raw.get("schemes"))
@@ -223,7 +224,7 @@ class ReleaseSpec(BaseModel):
     @field_validator("hardware")
     @classmethod
     def _known_hardware(cls, v: str) -> str:
-        """A profile id, or `auto` (quantgate.release.resolve decides it on this machine)."""
+        """A profile id, or `auto` (quantgate.spec.resolve decides it on this machine)."""
         if v.strip().lower() == AUTO:
             return AUTO
         try:
@@ -234,7 +235,7 @@ class ReleaseSpec(BaseModel):
     @field_validator("schemes", mode="before")
     @classmethod
     def _auto_schemes(cls, v):
-        """`auto` / {auto: N}: none listed here; quantgate.release.resolve picks the top N of the ranking."""
+        """`auto` / {auto: N}: none listed here; quantgate.spec.resolve picks the top N of the ranking."""
         return [] if auto_count(v) is not None else v
 
     @field_validator("candidates")
@@ -296,5 +297,18 @@ class ReleaseSpec(BaseModel):
 
 def load_written_spec(path: Path | str) -> ReleaseSpec:
     """The spec as its file says it, checked without looking at the machine (`hardware` may be `auto`, `schemes`
-    empty for `auto`); quantgate.release.resolve.load_spec resolves it for this machine."""
+    empty for `auto`); quantgate.spec.resolve.load_spec resolves it for this machine."""
     return load_model(Path(path), ReleaseSpec)
+
+
+def in_window(spec: ReleaseSpec) -> bool:
+    """Whether the release probes speed in its side-by-side window (quantgate.release.perf_window) instead of on
+    each variant's own server: `perf.rounds` set, on this host (not work pools), no endpoint among the variants."""
+    p = spec.perf
+    endpoints = spec.baseline is not None or any(c.endpoint is not None for c in spec.candidates)
+    return p is not None and p.rounds is not None and spec.executor.kind == "local" and not endpoints
+
+
+def policy_path(spec: ReleaseSpec) -> Path:
+    """The gate policy file the release is judged by: the spec's `policy`, or the default policy."""
+    return spec.policy or DEFAULT_POLICY

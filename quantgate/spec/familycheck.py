@@ -1,7 +1,7 @@
 """The support matrix applied to a release: refuse, before any work, a model family x scheme x platform that
 quant_recipes/support_matrix.yaml measured to fail, and warn for a family it never measured there.
 
-`quantgate check`, `release --check` and a release's load run it through quantgate.release.resolve when the model's
+`quantgate check`, `release --check` and a release's load run it through quantgate.spec.resolve when the model's
 config.json is on disk; a release whose model is fetched first runs it again at flow start (`at_flow_start`), still
 before any quantization. `allow_unsupported_family: true` in the spec turns a refusal into a logged warning.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from quantgate.base.errors import ConfigError, QuantgateError
-from quantgate.release.external import EXTERNAL, read_config
+from quantgate.spec.external import EXTERNAL, read_config
 from quantgate.serving.cpu_kernels import probe_kernels
 from quantgate.target.families import BASELINE, Support, explain, family_of, load_matrix, lookup_order, platform_of, support
 from quantgate.target.hardware import KernelProbe, get_profile

@@ -16,9 +16,7 @@ from quantgate.gate.feeding import Feed, SetShape, Unfed, own_checks_line, unfed
 from quantgate.gate.policy import GatePolicy, load_policy
 from quantgate.gate.sizing import sizing
 from quantgate.gate.sizing import warnings as size_warnings
-from quantgate.release.cachelayout import in_window
-from quantgate.release.spec import ReleaseSpec
-from quantgate.release.variants import policy_path
+from quantgate.spec.schema import ReleaseSpec, in_window, policy_path
 
 
 def eval_subsets(spec: ReleaseSpec) -> dict[Path, list[Sample]]:

@@ -5,6 +5,8 @@ Files without a typed reader of their own are read through base.typedfile.read_m
 only what the export uses and ignore the rest, so that a field added to a file later does not break an export; a
 file that does not fit raises RunFileError naming the file and the field. quantization.json is read through its own
 model (quantize.manifest.QuantManifest), its calibration cut to the fields the export logs (`CALIBRATION_PARAMS`).
+The loose models are named `...View` (DecisionView, PlanView, EvidenceView, VariantView): read-only views of what the
+writers' own models (gate.models.Decision, plan.models.Plan, release.variants.Evidence and Variant) wrote.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class DecisionCheck(_Loose):
     passed: bool | None = None
 
 
-class Decision(_Loose):
+class DecisionView(_Loose):
     """One candidate's decision (gate.models.Decision, read loosely: older schemas and added fields pass)."""
 
     class Look(_Loose):
@@ -81,10 +83,10 @@ class DecisionDoc(_Loose):
     decision: str
     promoted: str | None = None
     policy: dict[str, Any] | None = None
-    candidates: dict[str, Decision] = Field(default_factory=dict)
+    candidates: dict[str, DecisionView] = Field(default_factory=dict)
 
 
-class Plan(_Loose):
+class PlanView(_Loose):
     class Layout(_Loose):
         devices: int | None = None
         tp: int | None = None
@@ -99,7 +101,7 @@ class Plan(_Loose):
     vllm_args: dict[str, int | float | str | bool] = Field(default_factory=dict)
 
 
-class Evidence(_Loose):
+class EvidenceView(_Loose):
     class Ref(_Loose):
         path: str | None = None
         content_hash: str | None = None
@@ -108,17 +110,17 @@ class Evidence(_Loose):
     dtype: str | None = None
 
 
-class Variant(BaseModel):
+class VariantView(BaseModel):
     """One variant of the run: its decision and summary row (a candidate), and its folder's files."""
     name: str
-    decision: Decision | None = None
+    decision: DecisionView | None = None
     row: CandidateRow | None = None
-    plan: Plan | None = None
+    plan: PlanView | None = None
     quantization: QuantManifest | None = None
-    evidence: Evidence | None = None
+    evidence: EvidenceView | None = None
 
     @property
-    def checkpoint(self) -> Evidence.Ref | None:
+    def checkpoint(self) -> EvidenceView.Ref | None:
         return self.evidence.variant if self.evidence else None
 
 
@@ -129,7 +131,7 @@ class Release(BaseModel):
     spec: Spec
     summary: Summary
     decision: DecisionDoc
-    variants: list[Variant]
+    variants: list[VariantView]
 
     @property
     def run_id(self) -> str:
@@ -177,9 +179,9 @@ def read_release(run: Path | str) -> Release:
     summary = load_summary(folder / SUMMARY)
     decision = read_model(folder / DECISION, DecisionDoc, "gate decision", _FIX)
     names = list(summary.candidates) + [c for c in decision.candidates if c not in summary.candidates]
-    variants = [Variant(name=name, decision=decision.candidates.get(name), row=summary.candidates.get(name),
-                        plan=_optional(folder / name / PLAN, Plan, f"{name}: serving plan"),
+    variants = [VariantView(name=name, decision=decision.candidates.get(name), row=summary.candidates.get(name),
+                        plan=_optional(folder / name / PLAN, PlanView, f"{name}: serving plan"),
                         quantization=_quantization(folder / name / QUANTIZATION, f"{name}: quantization manifest"),
-                        evidence=_optional(folder / name / EVIDENCE, Evidence, f"{name}: evidence"))
+                        evidence=_optional(folder / name / EVIDENCE, EvidenceView, f"{name}: evidence"))
                 for name in [BASELINE, *names]]
     return Release(folder=folder, record=record, spec=spec, summary=summary, decision=decision, variants=variants)

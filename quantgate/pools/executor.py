@@ -2,7 +2,7 @@
 pool named for it, results shared through the store.
 
     the release flow (this host: model, plan, gate, report) --run_deployment--> measure-variant/<pool>, one child
-    flow run per variant (quantgate.release.pools_child), idempotency key (run, variant, spec digest, attempt)
+    flow run per variant (quantgate.pools.child), idempotency key (run, variant, spec digest, attempt)
       -> wait for every child: Completed: pull its evidence and cache folders from the store (rebased onto this
          host); Failed or Cancelled: a candidate's recorded failure (the gate rejects it), the baseline's an error
          that stops the release and cancels the candidates; lost (Crashed, or no sign of life on the store for
@@ -35,8 +35,8 @@ from quantgate.base.runfiles import EVIDENCE
 from quantgate.base.objstore import ResultStore
 from quantgate.base.paths import results_dir
 from quantgate.gate.failurefile import CandidateError
-from quantgate.release.pools_child import ALIVE, BASELINE, measure_variant, pull_evidence, rel_key
-from quantgate.release.spec import ReleaseSpec
+from quantgate.pools.child import ALIVE, BASELINE, measure_variant, pull_evidence, rel_key
+from quantgate.spec.schema import ReleaseSpec
 from quantgate.release.variants import Evidence, Log, Variant
 
 FLOW = "measure-variant"

@@ -1,6 +1,6 @@
 """What this machine decides for a release spec: the one place that looks at the machine for it.
 
-The spec model (quantgate.release.spec) checks only what the file says. `resolve` then decides, once, what depends
+The spec model (quantgate.spec.schema) checks only what the file says. `resolve` then decides, once, what depends
 on the machine, and returns the spec with those decisions in place (its `resolved()` is run.json's record of them):
 
     hardware: auto         -> the profile of this CPU as its serving build runs it (the kernel probe)
@@ -9,7 +9,7 @@ on the machine, and returns the spec with those decisions in place (its `resolve
                               those this machine's serving build cannot run
     candidates' checkpoints -> their scheme must run on the hardware
     the model's family      -> no family x scheme the support matrix measured to fail on this platform
-                              (quantgate.release.familycheck; allow_unsupported_family: true lets it through)
+                              (quantgate.spec.familycheck; allow_unsupported_family: true lets it through)
     serving knobs, dtype   -> checked against the hardware profile
 
 A problem is reported like the spec model's own: the file, the line and the field, and what to do.
@@ -27,10 +27,10 @@ from quantgate.base.errors import QuantgateError, did_you_mean
 from quantgate.base.yamlconfig import field_error, item_error, read_yaml, validation_error
 from quantgate.plan.build import load_planner_policy
 from quantgate.plan.knobs import knob_problems
-from quantgate.release.autoschemes import choose, local_config
-from quantgate.release.external import EXTERNAL, hardware_problem, read_config
-from quantgate.release.familycheck import OVERRIDE, findings, refusal_text
-from quantgate.release.spec import ReleaseSpec, load_written_spec
+from quantgate.spec.autoschemes import choose, local_config
+from quantgate.spec.external import EXTERNAL, hardware_problem, read_config
+from quantgate.spec.familycheck import OVERRIDE, findings, refusal_text
+from quantgate.spec.schema import ReleaseSpec, load_written_spec
 from quantgate.serving.cpu_kernels import resolve_hardware, split_schemes
 from quantgate.target.hardware import get_profile
 

@@ -37,10 +37,10 @@ from pydantic import BaseModel, Field
 from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base.http import Retry
 from quantgate.base.runfiles import DECISION
-from quantgate.release.mlflow_client import RETRY, Api, MlflowError, artifact_url, base_url, shown
-from quantgate.release.mlflow_content import (MAX_TAG_VALUE, Content, baseline_content, candidate_content, cut,
+from quantgate.publishing.mlflow_client import RETRY, Api, MlflowError, artifact_url, base_url, shown
+from quantgate.publishing.mlflow_content import (MAX_TAG_VALUE, Content, baseline_content, candidate_content, cut,
                                               parent_content)
-from quantgate.release.mlflow_read import BASELINE, Release, Variant, read_release
+from quantgate.publishing.mlflow_read import BASELINE, Release, VariantView, read_release
 
 __all__ = ["ExportResult", "MlflowError", "RegisteredVersion", "export_run"]
 
@@ -178,7 +178,7 @@ def _export_key(rel: Release, model_name: str) -> str:
     return h.hexdigest()[:24]
 
 
-def _register(api: Api, model: str, rel: Release, v: Variant, run_id: str, artifact_uri: str) -> RegisteredVersion:
+def _register(api: Api, model: str, rel: Release, v: VariantView, run_id: str, artifact_uri: str) -> RegisteredVersion:
     """A version of `model` for a promoted candidate, its source the candidate run's `model` folder: a pointer to
     the checkpoint (the local registry entry's copy when the release promoted it there, else the evaluated one)."""
     entry = v.row.registry if v.row else None
