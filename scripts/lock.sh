@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate requirements/*.lock from requirements/*.in by resolving each in a scratch venv and freezing it.
-#   scripts/lock.sh pipeline|serve-cpu|lmeval
+#   scripts/lock.sh pipeline|serve-cpu|lmeval|mlflow|s3|docs
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 name=${1:?usage: scripts/lock.sh pipeline|serve-cpu|lmeval}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or re-use) quantgate's two Python environments from their lock files (and, on request, the others).
 #
-#   scripts/setup.sh [pipeline|serve|all|lmeval|mlflow|s3|lint]   default: all (= pipeline + serve)
+#   scripts/setup.sh [pipeline|serve|all|lmeval|mlflow|s3|lint|docs]   default: all (= pipeline + serve)
 #   source scripts/setup.sh                          defines the functions only (the flavour tests call them)
 #
 # pipeline  llmcompressor, transformers, prefect, evaluate, pytest ... (shared) + this checkout's own `.venv` on top of
@@ -18,8 +18,10 @@
 #           in it; quantgate itself talks to any S3 API through s3fs. `make test` builds it, never `all`
 # lint      ruff and mypy, the static checks `make test` runs first (requirements/lint.lock); ruff is also linked as
 #           .venv/bin/ruff
+# docs      MkDocs, which builds the documentation site from docs/ (`make docs`; requirements/docs.lock). `make test`
+#           builds it, never `all`: tests/test_docs_site.py builds the site with --strict
 #
-# The two cannot share one environment (conflicting torch/compressed-tensors pins; see README).
+# The two cannot share one environment (conflicting torch/compressed-tensors pins; see docs/environments.md).
 # Environments live under $QUANTGATE_HOME/envs (default ~/.cache/quantgate/envs), one folder per lock-file
 # hash, so a second run re-uses them and a changed lock builds a fresh one. A folder is trusted only once its
 # `.complete` marker exists: an interrupted build is deleted and redone, never used half-installed.
@@ -203,6 +205,13 @@ check_import() {
 setup_mlflow() { setup_server_env mlflow mlflow.server; }
 setup_s3() { setup_server_env s3 moto.server; }
 
+# the documentation site's builder: MkDocs from requirements/docs.lock, linked as .venv-docs (`make docs`)
+setup_docs() {
+  local env
+  env=$(build_env docs "$repo/requirements/docs.lock" check_import mkdocs)
+  ln -sfn "$env" "$repo/.venv-docs"
+}
+
 # sourced (tests): define the functions, run nothing
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
@@ -214,5 +223,6 @@ case "$what" in
   mlflow) setup_mlflow ;;
   s3) setup_s3 ;;
   lint) setup_lint ;;
-  *) die "usage: scripts/setup.sh [pipeline|serve|all|lmeval|mlflow|s3|lint]" ;;
+  docs) setup_docs ;;
+  *) die "usage: scripts/setup.sh [pipeline|serve|all|lmeval|mlflow|s3|lint|docs]" ;;
 esac
