@@ -36,7 +36,9 @@ def _job(tmp_path: Path, spec_text: str = SPEC, baseline: bool = False) -> Varia
 def test_every_kind_of_the_spec_has_its_folders_and_nothing_is_done_in_an_empty_cache(tmp_path):
     job = _job(tmp_path)
     folders, todo = plan(job)
-    assert list(folders) == [k.name for k in KINDS] == ["evals", "recall", "perf", "fidelity"]
+    assert [k.name for k in KINDS] == ["evals", "recall", "perf", "fidelity"]  # built in; then the installed ones
+    assert list(folders) == [k.name for k in measurements.all_kinds()]  # a spec without `measure`: theirs are empty
+    assert all(folders[k.name] == {} for k in measurements.all_kinds()[len(KINDS):])
     assert list(folders["evals"]) == ["default"] and folders["evals"]["default"].parent == job.cache / "evals"
     assert folders["recall"]["recall"].parent == job.cache / "recall"
     assert folders["perf"]["perf"].parent == job.cache / "perf"  # perf.rounds: null: each variant's own probe
@@ -53,7 +55,9 @@ def test_a_kind_the_spec_does_not_ask_for_has_no_folder_and_no_step(tmp_path):
     folders, todo = plan(job)
     assert folders["recall"] == folders["perf"] == folders["fidelity"] == {}
     assert [s.name for s in ordered_steps(job, folders, todo, None)] == ["eval default"]
-    assert recorded(folders, {}) == {"evals": folders["evals"], "recall": None, "perf": None, "fidelity": {}}
+    fields = recorded(folders, {})
+    assert fields.pop("kinds", {}) == {}  # the added kinds (quantgate/kinds/): none asked for
+    assert fields == {"evals": folders["evals"], "recall": None, "perf": None, "fidelity": {}}
 
 
 def _perf(status: str) -> str:

@@ -36,7 +36,7 @@ from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from quantgate.base.errors import ConfigError, did_you_mean
 
@@ -373,3 +373,19 @@ def path_error(path: Path, exc: OSError | RuntimeError, data: Any, lines: dict[t
     where = f"{path}:{lines.get(at, top_line(lines))} field '{_dotted(at)}'" if at is not None else str(path)
     return ConfigError(f"cannot use {named or 'a path this file names'}: {why}", where=where,
                        fix="point the field at an existing file or folder (resolve the link, or fix its permissions)")
+
+
+def under(name: str, model: type[M], raw: object, context: Mapping[str, object] | None = None) -> M:
+    """`raw` validated by `model` inside a validator of an enclosing model, as its entry `name` (a section keyed by a
+    name, checked by a model chosen by that name): each error's path keeps `name`, so that the file's error reads
+    `kinds.<name>.<field>`, not `kinds.<field>`."""
+    try:
+        return model.model_validate({} if raw is None else raw, context=context)
+    except ValidationError as exc:
+        errors: list[InitErrorDetails] = []
+        for e in exc.errors(include_url=False):
+            one = InitErrorDetails(type=e["type"], loc=(name, *e["loc"]), input=e["input"])
+            if "ctx" in e:
+                one["ctx"] = e["ctx"]
+            errors.append(one)
+        raise ValidationError.from_exception_data(exc.title, errors) from None

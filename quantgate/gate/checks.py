@@ -12,6 +12,7 @@ The evidence (`GateEvidence`) is built from a run folder by `quantgate.gate.evid
 
 from __future__ import annotations
 
+from quantgate.gate import kinds
 from quantgate.gate.models import (Check, Decision, GateEvidence, Look, OperatingCharacteristics, Stat)
 from quantgate.gate.payoff import applied_workload, pay_off_checks
 from quantgate.gate.policy import DropLimit, GatePolicy, own_metric
@@ -292,6 +293,7 @@ def evaluate(policy: GatePolicy, evidence: GateEvidence, policy_ref: dict[str, s
         checks.append(_judge(policy, evidence))
     if policy.pay_off is not None:
         checks += pay_off_checks(policy, evidence)
+    checks += kinds.checks(policy.kinds, evidence.kinds, evidence.gaps)
     checks = decided_early(evidence, [not_applicable(policy, evidence, c) for c in checks])
     verdict, reasons, needs = _verdict(checks)
     return Decision(decision=verdict, candidate=evidence.candidate, scheme=evidence.scheme, family=family,

@@ -43,6 +43,7 @@ from quantgate.evals.compare import paired_stats
 from quantgate.evals.comparefile import Comparison, PairedStat, load_comparison
 from quantgate.evals.manifestfile import parse_manifest
 from quantgate.fidelity.record import load_fidelity_record
+from quantgate.gate import kinds
 from quantgate.gate.checks import evaluate
 from quantgate.gate.decisionfile import policy_ref, write_decision
 from quantgate.gate.failurefile import CANDIDATE_ERROR, load_candidate_error
@@ -320,6 +321,7 @@ def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = 
     ev["kv_cache"] = kv_cache_change(base_ev, cand_ev, str(run / candidate / EVIDENCE))
     _try(ev, "recall", _recall, Path(recall_dir) if recall_dir else run / candidate / "recall", ev)
     _try(ev, "judge", _judge, Path(judge_report) if judge_report else run / candidate / JUDGE_DIR / JUDGE_REPORT, ev)
+    ev["kinds"] = kinds.read(run, candidate)  # the comparisons of the registered kinds (quantgate.gate.kinds)
     source = pay_off if pay_off is not None else run / candidate / PAY_OFF
     if isinstance(source, (str, Path)):
         source = Path(source)

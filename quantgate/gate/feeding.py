@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from quantgate.base.errors import did_you_mean
 from quantgate.fidelity.core import CONTEXT_PREFIX
+from quantgate.gate import kinds
 from quantgate.gate.policy import GatePolicy, own_metric
 from quantgate.gate.sizing import slice_samples_needed, too_small_to_bound
 
@@ -80,6 +81,9 @@ def _sections(policy: GatePolicy, feed: Feed) -> list[Unfed]:
         if feed.measured is not None and c is not None and c.required and section not in feed.measured:
             out.append(_never(True, check, f"the spec measures no {section} (its `{section}` section is off)",
                               f"give the spec a `{section}` section, or set {check}.required false in the policy"))
+    if feed.measured is not None:  # the registered kinds the policy checks (quantgate.gate.kinds)
+        out += [_never(required, name, what, fix) for name, required, what, fix in kinds.unfed(policy.kinds, feed.measured)
+                if required]
     return out
 
 

@@ -120,6 +120,17 @@ class KvCacheChange(_Model):
     file: str | None = None
 
 
+class KindComparison(_Model):
+    """<run>/<candidate>/<name>.json: a registered measurement kind's paired comparison of the candidate with the
+    baseline (quantgate.gate.kinds), written by the kind's `compare` in the release, read by the gate and the report."""
+
+    kind: str
+    stat: Stat                                   # paired over `unit`s; delta = candidate - baseline
+    unit: str                                    # what one paired unit is ("passage")
+    level: float = Field(0.95, gt=0, lt=1)       # the two-sided level of stat's interval
+    figures: dict[str, float] = Field(default_factory=dict)  # shown beside it (e.g. each side's perplexity)
+
+
 class GateEvidence(_Model):
     """Everything the gate looks at for one candidate. Slots left empty explain themselves in `gaps`."""
 
@@ -142,6 +153,8 @@ class GateEvidence(_Model):
                                           "with intervals (quantgate.perf.compare)")
     kv_cache: KvCacheChange | None = Field(None, description="set when the KV cache dtype differs from the "
                                           "baseline's: the recall check is then required")
+    kinds: dict[str, KindComparison] = Field(default_factory=dict, description="registered kind -> its comparison "
+                                             "(quantgate.gate.kinds)")
     gaps: dict[str, Gap] = Field(default_factory=dict, description="slot (compare, recall, fidelity, judge, parity, "
                                  "error_rate, size, throughput) -> why it is empty or incomplete")
 

@@ -36,13 +36,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
 from quantgate.base.errors import ConfigError, did_you_mean
 from quantgate.base.paths import RELEASES
 from quantgate.base.yamlconfig import item_error, load_model, read_yaml
 from quantgate.evals.metrics import load_table
 from quantgate.fidelity.core import CONTEXT_PREFIX
+from quantgate.gate.kinds import KindPolicy, policy_section
 from quantgate.gate.models import Bound
 from quantgate.quantize.schemes import known_scheme_ids
 
@@ -313,6 +314,14 @@ class GatePolicy(_Strict):
     pooled: PooledCheck | None = None
     fidelity: FidelityCheck | None = None
     not_applicable: NotApplicableRules = Field(default_factory=NotApplicableRules)
+    kinds: dict[str, SerializeAsAny[KindPolicy]] = Field(default_factory=dict, description="registered "
+                                                               "measurement kind (quantgate/kinds/) -> its limits")
+
+    @field_validator("kinds", mode="before")
+    @classmethod
+    def _kinds_known(cls, v: object) -> object:
+        """Each `kinds` entry by its kind's own model (quantgate.gate.kinds)."""
+        return {name: policy_section(name, raw) for name, raw in v.items()} if isinstance(v, dict) else v
 
     @field_validator("categories")
     @classmethod

@@ -40,6 +40,11 @@ from quantgate.spec.schema import ReleaseSpec, policy_path
 from quantgate.release.variants import Log, Variant
 
 SKIPPABLE = ("recall", "perf", "judge")  # the steps a decided REJECT makes pointless (evals stay: the report's deltas)
+_skippable = set(SKIPPABLE)  # and the kinds added as one module each (quantgate.release.measurements.register)
+
+
+def skippable_too(step: str) -> None:
+    _skippable.add(step)
 
 
 class Verdicts:
@@ -82,7 +87,7 @@ class Verdicts:
         a release whose baseline skipped them): wait for the candidates' verdicts before a server is started for
         them, and drop them from `todo` (kind -> pending keys) when every REJECT is decided."""
         pending = {kind for kind, keys in todo.items() if keys}
-        if not pending or not pending <= set(SKIPPABLE):
+        if not pending or not pending <= _skippable:
             return
         self.wait_settled()
         for kind in pending:
@@ -91,7 +96,7 @@ class Verdicts:
 
     def skips(self, step: str) -> bool:
         """Whether the baseline skips `step` (recorded): a skippable step, every candidate's REJECT decided."""
-        if step not in SKIPPABLE or not self.all_rejected():
+        if step not in _skippable or not self.all_rejected():
             return False
         with self._lock:
             self.skipped[step] = ("every candidate's REJECT was decided by fidelity first "
@@ -167,7 +172,7 @@ class EarlyDecision:
     def skips(self, step: str) -> bool:
         """Whether `step` is skipped because the REJECT is decided (recorded once per step); decided once no part of
         the fidelity scoring is in flight (a step is handed out only after every part was)."""
-        if step not in SKIPPABLE:
+        if step not in _skippable:
             return False
         with self._lock:
             self._idle.wait_for(lambda: self._in_flight == 0)
@@ -188,4 +193,4 @@ def early_decision(spec: ReleaseSpec, run: Path, variant: Variant, reference: Ma
     return EarlyDecision(spec, run, variant, reference, wait=wait, log=log)
 
 
-__all__ = ["SKIPPABLE", "EarlyDecision", "Verdicts", "early_decision"]
+__all__ = ["SKIPPABLE", "EarlyDecision", "Verdicts", "early_decision", "skippable_too"]

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from quantgate.base.fileio import write_json
+from quantgate.base.plugins import load_kinds
 from quantgate.base.runfiles import COMPARE_DIR, PAY_OFF, PERF
 from quantgate.base import progress
 from quantgate.evals.compare import SetReport
@@ -44,7 +45,7 @@ from quantgate.recall import run as recall
 from quantgate.release import fidelity_step
 from quantgate.release.cachelayout import (eval_complete, eval_dirs, perf_dir, perf_ok, perf_runs_done, perf_settings,
                                            recall_dir)
-from quantgate.release.early import EarlyDecision, Verdicts
+from quantgate.release.early import EarlyDecision, Verdicts, skippable_too
 from quantgate.release.measure import measure_eval, measure_perf, measure_recall
 from quantgate.release.replicas import Step
 from quantgate.spec.schema import ReleaseSpec
@@ -311,32 +312,52 @@ class Fidelity:
 
 
 KINDS: tuple[Measurement, ...] = (EvalSets(), RecallGrid(), PerfProbe(), Fidelity())
+_ADDED: list[Measurement] = []  # kinds added as one module each (quantgate/kinds/), by `register`
+
+
+def register(kind: Measurement) -> None:
+    """A kind added as one module (quantgate.kinds.register): measured after the built-in ones of its phase, and
+    skipped, as recall and perf are, by a REJECT decided early (quantgate.release.early)."""
+    _ADDED[:] = [k for k in _ADDED if k.name != kind.name] + [kind]
+    skippable_too(kind.name)
+
+
+def all_kinds() -> tuple[Measurement, ...]:
+    """The built-in kinds, then every installed one (quantgate.base.plugins imports them on first need)."""
+    load_kinds()
+    return (*KINDS, *_ADDED)
 
 
 def plan(job: VariantJob) -> tuple[dict[str, dict[str, Path]], dict[str, list[str]]]:
     """Every kind's folders, and those not done yet: {kind: {key: folder}}, {kind: [key, ...]}."""
-    folders = {k.name: k.folders(job) for k in KINDS}
-    return folders, {k.name: k.pending(job, folders[k.name]) for k in KINDS}
+    folders = {k.name: k.folders(job) for k in all_kinds()}
+    return folders, {k.name: k.pending(job, folders[k.name]) for k in all_kinds()}
 
 
 def ordered_steps(job: VariantJob, folders: Mapping[str, dict[str, Path]], pending: Mapping[str, list[str]],
                   early: EarlyDecision | None) -> list[Step]:
     """Every kind's steps for what is pending, in the variant's order (the module docstring)."""
-    kinds = sorted(KINDS, key=lambda k: k.phase(job, early))  # stable: the registry's order within a phase
-    return [s for k in kinds for s in k.steps(job, folders[k.name], pending[k.name], early)]
+    kinds = sorted(all_kinds(), key=lambda k: k.phase(job, early))  # stable: the registry's order within a phase
+    return [s for k in kinds for s in k.steps(job, folders.get(k.name, {}), pending.get(k.name, []), early)]
 
 
 def recorded(folders: Mapping[str, dict[str, Path]], skipped: Mapping[str, str]) -> Recorded:
-    """The Evidence fields every kind records."""
+    """The Evidence fields every kind records (the added kinds' folders merged into its `kinds` slot)."""
     out: Recorded = {}
-    for k in KINDS:
-        out |= k.record(folders[k.name], skipped)
+    for k in all_kinds():
+        fields = k.record(folders[k.name], skipped)
+        added = fields.pop("kinds", None)
+        out |= fields
+        if isinstance(added, dict):
+            before = out.get("kinds")
+            out["kinds"] = {**(before if isinstance(before, dict) else {}), **added}
     return out
 
 
 def compare_all(run: Path, base: Evidence, cand: Evidence) -> dict[str, dict[str, SetReport] | None]:
     """Every kind's comparison of a candidate with the baseline (each writes the files the gate reads)."""
-    return {k.name: k.compare(run, base, cand) for k in KINDS}
+    return {k.name: k.compare(run, base, cand) for k in all_kinds()}
 
 
-__all__ = ["KINDS", "Measurement", "VariantJob", "compare_all", "ordered_steps", "plan", "recorded"]
+__all__ = ["KINDS", "Measurement", "VariantJob", "all_kinds", "compare_all", "ordered_steps", "plan", "recorded",
+           "register"]

@@ -74,6 +74,7 @@ class Evidence(BaseModel):
     recall: Path | None = None     # run directory of quantgate.recall.run (None: no recall in the spec)
     perf: Path | None = None       # output directory of quantgate.perf.probe (None: no probe in the spec)
     fidelity: dict[str, Path] = {}  # "main" (and for the baseline "alt") -> logprob dump folder (quantgate.fidelity)
+    kinds: dict[str, Path] = {}     # a kind added as one module (quantgate/kinds/) -> its folder in the cache
     served: bool                   # False when every result came from the cache
     failure: str | None = None     # its server could not start or died: why (<folder>/error.json has the log tail)
     not_applicable: dict[str, str] = {}  # evidence slot (parity, size) -> why it cannot exist for this variant

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quantgate.gate import kinds
 from quantgate.base.runfiles import REPORT_HTML
 from quantgate.report import charts, sections
 from quantgate.report.runview import (BASELINE, Candidate, Gap, RunView, load_run, outcome_of, shorten, size_ratio,
@@ -159,12 +160,24 @@ def _candidate(view: RunView, c: Candidate, link: Links, floor: dict | None) -> 
     out["judge"] = _section(view, f"{c.name}: judge", lambda: _judge(c))
     out["human"] = _section(view, f"{c.name}: human review", lambda: _human(c))
     out["recall"] = _section(view, f"{c.name}: recall", lambda: _recall(c))
+    out["kinds"] = _section(view, f"{c.name}: measurements", lambda: _kinds(view, c.name)) or []
     out["perf"] = _section(view, f"{c.name}: performance", lambda: _perf(view, c)) or \
         {"size_ratio": None, "ratios": {}, "concurrency": None, "quant": None}
     out["skipped"] = list(c.skipped)
     out["decision"] = (out["checks"] or {}).get("decision") or _d(c.summary).get("decision")
     out["gaps"] = [g for g in view.gaps if g.what.startswith(f"{c.name}:")]  # the sections' own gaps included
     return out
+
+
+def _kinds(view: RunView, name: str) -> list[dict]:
+    """The comparisons of the kinds added as modules of their own (quantgate.gate.kinds: every installed one)."""
+    rows = []
+    for kind, comp in kinds.read(view.folder, name).items():
+        view.files.append(kinds.comparison_file(view.folder, name, kind))
+        s = comp.stat
+        rows.append({"kind": kind, "unit": comp.unit, "n": s.n, "base": s.base, "cand": s.cand, "delta": s.delta,
+                     "ci_low": s.ci_low, "ci_high": s.ci_high, "level": comp.level, "figures": comp.figures})
+    return rows
 
 
 def _list(x: Any) -> list:

@@ -46,7 +46,8 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationInfo, field_validator,
+                      model_validator)
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.runinfo import ResolvedRelease
@@ -56,6 +57,7 @@ from quantgate.evals.lmeval_tasks import LmEvalSpec
 from quantgate.evals.setsource import SameName, set_names
 from quantgate.quantize.schemes import known_scheme_ids
 from quantgate.spec.autoschemes import auto_count
+from quantgate.spec import kinds
 from quantgate.spec.external import CandidateSpec, EndpointRef, folder_problem
 from quantgate.publishing.publish import NotifySpec, PublishTarget
 from quantgate.spec.sections import (AdaptiveSpec, EvalSpec, ExecutorSpec, FidelitySpec, JudgeSpec, PerfSpec,
@@ -114,11 +116,21 @@ class ReleaseSpec(BaseModel):
     perf: PerfSpec | None = Field(default_factory=PerfSpec, description="null: no performance probe")
     fidelity: FidelitySpec | None = Field(default_factory=FidelitySpec, description="null: no fidelity scoring (a "
                                           "policy requiring fidelity is then inconclusive)")
+    measure: dict[str, SerializeAsAny[kinds.KindSpec]] = Field(default_factory=dict, description="registered "
+                                                               "measurement kinds (quantgate/kinds/) -> their section")
     adaptive: AdaptiveSpec | None = Field(None, description="more samples for INCONCLUSIVE candidates; null: none")
     publish: list[PublishTarget] = Field(default_factory=list, description="where every PROMOTE entry is copied after promotion")
     notify: list[NotifySpec] = Field(default_factory=list, description="webhooks told of the decision after the gate")
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec, description="where variants are served: this host "
                                    "(local) or Prefect work pools with results on shared storage (pools)")
+
+    @field_validator("measure", mode="before")
+    @classmethod
+    def _kinds_known(cls, v: object, info: ValidationInfo) -> object:
+        """Each `measure` entry by its kind's own model (quantgate.spec.kinds)."""
+        if not isinstance(v, dict):
+            return v
+        return {name: kinds.section(name, raw, info) for name, raw in v.items()}
 
     @field_validator("eval_sets")
     @classmethod

@@ -77,6 +77,7 @@ def _feed(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None) -> tup
             fidelity.update({f"{CONTEXT_PREFIX}{n}": spec.fidelity.context_prompts for n in spec.recall.lengths})
     binary = {name for name, m in load_table().items() if m.binary}
     measured = {name for name in ("recall", "fidelity", "judge", "perf") if getattr(spec, name) is not None}
+    measured |= set(spec.measure)  # the registered kinds' sections (quantgate.spec.kinds)
     r = spec.recall
     needles = {n: len(r.depths) * len(r.kinds) * r.samples for n in r.lengths} if r is not None else None
     repeats = None if spec.perf is None else spec.perf.rounds if in_window(spec) else \
