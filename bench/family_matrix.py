@@ -39,8 +39,8 @@ from quantgate.quantize.run import QuantizeRequest, quantize  # noqa: E402
 from quantgate.serving.kernel_probe import cpuinfo  # noqa: E402
 from quantgate.serving.logcause import log_cause, root_cause  # noqa: E402
 from quantgate.serving.server import ServerConfig, VLLMServer  # noqa: E402
-from quantgate.target.families import (BASELINE, MATRIX_FILE, MeasuredOn, Outcome, SupportMatrix, load_families,  # noqa: E402
-                                       platform_of, render_markdown)
+from quantgate.target.families import (BASELINE, MATRIX_FILE, MatrixOutcome, MeasuredOn, SupportMatrix,  # noqa: E402
+                                       load_families, platform_of, render_markdown)
 from quantgate.target.hardware import get_profile  # noqa: E402
 
 SCHEMES = ["int8-w8a8", "w4a16-gptq"]
@@ -114,7 +114,8 @@ def _cause(exc: BaseException, log: Path | None = None) -> str:
     return (log_cause(log) if log else None) or root_cause(text) or text.splitlines()[0][:300]
 
 
-def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path, seed: int = 0) -> dict[str, Outcome]:
+def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path,
+            seed: int = 0) -> dict[str, MatrixOutcome]:
     """The family's row: the baseline and each scheme, each `ok` with its figures or `fails` at a step with its cause."""
     from quantgate.fidelity.run import compare_dumps, score_sequences
     from quantgate.fidelity.sampling import load_sequences, sample_continuations, write_dump
@@ -122,14 +123,14 @@ def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path, se
 
     folder = work / family
     shutil.rmtree(folder, ignore_errors=True)
-    row: dict[str, Outcome] = {}
+    row: dict[str, MatrixOutcome] = {}
     t0 = time.monotonic()
     try:
         base = build(family, folder / "base", tokenizer_dir, seed)
     except Exception as exc:  # noqa: BLE001 -- a family transformers cannot build is a finding, recorded
         cause = f"transformers could not build it: {type(exc).__name__}: {exc}"[:300]
-        return {BASELINE: Outcome(status="fails", step="build", cause=cause)} | {
-            s: Outcome(status="fails", step="build", cause=cause) for s in schemes}
+        return {BASELINE: MatrixOutcome(status="fails", step="build", cause=cause)} | {
+            s: MatrixOutcome(status="fails", step="build", cause=cause) for s in schemes}
     built_s = time.monotonic() - t0
     quantized: dict[str, Path] = {}
     for scheme in schemes:
@@ -138,10 +139,10 @@ def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path, se
             res = quantize(QuantizeRequest(model=base, scheme=scheme, out=folder / scheme, hardware=None,
                                            calibration=CalibrationSpec(samples=16, max_seq_length=128)))
             quantized[scheme] = res.out
-            row[scheme] = Outcome(status="ok", seconds={"quantize": round(time.monotonic() - t, 1)})
+            row[scheme] = MatrixOutcome(status="ok", seconds={"quantize": round(time.monotonic() - t, 1)})
         except QuantgateError as exc:
-            row[scheme] = Outcome(status="fails", step="quantize", cause=_cause(exc),
-                                  seconds={"quantize": round(time.monotonic() - t, 1)})
+            row[scheme] = MatrixOutcome(status="fails", step="quantize", cause=_cause(exc),
+                                        seconds={"quantize": round(time.monotonic() - t, 1)})
         print(f"  {family} {scheme}: quantize {row[scheme].status} ({row[scheme].seconds['quantize']:.0f} s)", flush=True)
     log = folder / "base.server.log"
     t = time.monotonic()
@@ -154,12 +155,12 @@ def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path, se
                                  max_tokens=MAX_TOKENS, top_k=TOP_K)
             write_dump(folder / "samples", folder / "base-dump")
         status = "ok" if parity.verdict == "pass" else "fails"
-        row[BASELINE] = Outcome(status=status, step=None if status == "ok" else "parity",
-                                cause=None if status == "ok" else parity.reason, parity=parity.reason,
-                                seconds={"build": round(built_s, 1), "serve": round(started, 1)})
+        row[BASELINE] = MatrixOutcome(status=status, step=None if status == "ok" else "parity",
+                                      cause=None if status == "ok" else parity.reason, parity=parity.reason,
+                                      seconds={"build": round(built_s, 1), "serve": round(started, 1)})
     except Exception as exc:  # noqa: BLE001 -- a server that fails, or a reference that raises, is a finding
         cause = _cause(exc, log if step == "serve" or isinstance(exc, QuantgateError) else None)
-        row[BASELINE] = Outcome(status="fails", step=step, cause=cause, seconds={"build": round(built_s, 1)})
+        row[BASELINE] = MatrixOutcome(status="fails", step=step, cause=cause, seconds={"build": round(built_s, 1)})
         for scheme in quantized:
             row[scheme] = row[scheme].model_copy(update={"status": "fails", "step": step,
                                                          "cause": f"the unquantized baseline fails at {step}"})
@@ -186,7 +187,7 @@ def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path, se
     return row
 
 
-def write(results: dict[str, dict[str, Outcome]], measured: MeasuredOn, matrix: Path = MATRIX_FILE) -> None:
+def write(results: dict[str, dict[str, MatrixOutcome]], measured: MeasuredOn, matrix: Path = MATRIX_FILE) -> None:
     """Put this run's cells into the matrix file (a cell it measured replaces the old one; the other schemes' cells of
     a family stay, so `--schemes w4a16-awq` adds a column); write the docs page from it."""
     old = SupportMatrix.model_validate(yaml.safe_load(matrix.read_text())) if matrix.is_file() else SupportMatrix(version=1)
@@ -228,7 +229,7 @@ def main() -> int:
           f"vLLM kernel build {probe.build}; platform {platform_of(get_profile('x86-cpu'), probe)}", flush=True)
     work = args.work or results_dir() / "family-matrix" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     tokenizer_dir = ensure_demo_model()
-    results: dict[str, dict[str, Outcome]] = {}
+    results: dict[str, dict[str, MatrixOutcome]] = {}
     t0 = time.monotonic()
     for family in args.families.split(","):
         print(f"{family}:", flush=True)

@@ -124,7 +124,7 @@ NEW_CORE = "kl_topk" in FidelityStats.model_fields  # the project's summary sinc
 
 
 def gate_view(stats: FidelityStats):
-    """(the gate's KL estimate as an Interval, the pooled top-k KL, the field's name) in either version of the
+    """(the gate's KL estimate as a FidelityInterval, the pooled top-k KL, the field's name) in either version of the
     project's summary: newer ones put the sampled estimate in `kl` and the top-k diagnostic in `kl_topk`; older ones
     have the top-k KL in `kl`, and the plain log-ratio mean (`dnll`) is the estimate."""
     if NEW_CORE:
@@ -316,7 +316,7 @@ class Row:
     """One line of the report: the project's summary of a sequence set against the exact KL of its positions."""
     summ: object
     exact: float
-    est: object           # the gate's estimate (Interval)
+    est: object           # the gate's estimate (FidelityInterval)
     topk: float
     bias: float
     se: float

@@ -31,7 +31,7 @@ from quantgate.spec.resolve import load_spec
 from quantgate.release.variants import Variant, make_server, server_config
 from quantgate.serving import server as server_mod
 from quantgate.serving.server import VLLMServer
-from quantgate.serving.watchdog import IN_FLIGHT, PROGRESS, STALL_S, Sample, advance, parse_metrics
+from quantgate.serving.watchdog import IN_FLIGHT, PROGRESS, STALL_S, ServerSample, advance, parse_metrics
 from tests._procs import cmdline, live
 
 REPO = Path(__file__).resolve().parents[1]
@@ -385,7 +385,7 @@ STALL_CASES = [
 def test_stall_decision(samples, stall_s, verdict):
     state, why = None, None
     for t, m, size in samples:
-        state, why = advance(state, Sample(t, m, size), stall_s)
+        state, why = advance(state, ServerSample(t, m, size), stall_s)
     if verdict is None:
         assert why is None
     else:

@@ -16,8 +16,8 @@ from _fake_openai import FakeServer
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.paths import EVAL_SETS
 from quantgate.fidelity import parts, run
-from quantgate.fidelity.core import (FidelityStats, Interval, SampleFidelity, ScoredSample, compare_sample, kl_topk,
-                                     merge_draws, needed_samples, score_position, summarize)
+from quantgate.fidelity.core import (FidelityInterval, FidelityStats, SampleFidelity, ScoredSample, compare_sample,
+                                     kl_topk, merge_draws, needed_samples, score_position, summarize)
 
 L = math.log
 CORPUS = EVAL_SETS / "fidelity_corpus.txt"
@@ -166,7 +166,7 @@ def test_summary_pools_tokens_as_a_ratio_of_sums():
 
 def test_summary_of_identical_samples_has_zero_width():
     s = summarize([_sf(i, 20, 0.0) for i in range(5)], n_boot=100)
-    assert s.kl == Interval(mean=0.0, low=0.0, high=0.0, level=0.9)
+    assert s.kl == FidelityInterval(mean=0.0, low=0.0, high=0.0, level=0.9)
     assert s.top1.mean == s.top1.low == s.top1.high == 1.0
 
 
@@ -207,8 +207,9 @@ def test_summary_refuses_nothing_to_summarize():
 
 
 def test_needed_samples():
-    s = FidelityStats(n_samples=100, n_tokens=5000, kl=Interval(mean=0.01, low=0.006, high=0.014, level=0.9),
-                      top1=Interval(mean=1, low=1, high=1, level=0.9), dnll=Interval(mean=0, low=0, high=0, level=0.9))
+    s = FidelityStats(n_samples=100, n_tokens=5000, kl=FidelityInterval(mean=0.01, low=0.006, high=0.014, level=0.9),
+                      top1=FidelityInterval(mean=1, low=1, high=1, level=0.9),
+                      dnll=FidelityInterval(mean=0, low=0, high=0, level=0.9))
     assert needed_samples(s, 0.012) == 400   # upper half-width 0.004 vs gap 0.002: (2)^2 x 100
     assert needed_samples(s, 0.018) == 25    # already under the limit: fewer than we have
     assert needed_samples(s, 0.01) is None and needed_samples(s, 0.005) is None

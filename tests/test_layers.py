@@ -205,3 +205,15 @@ def test_the_parameter_rule_counts_keyword_only_and_star_args():
     assert parameter_problems("m", "def f(a, b, c, *, d, e, f, g): pass") == {"m:f"}
     assert parameter_problems("m", "def f(self, a, b, c, d, e, g): pass") == set()
     assert parameter_problems("m", "def f(a, b, c, d, e, *args, **kw): pass") == {"m:f"}
+
+
+def test_class_names_are_unique_across_the_package():
+    """One name, one thing: a public class name is defined once in quantgate/ (private bases like `_Model` may
+    repeat), so that `Decision` or `Variant` in a traceback or a review means one class."""
+    seen: dict[str, list[str]] = {}
+    for name, path in _modules():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                seen.setdefault(node.name, []).append(name)
+    twice = {c: mods for c, mods in seen.items() if len(mods) > 1}
+    assert not twice, f"defined in more than one module: {twice}"

@@ -56,12 +56,12 @@ class MetricReport(TypedDict):
     by_category: dict[str, PairedStats]
 
 
-class Agreement(TypedDict):
+class OutputAgreementStats(TypedDict):
     overall: float
     by_category: dict[str, float]
 
 
-class Flip(TypedDict):
+class FlipRow(TypedDict):
     """A sample that went right -> wrong (a regression) or wrong -> right (a gain) on one binary metric."""
     id: str
     category: str
@@ -79,10 +79,10 @@ class SetReport(TypedDict):
     only_in_base: list[str]
     only_in_cand: list[str]
     bootstrap: dict[str, float]
-    agreement: Agreement
+    agreement: OutputAgreementStats
     metrics: dict[str, MetricReport]
-    regressions: list[Flip]
-    gains: list[Flip]
+    regressions: list[FlipRow]
+    gains: list[FlipRow]
     pooled: PooledStats | None
     base: NotRequired[dict[str, str | None]]
     cand: NotRequired[dict[str, str | None]]
@@ -199,17 +199,17 @@ def _pooled(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Seque
 
 
 def _flips(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Sequence[str], name: str, info: MetricInfo,
-           references: Mapping[str, Sequence[str]] | None) -> tuple[list[Flip], list[Flip]]:
+           references: Mapping[str, Sequence[str]] | None) -> tuple[list[FlipRow], list[FlipRow]]:
     """Samples that went right -> wrong (regressions) and wrong -> right (gains) on one binary metric."""
     good = 1.0 if info.higher_is_better else 0.0
-    lost: list[Flip]
-    gained: list[Flip]
+    lost: list[FlipRow]
+    gained: list[FlipRow]
     lost, gained = [], []
     for i in ids:
         sb, sc = b_by[i]["scores"].get(name), c_by[i]["scores"].get(name)
         if sb is None or sc is None or (sb == good) == (sc == good):
             continue
-        row: Flip = {"id": i, "category": b_by[i]["category"], "metric": name,
+        row: FlipRow = {"id": i, "category": b_by[i]["category"], "metric": name,
                "references": list((references or {}).get(i, [])),
                "base_output": b_by[i].get("output"), "cand_output": c_by[i].get("output")}
         (lost if sb == good else gained).append(row)

@@ -47,7 +47,7 @@ class MetricComparison(BaseModel):
     by_category: dict[str, PairedStat] = Field(default_factory=dict)
 
 
-class Agreement(BaseModel):
+class OutputAgreement(BaseModel):
     """Share of samples whose two outputs are identical, overall and per category."""
     model_config = ConfigDict(extra="allow")
 
@@ -77,7 +77,7 @@ class SetComparison(BaseModel):
     only_in_base: list[str | int] = Field(default_factory=list)
     only_in_cand: list[str | int] = Field(default_factory=list)
     bootstrap: dict[str, float | int] = Field(default_factory=dict)
-    agreement: Agreement | None = None
+    agreement: OutputAgreement | None = None
     metrics: dict[str, MetricComparison]
     regressions: list[Flip] = Field(default_factory=list)
     gains: list[Flip] = Field(default_factory=list)

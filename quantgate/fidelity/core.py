@@ -180,7 +180,7 @@ def merge_draws(samples: Iterable[SampleFidelity], sep: str = "#") -> list[Sampl
                            kl_topk_sum=sum(s.kl_topk_sum for s in g)) for i, g in sorted(groups.items())]
 
 
-class Interval(BaseModel):
+class FidelityInterval(BaseModel):
     """A per-token mean with two one-sided bounds (quantgate.fidelity.bounds), each at (1 + level) / 2: level 0.90
     gives a 95% lower bound `low` and a 95% upper bound `high`, read separately."""
     model_config = ConfigDict(extra="forbid")
@@ -197,9 +197,9 @@ class FidelityStats(BaseModel):
 
     n_samples: int
     n_tokens: int
-    kl: Interval
-    top1: Interval
-    dnll: Interval
+    kl: FidelityInterval
+    top1: FidelityInterval
+    dnll: FidelityInterval
     kl_topk: float | None = None  # the pooled top-k KL diagnostic (no interval: it is not what the gate bounds)
 
 
@@ -238,9 +238,9 @@ def _stats(samples: Sequence[SampleFidelity], n_boot: int, seed: int, level: flo
     lo, hi = ratio_bounds(sums, tokens, level=level, n_boot=n_boot, seed=seed)
     lo[1], hi[1] = max(lo[1], 0.0), min(hi[1], 1.0)  # top-1 agreement is a share
 
-    def interval(j: int) -> Interval:
-        return Interval(mean=float(means[j]), low=float(min(lo[j], means[j])), high=float(max(hi[j], means[j])),
-                        level=level)
+    def interval(j: int) -> FidelityInterval:
+        return FidelityInterval(mean=float(means[j]), low=float(min(lo[j], means[j])), high=float(max(hi[j], means[j])),
+                                level=level)
 
     return FidelityStats(n_samples=n, n_tokens=sum(s.n_tokens for s in samples), kl=interval(0), top1=interval(1),
                          dnll=interval(2))

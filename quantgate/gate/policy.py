@@ -87,7 +87,7 @@ class DropLimit(_Strict):
         return self.max_relative_drop if self.max_relative_drop is not None else self.max_absolute_drop  # type: ignore[return-value]
 
 
-class Family(DropLimit):
+class SchemeFamily(DropLimit):
     """A scheme family (fp8, int8, w4a16, ...): the schemes in it and its limit on the primary metrics."""
     schemes: list[str] = Field(min_length=1, description="scheme ids of quant_recipes/schemes.yaml")
 
@@ -99,13 +99,13 @@ class Family(DropLimit):
 
 class PrimaryCheck(_Strict):
     metrics: list[str] = Field(min_length=1, description="metric names (quantgate/evals/metrics/table.yaml) in any eval set")
-    families: dict[str, Family] = Field(min_length=1)
+    families: dict[str, SchemeFamily] = Field(min_length=1)
     required: bool = True
     bound: Bound | None = None
 
     @field_validator("families")
     @classmethod
-    def _one_family_per_scheme(cls, v: dict[str, Family]) -> dict[str, Family]:
+    def _one_family_per_scheme(cls, v: dict[str, SchemeFamily]) -> dict[str, SchemeFamily]:
         seen: dict[str, str] = {}
         for name, fam in v.items():
             for s in fam.schemes:

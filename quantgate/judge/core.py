@@ -24,7 +24,7 @@ FIELDS = {"pairwise": {"question", "answer_a", "answer_b", "reference", "criteri
 SLOTS = {"pairwise": ("ab", "ba"), "reference": ("first", "second")}
 
 
-class JudgeSpec(BaseModel):
+class JudgeSidecar(BaseModel):
     """The sidecar `judges/<name>.yaml` of a prompt template `judges/<name>.md` (see judges/README.md)."""
     model_config = ConfigDict(extra="forbid")
     name: str
@@ -51,7 +51,7 @@ class JudgeSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _labels_fit_kind(self) -> JudgeSpec:
+    def _labels_fit_kind(self) -> JudgeSidecar:
         want = {"pairwise": ["A", "B", "TIE"], "reference": ["CORRECT", "INCORRECT"]}[self.kind]
         if sorted(self.labels) != sorted(want):
             raise ValueError(f"a {self.kind} judge has labels {want}, not {self.labels}")
@@ -60,7 +60,7 @@ class JudgeSpec(BaseModel):
 
 @dataclass(frozen=True)
 class Judge:
-    spec: JudgeSpec
+    spec: JudgeSidecar
     template: str
     sha256: str = ""
 
@@ -69,7 +69,7 @@ class Judge:
         return re.compile(self.spec.grade_regex)
 
 
-def template_problems(spec: JudgeSpec, template: str) -> list[str]:
+def template_problems(spec: JudgeSidecar, template: str) -> list[str]:
     """Placeholders in the template and its sections that this kind of judge cannot fill."""
     known = FIELDS[spec.kind] | set(spec.sections)
     out = [f"template: unknown placeholder {{{{{n}}}}}" for n in PLACEHOLDER.findall(template) if n not in known]
@@ -174,7 +174,7 @@ def combine(kind: str, labels: Mapping[str, str | None]) -> tuple[Winner | None,
 
 
 @dataclass
-class Outcome:
+class PairOutcome:
     item: PairItem
     winner: Winner | None  # None: invalid
     consistent: bool | None = None
@@ -182,16 +182,16 @@ class Outcome:
     judged: bool = True  # False: identical answers, a tie without asking
 
 
-def outcomes(kind: str, items: Iterable[PairItem], labels: Mapping[str, Mapping[str, str | None]]) -> list[Outcome]:
-    """Outcome per pair; `labels[pair_id][slot]`. Identical answers are ties and are not judged."""
+def outcomes(kind: str, items: Iterable[PairItem], labels: Mapping[str, Mapping[str, str | None]]) -> list[PairOutcome]:
+    """A PairOutcome per pair; `labels[pair_id][slot]`. Identical answers are ties and are not judged."""
     out = []
     for it in items:
         if it.identical:
-            out.append(Outcome(it, "tie", None, {}, judged=False))
+            out.append(PairOutcome(it, "tie", None, {}, judged=False))
             continue
         got = dict(labels.get(it.pair_id, {}))
         winner, consistent = combine(kind, got)
-        out.append(Outcome(it, winner, consistent, got))
+        out.append(PairOutcome(it, winner, consistent, got))
     return out
 
 
@@ -226,7 +226,7 @@ def non_inferiority(wins: int, ties: int, losses: int, margin: float, alpha: flo
             "non_inferior": lower > -margin}
 
 
-def rates(outs: Sequence[Outcome], level: float = 0.95) -> dict:
+def rates(outs: Sequence[PairOutcome], level: float = 0.95) -> dict:
     """Candidate (= second) win/tie/loss counts and rates with Wilson CIs over the valid pairs."""
     valid = [o for o in outs if o.winner is not None]
     n = len(valid)
@@ -239,7 +239,7 @@ def rates(outs: Sequence[Outcome], level: float = 0.95) -> dict:
     return out
 
 
-def summarize_comparison(outs: Sequence[Outcome], *, margin: float, level: float = 0.95, alpha: float = 0.05,
+def summarize_comparison(outs: Sequence[PairOutcome], *, margin: float, level: float = 0.95, alpha: float = 0.05,
                          score_drop: Mapping[str, float] | None = None, worst: int = 10) -> dict:
     """Overall and per-category rates, non-inferiority, position consistency, invalid share, worst losses."""
     judged = [o for o in outs if o.judged]
@@ -266,9 +266,9 @@ def summarize_comparison(outs: Sequence[Outcome], *, margin: float, level: float
     }
 
 
-def summarize_calibration(outs: Sequence[Outcome], bar: float) -> dict:
+def summarize_calibration(outs: Sequence[PairOutcome], bar: float) -> dict:
     """Accuracy = share of calibration pairs whose combined verdict picks the reference (invalid counts as wrong)."""
-    def acc(group: Sequence[Outcome]) -> dict:
+    def acc(group: Sequence[PairOutcome]) -> dict:
         k = sum(o.winner == "first" for o in group)
         lo, hi = wilson(k, len(group))
         return {"n": len(group), "correct": k, "accuracy": k / len(group) if group else math.nan,

@@ -28,7 +28,7 @@ from quantgate.base.yamlconfig import read_text
 from quantgate.judge.core import wilson
 from quantgate.judge.report import render_markdown
 from quantgate.judge.reportfile import Rate, load_judge_report
-from quantgate.judge.reviewfile import Agreement, HumanRates, HumanReview, ReviewItem, ReviewKey
+from quantgate.judge.reviewfile import HumanJudgeAgreement, HumanRates, HumanReview, ReviewItem, ReviewKey
 
 COLUMNS = ["review_id", "category", "question", "reference", "answer_a", "answer_b", "choice", "comment"]
 CHOICES = ("A", "B", "TIE")
@@ -234,8 +234,9 @@ def human_summary(prefs: dict[str, str], judge_winners: dict[str, str | None], *
     agree = sum(h == j for h, j in both)
     lo, hi = wilson(agree, len(both))
     return HumanReview(n_exported=n_exported, n_reviewed=n, n_blank=n_blank, rates=HumanRates(**rates),
-                       agreement=Agreement(n=len(both), agree=agree, rate=agree / len(both) if both else float("nan"),
-                                           ci_low=lo, ci_high=hi))
+                       agreement=HumanJudgeAgreement(n=len(both), agree=agree,
+                                                     rate=agree / len(both) if both else float("nan"),
+                                                     ci_low=lo, ci_high=hi))
 
 
 # --- files -----------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ class ReviewKey(SetFields):
                         encoding="utf-8")
 
 
-class Agreement(BaseModel):
+class HumanJudgeAgreement(BaseModel):
     """How often the human and the judge preferred the same side, over the pairs both decided."""
     model_config = _OPEN
 
@@ -73,7 +73,7 @@ class HumanReview(BaseModel):
     n_reviewed: int = Field(0, description="rows with a choice")
     n_blank: int = Field(0, description="rows left blank")
     rates: HumanRates = Field(default_factory=HumanRates)
-    agreement: Agreement = Field(default_factory=Agreement)
+    agreement: HumanJudgeAgreement = Field(default_factory=HumanJudgeAgreement)
 
     def dump(self) -> dict[str, object]:
         """The file's content (NaN rates stay NaN, as json.dumps writes them)."""

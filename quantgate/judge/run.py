@@ -26,7 +26,7 @@ from quantgate.base.yamlconfig import load_model
 from quantgate.evals.dataset import file_sha256, load_evalset
 from quantgate.evals.run import load_run, probe_server
 from quantgate.judge.client import JudgeClientConfig, JudgeJob, judge_all
-from quantgate.judge.core import (Judge, JudgeSpec, PairItem, SLOTS, outcomes, parse_verdict, render,
+from quantgate.judge.core import (Judge, JudgeSidecar, PairItem, SLOTS, outcomes, parse_verdict, render,
                                   summarize_calibration, summarize_comparison, template_problems)
 from quantgate.judge.corrupt import CalibrationConfig, calibration_pairs
 from quantgate.judge.manifestfile import (CalibrationUsed, EvalsetRef, JudgedRun, JudgeManifest, JudgeRef, JudgeRunKey,
@@ -72,7 +72,7 @@ def load_judge(path: Path | str) -> Judge:
         raise ConfigError("judge template not found", where=str(path),
                           fix=f"give a judges/*.md file, e.g. {JUDGES / 'pairwise.md'}")
     sidecar = path.with_suffix(".yaml")
-    spec = load_model(sidecar, JudgeSpec)
+    spec = load_model(sidecar, JudgeSidecar)
     template = path.read_text(encoding="utf-8")
     problems = template_problems(spec, template)
     if problems:

@@ -32,7 +32,7 @@ FIRST, SECOND = "a", "b"  # the baseline's two runs of a round
 
 
 @dataclass(frozen=True)
-class Slot:
+class PlannedProbe:
     """One probe of a window: round `round` (from 0), position `index` in it, the variant and, for the baseline,
     which of its two runs (FIRST or SECOND; None for a candidate)."""
     round: int
@@ -41,7 +41,7 @@ class Slot:
     half: str | None = None
 
 
-def plan(baseline: str, candidates: list[str], rounds: int) -> list[Slot]:
+def plan(baseline: str, candidates: list[str], rounds: int) -> list[PlannedProbe]:
     """The window's probes in order (see the module doc)."""
     if rounds < 1:
         raise ValueError(f"a window needs at least one round, got {rounds}")
@@ -49,7 +49,7 @@ def plan(baseline: str, candidates: list[str], rounds: int) -> list[Slot]:
     for r in range(rounds):
         middle = candidates if r % 2 == 0 else candidates[::-1]
         names = [(baseline, FIRST), *((c, None) for c in middle), (baseline, SECOND)]
-        out += [Slot(r, i, name, half) for i, (name, half) in enumerate(names)]
+        out += [PlannedProbe(r, i, name, half) for i, (name, half) in enumerate(names)]
     return out
 
 

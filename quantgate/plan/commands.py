@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from quantgate.plan.models import (Capacity, Decision, Layout, MultiNode, NodeCommand, PlanRequest, PlannerPolicy,
-                                   Replica)
+from quantgate.plan.models import (Capacity, Layout, MultiNode, NodeCommand, PlannerDecision, PlannerPolicy,
+                                   PlanRequest, Replica)
 from quantgate.target.modelshape import gib
 
 
@@ -85,7 +85,7 @@ def multi_node(lay: Layout, per_node: list[list[int]], gpus: int, req: PlanReque
 
 
 def replica_plans(lay: Layout, cap: Capacity, replicas: int, gpus: int, req: PlanRequest, policy: PlannerPolicy,
-                  args: dict, decisions: list[Decision]) -> list[Replica]:
+                  args: dict, decisions: list[PlannerDecision]) -> list[Replica]:
     """Contiguous device blocks per replica; env per replica, or per node when a replica spans nodes."""
     kv_gib = None
     if req.hardware.kind == "cpu":
@@ -105,7 +105,7 @@ def replica_plans(lay: Layout, cap: Capacity, replicas: int, gpus: int, req: Pla
         m = len(out[0].nodes)
         how = (f"DP={lay.dp} ranks over {m} nodes ({lay.dp // m} per node)" if lay.dp > 1
                else f"TP={lay.tp} inside each node, PP={lay.pp} across {m} nodes")
-        decisions.append(Decision(topic="multi-node", choice=how,
-                                  reason="TP stays inside a node (all-reduce per layer needs NVLink); only "
-                                         "layer-boundary activations or expert all-to-all cross nodes"))
+        decisions.append(PlannerDecision(topic="multi-node", choice=how,
+                                         reason="TP stays inside a node (all-reduce per layer needs NVLink); only "
+                                                "layer-boundary activations or expert all-to-all cross nodes"))
     return out

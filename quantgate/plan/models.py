@@ -74,7 +74,7 @@ class PlanRequest(BaseModel):
     master_port: int | None = None
 
 
-class Decision(BaseModel):
+class PlannerDecision(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     topic: str
@@ -157,7 +157,7 @@ class Plan(BaseModel):
     vllm_args: dict[str, int | float | str | bool] = Field(description="same for every replica, spelt as vLLM spells them")
     capacity: Capacity
     replica_plans: list[Replica]
-    decisions: list[Decision]
+    decisions: list[PlannerDecision]
     warnings: list[str] = Field(default_factory=list)
 
     def argv(self, model_ref: str | None = None) -> list[str]:

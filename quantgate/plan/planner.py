@@ -3,7 +3,7 @@
 Rules (docs/design.md, "Planner rules"): one device when weights fit with enough KV, spare devices become replicas; the smallest TP that
 gives enough capacity, inside a node and over a fast link only; PP when TP cannot divide the heads, without a fast
 link, or across nodes; MoE: data-parallel attention + expert parallel. "Enough" means each replica's KV pool holds
-`concurrency` requests of `context` tokens. Every choice and rejection is a Decision with its numbers.
+`concurrency` requests of `context` tokens. Every choice and rejection is a PlannerDecision with its numbers.
 The serving knobs of the request (quantgate.plan.knobs: KV dtype, memory utilization, max_num_seqs, batched tokens,
 prefix caching, eager/compiled, CUDA-graph mode) win over the policy's defaults: the KV dtype and memory share enter
 the capacity math, the others the vLLM arguments, and max_num_seqs is reported against the concurrency.
@@ -17,11 +17,11 @@ import math
 from quantgate.base.errors import ConfigError, QuantgateError, SettingError
 from quantgate.plan.commands import cpu_env, replica_plans
 from quantgate.plan.knobs import ServingKnobs, knob_problems
-from quantgate.plan.models import (Capacity, Decision, Layout, MultiNode, NcclCheck, NodeCommand, Number, Plan,
-                                   PlanRequest, PlannerPolicy, Replica)
+from quantgate.plan.models import (Capacity, Layout, MultiNode, NcclCheck, NodeCommand, Number, Plan, PlannerDecision,
+                                   PlannerPolicy, PlanRequest, Replica)
 from quantgate.target.modelshape import gib
 
-__all__ = ["Capacity", "Decision", "Layout", "MultiNode", "NcclCheck", "NodeCommand", "Plan", "PlannerPolicy",
+__all__ = ["Capacity", "Layout", "MultiNode", "NcclCheck", "NodeCommand", "Plan", "PlannerDecision", "PlannerPolicy",
            "PlanRequest", "Replica", "capacity", "layouts_for", "plan"]
 
 
@@ -176,27 +176,30 @@ def _check_request(req: PlanRequest, policy: PlannerPolicy) -> int:
     return gpus
 
 
-def _sizing_decisions(req: PlanRequest, policy: PlannerPolicy, total: int) -> list[Decision]:
+def _sizing_decisions(req: PlanRequest, policy: PlannerPolicy, total: int) -> list[PlannerDecision]:
     """What the plan starts from: the weights, the KV bytes per token and, without a fast link, no TP."""
     hw, s, w = req.hardware, req.model.shape, req.model.weights
     kv_b = policy.kv_dtype_bytes.get(req.kv_dtype, s.dtype_bytes * serve_dtype_factor(Layout(devices=1), req, policy))
     per_tok = s.kv_bytes_per_token(kv_b)
     decisions = [
-        Decision(topic="weights", choice=f"{_g(gib(w.total_bytes))} GiB",
-                 reason=f"from {w.source}" + (f" ({w.files} file(s))" if w.files else "") +
-                        f"; linear weights {s.weights.method} at {s.weights.bytes_per_param:.3g} bytes/param",
-                 numbers={"weight_gib": round(gib(w.total_bytes), 2), "expert_gib": round(gib(w.expert_bytes), 2),
-                          "bytes_per_param": round(s.weights.bytes_per_param, 4)}),
-        Decision(topic="kv-cache", choice=f"{per_tok / 1024:.1f} KiB per token ({req.kv_dtype})",
-                 reason=(f"MLA latent: {s.layers} layers x ({s.kv_lora_rank}+{s.qk_rope_head_dim}) x {kv_b:g} bytes"
-                         if s.uses_mla else
-                         f"2 x {s.layers} layers x {s.kv_heads} KV heads x {s.head_dim} head_dim x {kv_b:g} bytes"),
-                 numbers={"kv_bytes_per_token": per_tok}),
+        PlannerDecision(topic="weights", choice=f"{_g(gib(w.total_bytes))} GiB",
+                        reason=f"from {w.source}" + (f" ({w.files} file(s))" if w.files else "") +
+                               f"; linear weights {s.weights.method} at {s.weights.bytes_per_param:.3g} bytes/param",
+                        numbers={"weight_gib": round(gib(w.total_bytes), 2),
+                                 "expert_gib": round(gib(w.expert_bytes), 2),
+                                 "bytes_per_param": round(s.weights.bytes_per_param, 4)}),
+        PlannerDecision(topic="kv-cache", choice=f"{per_tok / 1024:.1f} KiB per token ({req.kv_dtype})",
+                        reason=(f"MLA latent: {s.layers} layers x ({s.kv_lora_rank}+{s.qk_rope_head_dim})"
+                                f" x {kv_b:g} bytes"
+                                if s.uses_mla else
+                                f"2 x {s.layers} layers x {s.kv_heads} KV heads x {s.head_dim} head_dim"
+                                f" x {kv_b:g} bytes"),
+                        numbers={"kv_bytes_per_token": per_tok}),
     ]
     if hw.kind == "gpu" and not hw.fast_link and total > 1:
-        decisions.append(Decision(topic="interconnect", choice="no tensor parallel",
-                                  reason=f"{hw.id} links devices over {hw.interconnect}: spare devices become "
-                                         "independent replicas; a replica that must span devices uses PP"))
+        decisions.append(PlannerDecision(topic="interconnect", choice="no tensor parallel",
+                                         reason=f"{hw.id} links devices over {hw.interconnect}: spare devices become "
+                                                "independent replicas; a replica that must span devices uses PP"))
     return decisions
 
 
@@ -223,7 +226,7 @@ def _nothing_fits(req: PlanRequest, last: tuple[Layout, Capacity] | None, no_lay
 
 
 def _choose(req: PlanRequest, policy: PlannerPolicy, gpus: int, total: int,
-            decisions: list[Decision]) -> tuple[Layout, Capacity]:
+            decisions: list[PlannerDecision]) -> tuple[Layout, Capacity]:
     """The first layout, over replica sizes smallest first, whose KV pool holds the target; rejections are noted
     in `decisions`. Raises when none does."""
     hw, w = req.hardware, req.model.weights
@@ -235,7 +238,7 @@ def _choose(req: PlanRequest, policy: PlannerPolicy, gpus: int, total: int,
     for k in _replica_sizes(req, gpus, total):
         layouts, why = layouts_for(k, gpus, req, moe_dp_only)
         for reason in why:
-            decisions.append(Decision(topic="layout", choice=f"{k} device(s)", accepted=False, reason=reason))
+            decisions.append(PlannerDecision(topic="layout", choice=f"{k} device(s)", accepted=False, reason=reason))
         if not layouts:
             no_layout.append(f"{k} device(s): " + "; ".join(why))
             continue
@@ -245,50 +248,55 @@ def _choose(req: PlanRequest, policy: PlannerPolicy, gpus: int, total: int,
             if cap.fits:
                 return lay, cap
             if i == 0:  # the preferred layout of this size; its alternatives split the same memory
-                decisions.append(Decision(topic="layout", choice=lay.label, accepted=False,
-                                          reason=_capacity_text(lay, cap) + ": not enough", numbers=_numbers(cap)))
+                decisions.append(PlannerDecision(topic="layout", choice=lay.label, accepted=False,
+                                                 reason=_capacity_text(lay, cap) + ": not enough",
+                                                 numbers=_numbers(cap)))
     raise _nothing_fits(req, last, no_layout)
 
 
-def _layout_decisions(lay: Layout, cap: Capacity, req: PlanRequest, replicas: int, total: int) -> list[Decision]:
+def _layout_decisions(lay: Layout, cap: Capacity, req: PlanRequest, replicas: int,
+                      total: int) -> list[PlannerDecision]:
     """The chosen layout, expert parallelism for a MoE, and the replica count."""
     s = req.model.shape
-    out = [Decision(topic="layout", choice=lay.label, reason=_capacity_text(lay, cap) + ": enough", numbers=_numbers(cap))]
+    out = [PlannerDecision(topic="layout", choice=lay.label, reason=_capacity_text(lay, cap) + ": enough",
+                           numbers=_numbers(cap))]
     if s.is_moe and lay.dp > 1:
-        out.append(Decision(topic="moe", choice=f"--data-parallel-size {lay.dp} --enable-expert-parallel",
-                            reason=f"MoE with {s.num_experts} experts: attention data-parallel (each rank keeps "
-                                   f"its own requests' KV, no duplication across TP), experts split {lay.dp} ways",
-                            numbers={"experts_per_device": round(s.num_experts / lay.dp, 2)}))
+        out.append(PlannerDecision(topic="moe", choice=f"--data-parallel-size {lay.dp} --enable-expert-parallel",
+                                   reason=f"MoE with {s.num_experts} experts: attention data-parallel (each rank keeps "
+                                          f"its own requests' KV, no duplication across TP), experts split "
+                                          f"{lay.dp} ways",
+                                   numbers={"experts_per_device": round(s.num_experts / lay.dp, 2)}))
     elif s.is_moe:
         where = ("one device holds every expert with room for the KV pool, so a replica needs no expert parallelism "
                  "(EP would only add an all-to-all per layer)") if lay.devices == 1 else (
                  f"the attention weights alone overflow a device, so each expert is split over the {lay.label} group "
                  "like the dense layers instead of placing whole experts per rank")
-        out.append(Decision(topic="moe", choice="no expert parallelism", reason=f"MoE with {s.num_experts} experts: {where}",
-                            numbers={"experts": float(s.num_experts)}))
-    out.append(Decision(topic="replicas", choice=str(replicas),
-                        reason=f"{total} device(s) / {lay.devices} per replica"
-                               + ("; spare devices become independent replicas" if replicas > 1 and not req.replicas else ""),
-                        numbers={"devices_unused": total - replicas * lay.devices}))
+        out.append(PlannerDecision(topic="moe", choice="no expert parallelism",
+                                   reason=f"MoE with {s.num_experts} experts: {where}",
+                                   numbers={"experts": float(s.num_experts)}))
+    spare = "; spare devices become independent replicas" if replicas > 1 and not req.replicas else ""
+    out.append(PlannerDecision(topic="replicas", choice=str(replicas),
+                               reason=f"{total} device(s) / {lay.devices} per replica" + spare,
+                               numbers={"devices_unused": total - replicas * lay.devices}))
     return out
 
 
 def _cpu_settings(lay: Layout, cap: Capacity, req: PlanRequest, policy: PlannerPolicy, args: dict,
-                  decisions: list[Decision]) -> tuple[Capacity, list[str]]:
+                  decisions: list[PlannerDecision]) -> tuple[Capacity, list[str]]:
     """CPU serving: the KV space variable, executor, dtype and eager mode; returns the capacity of the configured
     KV space and the warnings. Adds to `args` and `decisions`."""
     kv_gib, reason = cpu_env(lay, cap, req, policy)
     cap = capacity(lay, req, policy, pool_gib=kv_gib)
-    decisions.append(Decision(topic="cpu", choice=f"VLLM_CPU_KVCACHE_SPACE={kv_gib}", reason=reason,
-                              numbers={"kv_gib_per_worker": kv_gib}))
+    decisions.append(PlannerDecision(topic="cpu", choice=f"VLLM_CPU_KVCACHE_SPACE={kv_gib}", reason=reason,
+                                     numbers={"kv_gib_per_worker": kv_gib}))
     if lay.pp > 1 or lay.dp > 1:
         args["--distributed-executor-backend"] = "mp"
     if serve_dtype_factor(lay, req, policy) != 1.0:
         args["--dtype"] = policy.cpu_dtype
-        decisions.append(Decision(topic="cpu", choice=f"--dtype {policy.cpu_dtype}",
-                                  reason="BF16 serving on this CPU did not match transformers' greedy output "
-                                         f"(docs/design.md, 'Measured facts'; tests/conftest.py); {policy.cpu_dtype} did. Weights and KV "
-                                         "are counted at that width"))
+        decisions.append(PlannerDecision(topic="cpu", choice=f"--dtype {policy.cpu_dtype}",
+                                         reason="BF16 serving on this CPU did not match transformers' greedy output "
+                                                "(docs/design.md, 'Measured facts'; tests/conftest.py); "
+                                                f"{policy.cpu_dtype} did. Weights and KV are counted at that width"))
     if lay.pp > 1 and req.enforce_eager:
         raise SettingError(f"enforce_eager with {lay.label} on CPU: PP=2 in eager mode crashed on the first request "
                            "(docs/design.md, 'Measured facts')", setting="serving.enforce_eager",
@@ -296,18 +304,18 @@ def _cpu_settings(lay: Layout, cap: Capacity, req: PlanRequest, policy: PlannerP
     if lay.pp > 1 or req.enforce_eager is False:
         why = ("PP=2 in eager mode crashed on the first request (docs/design.md, 'Measured facts')" if lay.pp > 1
                else "asked for (enforce_eager: false): start-up takes longer (100-120 s for the demo model)")
-        decisions.append(Decision(topic="cpu", choice="compiled, no --enforce-eager", reason=why))
+        decisions.append(PlannerDecision(topic="cpu", choice="compiled, no --enforce-eager", reason=why))
     else:
         args["--enforce-eager"] = True
-        decisions.append(Decision(topic="cpu", choice="--enforce-eager",
-                                  reason="start-up in about 30 s instead of 100-120 s compiled; eager output matched "
-                                         "the reference (docs/design.md, 'Measured facts')"))
+        decisions.append(PlannerDecision(topic="cpu", choice="--enforce-eager",
+                                         reason="start-up in about 30 s instead of 100-120 s compiled; eager output "
+                                                "matched the reference (docs/design.md, 'Measured facts')"))
     warnings = [] if cap.fits else ["the configured VLLM_CPU_KVCACHE_SPACE holds fewer requests than the target"]
     return cap, warnings
 
 
 def _engine_settings(req: PlanRequest, policy: PlannerPolicy, cap: Capacity, args: dict,
-                     decisions: list[Decision]) -> list[str]:
+                     decisions: list[PlannerDecision]) -> list[str]:
     """Scheduler, prefix-cache and compile settings asked for (quantgate.plan.knobs); adds to `args` and
     `decisions`, returns warnings (max_num_seqs below the concurrency)."""
     warnings: list[str] = []
@@ -324,10 +332,11 @@ def _engine_settings(req: PlanRequest, policy: PlannerPolicy, cap: Capacity, arg
         args["--max-num-seqs"] = req.max_num_seqs
     held = cap.kv_tokens_per_replica // max(1, req.context)
     default = "" if req.max_num_seqs else " (vLLM's default)"
-    decisions.append(Decision(topic="scheduler", choice=f"max_num_seqs {seqs}{default}",
-                              reason=f"at most {seqs} requests run at once per replica; its KV pool holds {held} "
-                                     f"requests of {req.context:,} tokens; target concurrency {req.concurrency}",
-                              numbers={"max_num_seqs": seqs, "requests_kv_holds": held}))
+    decisions.append(PlannerDecision(topic="scheduler", choice=f"max_num_seqs {seqs}{default}",
+                                     reason=f"at most {seqs} requests run at once per replica; its KV pool holds "
+                                            f"{held} requests of {req.context:,} tokens; target concurrency "
+                                            f"{req.concurrency}",
+                                     numbers={"max_num_seqs": seqs, "requests_kv_holds": held}))
     if seqs < req.concurrency:
         warnings.append(f"max_num_seqs {seqs} is below the target concurrency {req.concurrency}: requests beyond "
                         f"{seqs} queue in the server")

@@ -45,7 +45,7 @@ class CalibrationSpec(BaseModel):
         return self
 
 
-class CalibrationRecord(TypedDict, total=False):
+class CalibrationSample(TypedDict, total=False):
     """One calibration record as check_record normalizes it: a `text`, or chat `messages` ({"role", "content"})."""
     text: str
     messages: list[dict[str, str]]
@@ -54,7 +54,7 @@ class CalibrationRecord(TypedDict, total=False):
 class CalibrationSet(BaseModel):
     """The selected records, as handed to the runner, with the hash that identifies them."""
     source: str
-    records: list[CalibrationRecord]
+    records: list[CalibrationSample]
     available: int
     max_seq_length: int
     seed: int
@@ -62,7 +62,7 @@ class CalibrationSet(BaseModel):
     uses_chat: bool
 
 
-def check_record(rec: Any, where: str) -> CalibrationRecord:
+def check_record(rec: Any, where: str) -> CalibrationSample:
     """Normalize one record to {"text"} or {"messages"}; refuse anything else naming where it is."""
     fix = 'write {"text": "..."} or {"messages": [{"role": "user", "content": "..."}]}'
     if not isinstance(rec, dict):
@@ -80,7 +80,7 @@ def check_record(rec: Any, where: str) -> CalibrationRecord:
     raise ConfigError("record has neither a non-empty `text` string nor a `messages` list", where=where, fix=fix)
 
 
-def read_jsonl(path: Path) -> list[CalibrationRecord]:
+def read_jsonl(path: Path) -> list[CalibrationSample]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("calibration file not found", where=str(path), fix="check the path, or omit it to use the default set")
@@ -107,7 +107,7 @@ def is_table(path: Path) -> bool:
     return path.is_dir() or path.suffix in (".parquet", ".csv")
 
 
-def read_dataset(name: str, split: str) -> list[CalibrationRecord]:
+def read_dataset(name: str, split: str) -> list[CalibrationSample]:
     """Records from `datasets`: a folder saved by it (load_from_disk, `split` of a DatasetDict), a local
     .json/.jsonl/.parquet/.csv file (the matching builder), or a dataset name already in its cache."""
     import datasets  # the pipeline env has it; imported here so plain JSONL use stays light
@@ -146,7 +146,7 @@ def read_dataset(name: str, split: str) -> list[CalibrationRecord]:
     return records
 
 
-def select(records: list[CalibrationRecord], samples: int, seed: int) -> list[CalibrationRecord]:
+def select(records: list[CalibrationSample], samples: int, seed: int) -> list[CalibrationSample]:
     """`samples` records drawn without replacement by `seed` (all of them, shuffled, when fewer exist)."""
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
@@ -171,7 +171,7 @@ def build(spec: CalibrationSpec, samples: int, max_seq_length: int) -> Calibrati
                           seed=spec.seed, sha256=digest, uses_chat=any("messages" in r for r in chosen))
 
 
-def write_jsonl(records: list[CalibrationRecord], path: Path) -> None:
+def write_jsonl(records: list[CalibrationSample], path: Path) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")

@@ -67,7 +67,7 @@ class QuantizeRequest(BaseModel):
                                                  "other inputs never land in, or replace, the same folder")
 
 
-class Plan(BaseModel):
+class QuantizePlan(BaseModel):
     request: QuantizeRequest
     scheme: SchemeInfo
     hardware: str | None
@@ -86,7 +86,7 @@ class QuantizeResult(BaseModel):
     manifest: QuantManifest
 
 
-def plan(req: QuantizeRequest) -> Plan:
+def plan(req: QuantizeRequest) -> QuantizePlan:
     """Check every input and resolve the recipe as it will be applied; loads no model."""
     catalogue = load_schemes()
     scheme = catalogue.get(req.scheme)
@@ -124,8 +124,9 @@ def plan(req: QuantizeRequest) -> Plan:
     key = _sha({"format": FORMAT, "source": src, "scheme": scheme.id, "recipe": recipe_text,
                 "calibration": calib.sha256 if calib else None, "seed": req.calibration.seed if calib else None,
                 "versions": versions})
-    return Plan(request=req, scheme=scheme, hardware=hw_id, recipe_file=str(recipe_path), recipe_text=recipe_text,
-                preflight=pre, calibration=calib, source_sha256=src, versions=versions, key=key)
+    return QuantizePlan(request=req, scheme=scheme, hardware=hw_id, recipe_file=str(recipe_path),
+                        recipe_text=recipe_text, preflight=pre, calibration=calib, source_sha256=src, versions=versions,
+                        key=key)
 
 
 def quantize(req: QuantizeRequest, *, log: Callable[[str], None] = lambda s: None, timeout_s: float | None = None) -> QuantizeResult:
@@ -148,8 +149,8 @@ def work_lock(out: Path) -> Path:
     return out.parent / LOCKS / out.name
 
 
-def _quantize_locked(req: QuantizeRequest, p: Plan, out: Path, log: Callable[[str], None], timeout_s: float | None,
-                     t0: float) -> QuantizeResult:
+def _quantize_locked(req: QuantizeRequest, p: QuantizePlan, out: Path, log: Callable[[str], None],
+                     timeout_s: float | None, t0: float) -> QuantizeResult:
     """quantize()'s work under the output's lock: reuse a finished output, or make it through the runner child."""
     existing = reusable(out, p.key)
     if existing is not None:
@@ -198,7 +199,8 @@ def reusable(out: Path, key: str) -> QuantManifest | None:
     return manifest
 
 
-def _run_child(p: Plan, tmp: Path, work: Path, log: Callable[[str], None], timeout_s: float | None) -> RunnerResult:
+def _run_child(p: QuantizePlan, tmp: Path, work: Path, log: Callable[[str], None],
+               timeout_s: float | None) -> RunnerResult:
     recipe = work / "recipe_applied.yaml"
     recipe.write_text(p.recipe_text, encoding="utf-8")
     job = RunnerJob(model=str(Path(p.request.model).resolve()), recipe=str(recipe), out=str(tmp),
@@ -248,7 +250,7 @@ def runner_env() -> dict[str, str]:
                       "TOKENIZERS_PARALLELISM": "false"}, keep=("LLMCOMPRESSOR_*", "LLM_COMPRESSOR_*"))
 
 
-def _manifest(p: Plan, tmp: Path, runner: RunnerResult, wall_s: float) -> QuantManifest:
+def _manifest(p: QuantizePlan, tmp: Path, runner: RunnerResult, wall_s: float) -> QuantManifest:
     runner = RunnerResult.model_validate(runner)  # a stand-in child (tests) may hand back a dict
     files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
     src_weights = sum(f.stat().st_size for f in Path(p.request.model).glob("*.safetensors"))

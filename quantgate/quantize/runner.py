@@ -31,7 +31,7 @@ from quantgate.quantize.jobfile import DeviceRecord, RunnerJob, RunnerResult
 from quantgate.quantize.preflight import checkpoint_dtype
 
 if TYPE_CHECKING:
-    from quantgate.quantize.calibration import CalibrationRecord
+    from quantgate.quantize.calibration import CalibrationSample
 
 EXIT_REFUSED = 3
 # Upstream version whose AWQ path pins CPU memory unconditionally (see pin_memory_workaround below).
@@ -110,7 +110,7 @@ def native_half(torch: Any) -> set[str]:
     return native | {"float16"} if cpu._is_amx_fp16_supported() else native
 
 
-def render(records: list[CalibrationRecord], tokenizer: Any, max_len: int | None) -> dict[str, list]:
+def render(records: list[CalibrationSample], tokenizer: Any, max_len: int | None) -> dict[str, list]:
     """Token ids for each record; chat records go through the model's chat template."""
     ids, masks = [], []
     for rec in records:

@@ -20,7 +20,7 @@ from quantgate.base.typedfile import read_model
 _OPEN = ConfigDict(extra="allow")
 
 
-class Outcome(BaseModel):
+class RecallOutcome(BaseModel):
     """Needles scored in a group (overall, a kind, a language): failed ones are counted and left out of the means."""
     model_config = _OPEN
 
@@ -31,7 +31,8 @@ class Outcome(BaseModel):
 
 
 class Cell(BaseModel):
-    """One (length, depth, kind) cell: where it is, then its outcome (an Outcome's fields, after the cell's place)."""
+    """One (length, depth, kind) cell: where it is, then its outcome (a RecallOutcome's fields, after the cell's
+    place)."""
     model_config = _OPEN
 
     length: int
@@ -52,10 +53,10 @@ class RecallCells(BaseModel):
     endpoint: str | None = None
     grid: dict[str, object] = Field(default_factory=dict)
     cost: dict[str, Any] = Field(default_factory=dict)
-    overall: Outcome
+    overall: RecallOutcome
     observations: dict[str, object] = Field(default_factory=dict)
-    by_kind: dict[str, Outcome] = Field(default_factory=dict)
-    by_language: dict[str, Outcome] = Field(default_factory=dict)
+    by_kind: dict[str, RecallOutcome] = Field(default_factory=dict)
+    by_language: dict[str, RecallOutcome] = Field(default_factory=dict)
     cells: list[Cell] = Field(default_factory=list)
 
     def write(self, path: Path) -> None:

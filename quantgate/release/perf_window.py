@@ -33,7 +33,7 @@ from quantgate.base.runfiles import PAY_OFF, PLAN
 from quantgate.perf.compare import compare, level_medians
 from quantgate.perf.models import PerfResult, ProbeSettings
 from quantgate.perf.probe import load_result, run_probe
-from quantgate.perf.rounds import FIRST, SECOND, Slot, as_rounds, geometric_baseline, plan
+from quantgate.perf.rounds import FIRST, SECOND, PlannedProbe, as_rounds, geometric_baseline, plan
 from quantgate.release.cachelayout import perf_settings
 from quantgate.release.schedule import SlotPool, pinned
 from quantgate.spec.schema import ReleaseSpec
@@ -64,7 +64,7 @@ class Probe:
 @dataclass
 class Window:
     rounds: int
-    order: list[Slot] = field(default_factory=list)
+    order: list[PlannedProbe] = field(default_factory=list)
     cores: list[int] = field(default_factory=list)
     started: str = ""
     ended: str = ""
@@ -162,7 +162,7 @@ class _Probing:
     cores: list[int]
 
 
-def _probe(s: Slot, srv, ev: Evidence, p: _Probing) -> Probe:
+def _probe(s: PlannedProbe, srv, ev: Evidence, p: _Probing) -> Probe:
     folder, settings, tokenizer, cores = p.folder, p.settings, p.tokenizer, p.cores
     name = f"r{s.round + 1}-{s.index}-{s.variant}" + (f"-{s.half}" if s.half else "")
     rec = Probe(round=s.round, index=s.index, variant=s.variant, half=s.half, folder=name, started=_now(),

@@ -22,8 +22,8 @@ from typing import Any
 from quantgate.gate import kinds
 from quantgate.base.runfiles import REPORT_HTML
 from quantgate.report import charts, sections
-from quantgate.report.runview import (BASELINE, Candidate, Gap, RunView, load_run, outcome_of, shorten, size_ratio,
-                                      skipped_steps)
+from quantgate.report.runview import (BASELINE, Candidate, ReportGap, RunView, load_run, outcome_of, shorten,
+                                      size_ratio, skipped_steps)
 from quantgate.report.sections import d as _d, need as _need, num as _num
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -54,7 +54,7 @@ def _section(view: RunView, name: str, fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
-        view.gaps.append(Gap(name, None, f"unexpected content, section left out: {type(exc).__name__}: {exc}"))
+        view.gaps.append(ReportGap(name, None, f"unexpected content, section left out: {type(exc).__name__}: {exc}"))
         return None
 
 

@@ -1,6 +1,6 @@
 """Read a release run folder for people and the results store (adapter): every file tolerated, never an exception.
 
-A file that is missing, unreadable or of the wrong shape leaves its slot None and adds a `Gap` saying which file
+A file that is missing, unreadable or of the wrong shape leaves its slot None and adds a `ReportGap` saying which file
 and why; evidence a spec did not ask for (no judge, no recall) is `absent` rather than a gap, and so is a step the
 release skipped on purpose (a variant's evidence.json `skipped`, quantgate.release.early: decided early by fidelity):
 that file is not missing, it was never to be written, and the report says so in grey instead. Files read (see
@@ -43,14 +43,14 @@ _STAMP = re.compile(r"(\d{8}T\d{6}Z)(?:-[0-9a-f]{6})?$")
 
 
 @dataclass
-class Gap:
+class ReportGap:
     what: str                     # e.g. "decision", "w4a16-gptq: recall"
     file: str | None
     reason: str
 
 
 @dataclass
-class Variant:
+class VariantFiles:
     name: str
     evidence: dict | None = None
     quantization: dict | None = None
@@ -87,9 +87,9 @@ class RunView:
     decision: dict | None = None
     floor: dict | None = None     # fidelity/floor.json: the baseline against itself (the noise floor)
     status: RunStatus | None = None  # status.json: completed, failed (step, root cause, log) or interrupted
-    variants: dict[str, Variant] = field(default_factory=dict)
+    variants: dict[str, VariantFiles] = field(default_factory=dict)
     candidates: dict[str, Candidate] = field(default_factory=dict)
-    gaps: list[Gap] = field(default_factory=list)
+    gaps: list[ReportGap] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)  # every evidence file read (for the fingerprint)
 
     @property
@@ -127,7 +127,7 @@ def _present(view: RunView, path: Path, what: str, required: bool) -> bool:
     """Whether the file is there to read (then it is listed among the view's files); a gap when a required one is not."""
     if not path.is_file():
         if required:
-            view.gaps.append(Gap(what, str(path), "missing file"))
+            view.gaps.append(ReportGap(what, str(path), "missing file"))
         return False
     view.files.append(path)
     return True
@@ -139,13 +139,13 @@ def _read(view: RunView, path: Path, what: str, *, required: bool = True, kind: 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
-        view.gaps.append(Gap(what, str(path), f"unreadable: {exc}"))
+        view.gaps.append(ReportGap(what, str(path), f"unreadable: {exc}"))
         return None
     except json.JSONDecodeError as exc:
-        view.gaps.append(Gap(what, str(path), f"corrupt JSON: {exc.msg} at line {exc.lineno}"))
+        view.gaps.append(ReportGap(what, str(path), f"corrupt JSON: {exc.msg} at line {exc.lineno}"))
         return None
     if not isinstance(data, kind):
-        view.gaps.append(Gap(what, str(path), f"expected a JSON {kind.__name__}, found {type(data).__name__}"))
+        view.gaps.append(ReportGap(what, str(path), f"expected a JSON {kind.__name__}, found {type(data).__name__}"))
         return None
     return data
 
@@ -158,7 +158,7 @@ def _read_typed(view: RunView, path: Path, what: str, load: Callable[[Path], M],
     try:
         return load(path)
     except QuantgateError as exc:
-        view.gaps.append(Gap(what, str(path), exc.message))
+        view.gaps.append(ReportGap(what, str(path), exc.message))
         return None
 
 
@@ -182,7 +182,7 @@ def _row(view: RunView, doc: dict | None, name: str, what: str, none: str) -> di
     row = _rows(doc).get(name)
     if doc is not None and not isinstance(row, dict):
         why = none if row is None else f"expected a JSON object for this candidate, found {type(row).__name__}"
-        view.gaps.append(Gap(f"{name}: {what}", str(view.folder / f"{what}.json"), why))
+        view.gaps.append(ReportGap(f"{name}: {what}", str(view.folder / f"{what}.json"), why))
     return row if isinstance(row, dict) else None
 
 
@@ -198,8 +198,8 @@ def _candidate_names(view: RunView) -> list[str]:
     return sorted(found, key=lambda c: (order.index(c) if c in order else len(order), c))
 
 
-def _variant(view: RunView, name: str) -> Variant:
-    v = Variant(name)
+def _variant(view: RunView, name: str) -> VariantFiles:
+    v = VariantFiles(name)
     folder = view.folder / name
     v.evidence = _read(view, folder / EVIDENCE, f"{name}: evidence")
     quant = _read_typed(view, folder / QUANTIZATION, f"{name}: quantization manifest", read_quantization,
@@ -245,7 +245,8 @@ def _candidate(view: RunView, name: str) -> Candidate:
         if (recall / f"{key}.png").is_file():
             c.heatmaps[key] = recall / f"{key}.png"
         elif want_recall:
-            view.gaps.append(Gap(f"{name}: recall {key.replace('_', ' ')}", str(recall / f"{key}.png"), "missing file"))
+            view.gaps.append(ReportGap(f"{name}: recall {key.replace('_', ' ')}", str(recall / f"{key}.png"),
+                                       "missing file"))
     c.pay_off = _read_typed(view, folder / PAY_OFF, f"{name}: perf ratios", load_pay_off,
                             required=_optional(view, "perf") and "perf" not in c.skipped)
     judge = folder / JUDGE_DIR
@@ -273,7 +274,8 @@ def load_run(folder: Path | str) -> RunView:
         view.variants[name] = _variant(view, name)
         view.candidates[name] = _candidate(view, name)
     if not view.candidates:
-        view.gaps.append(Gap("candidates", str(folder), "no candidate found (no compare/, summary or spec schemes)"))
+        view.gaps.append(ReportGap("candidates", str(folder),
+                                   "no candidate found (no compare/, summary or spec schemes)"))
     return view
 
 
@@ -284,7 +286,7 @@ def _status(view: RunView, folder: Path) -> RunStatus | None:
     try:
         return load_status(folder)
     except RunFileError as exc:
-        view.gaps.append(Gap("run status", str(folder / STATUS), exc.message))
+        view.gaps.append(ReportGap("run status", str(folder / STATUS), exc.message))
         return None
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import results_dir
-from quantgate.report.runview import BASELINE, Gap, RunView, load_run, outcome_of, run_folders, size_ratio
+from quantgate.report.runview import BASELINE, ReportGap, RunView, load_run, outcome_of, run_folders, size_ratio
 from quantgate.report.sections import d as _dict, num as _num, outcome
 
 HEADER = b"SQLite format 3\x00"
@@ -277,7 +277,8 @@ def _safe_rows(view: RunView, fp: str) -> list[tuple[str, list[tuple]]]:
     try:
         return rows_of(view, fp)
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        view.gaps.append(Gap("store", None, f"unexpected content, only the run row is stored: {type(exc).__name__}: {exc}"))
+        view.gaps.append(ReportGap("store", None,
+                                   f"unexpected content, only the run row is stored: {type(exc).__name__}: {exc}"))
         view.candidates, view.variants = {}, {BASELINE: view.variants[BASELINE].__class__(BASELINE)}
         return rows_of(view, fp)[:1]
 

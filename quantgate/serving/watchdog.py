@@ -54,7 +54,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
-class Sample:
+class ServerSample:
     """One look at the server: `metrics` None when /metrics did not answer."""
     t: float
     metrics: dict[str, float] | None
@@ -68,7 +68,7 @@ class State:
     log_size: int
 
 
-def advance(state: State | None, s: Sample, stall_s: float) -> tuple[State, str | None]:
+def advance(state: State | None, s: ServerSample, stall_s: float) -> tuple[State, str | None]:
     """The next state, and why the server is stalled (None: it is not). Pure."""
     counters = tuple(s.metrics.get(k, 0.0) for k in PROGRESS) if s.metrics is not None else None
     in_flight = sum(s.metrics.get(k, 0.0) for k in IN_FLIGHT) if s.metrics is not None else None
@@ -109,7 +109,7 @@ class Watchdog:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
 
-    def sample(self) -> Sample:
+    def sample(self) -> ServerSample:
         try:
             resp = http.get(f"{self.root}/metrics", timeout_s=min(10.0, self.poll_s * 2))
             metrics = parse_metrics(resp.text) if resp.status_code == 200 else None
@@ -119,7 +119,7 @@ class Watchdog:
             size = self.log_path.stat().st_size
         except OSError:
             size = -1
-        return Sample(time.monotonic(), metrics, size)
+        return ServerSample(time.monotonic(), metrics, size)
 
     def _run(self) -> None:
         state = None

@@ -73,7 +73,7 @@ class FamiliesFile(BaseModel):
     families: list[Family]
 
 
-class Outcome(BaseModel):
+class MatrixOutcome(BaseModel):
     """One cell of the matrix: how far a tiny checkpoint got, and what was measured on the way."""
     model_config = ConfigDict(extra="forbid")
 
@@ -105,7 +105,7 @@ class SupportMatrix(BaseModel):
     version: Literal[1]
     measured: list[MeasuredOn] = Field(default_factory=list, description="one entry per platform measured")
     # family id -> platform -> "baseline" or scheme id -> outcome
-    results: dict[str, dict[str, dict[str, Outcome]]] = Field(default_factory=dict)
+    results: dict[str, dict[str, dict[str, MatrixOutcome]]] = Field(default_factory=dict)
 
 
 class Support(BaseModel):
@@ -207,7 +207,7 @@ def lookup_order(platform: str) -> list[str]:
     return [platform, *reversed(lesser)]
 
 
-def _cell(family: Family | None, scheme: str, platform: str, rows: dict[str, Outcome]) -> Support:
+def _cell(family: Family | None, scheme: str, platform: str, rows: dict[str, MatrixOutcome]) -> Support:
     base = rows.get(BASELINE)
     if base is not None and base.status == "fails":
         return Support(status="fails", family=family, platform=platform, scheme=scheme,
@@ -282,7 +282,7 @@ class _Notes:
         self.failures: list[str] = []
         self.whys: list[str] = []
 
-    def cell(self, o: Outcome | None, fam: Family, what: str) -> str:
+    def cell(self, o: MatrixOutcome | None, fam: Family, what: str) -> str:
         if o is None:
             return "not measured"
         if o.status == "fails":
@@ -303,5 +303,6 @@ class _Notes:
         return out + [f"- **{'ABCDEFGHIJ'[i]}**: {why}" for i, why in enumerate(self.whys)] + ([""] if self.whys else [])
 
 
-__all__ = ["BASELINE", "CPU_X86", "MATRIX_ENV", "matrix_file", "Family", "Kept", "Outcome", "SupportMatrix", "Support", "family_of", "kept_modules",
-           "explain", "load_families", "load_families_file", "load_matrix", "lookup_order", "platform_of", "render_markdown", "support"]
+__all__ = ["BASELINE", "CPU_X86", "MATRIX_ENV", "matrix_file", "Family", "Kept", "MatrixOutcome", "SupportMatrix",
+           "Support", "family_of", "kept_modules", "explain", "load_families", "load_families_file", "load_matrix",
+           "lookup_order", "platform_of", "render_markdown", "support"]
