@@ -94,8 +94,10 @@ def lenient_policy(path: Path) -> Path:
         family.update(max_kl=10.0, min_top1=None)
     policy["fidelity"]["min_category_samples"] = 3  # 30 eval samples: 5 per category (each slice is still judged)
     policy["judge"]["required"] = False  # the 135M demo judge is unreliable: its check is skipped, not failed
-    for workload in policy.get("pay_off", {}).get("workloads", {}).values():  # a 6-prompt probe on a shared CPU
-        workload["min_speedup"] = 0.01  # (variants measured side by side) is too noisy to demand a speed-up here
+    # speed is measured, recorded and reported here, not gated: 6 prompts in 2 rounds on 2 shared cores are too few.
+    # Even a 0.01x demand is not enough: the baseline against itself once drifted 1.03x-1.10x within the window (the
+    # load changed), which makes every speed check INCONCLUSIVE by design. Gating speed is tests/test_perf_real.py's
+    policy["pay_off"]["workloads"] = {}
     path.write_text(yaml.safe_dump(policy))
     return path
 

@@ -127,6 +127,7 @@ class KindComparison(_Model):
     kind: str
     stat: Stat                                   # paired over `unit`s; delta = candidate - baseline
     unit: str                                    # what one paired unit is ("passage")
+    quantity: str = ""                           # what stat's means are ("mean NLL per token, lower is better")
     level: float = Field(0.95, gt=0, lt=1)       # the two-sided level of stat's interval
     figures: dict[str, float] = Field(default_factory=dict)  # shown beside it (e.g. each side's perplexity)
 

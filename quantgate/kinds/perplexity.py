@@ -114,7 +114,8 @@ class Perplexity:
             figures = {"baseline_perplexity": math.exp(stat.base or 0.0), "candidate_perplexity": math.exp(stat.cand or 0.0)}
             path = comparison_file(run, cand.variant.name, NAME)
             out = KindComparison(kind=NAME, stat=stat.model_copy(update={"file": str(path)}),
-                                 unit="passage", level=LEVEL, figures=figures)
+                                 unit="passage", level=LEVEL, figures=figures,
+                                 quantity="mean NLL per token (nats), lower is better")
             write_json(path, out.model_dump(mode="json"))
 
 
