@@ -13,17 +13,18 @@ import threading
 from importlib.metadata import entry_points
 
 GROUP = "quantgate.kinds"
-_lock = threading.Lock()
-_loaded: list[str] = []
+_lock = threading.RLock()  # re-entrant: a kind's module that asks for the kinds while it loads gets the list so far
+_names: list[str] | None = None  # the entry points loaded, once loading began
 
 
 def load_kinds() -> list[str]:
     """Import every installed kind's module once (later calls return at once); the entry points' names."""
+    global _names
     with _lock:
-        if not _loaded:
-            _loaded.append("")  # before the imports: a kind's module that asks again is not loaded twice
+        if _names is None:
+            _names = []
             for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
-                if ep.name not in _loaded:
-                    _loaded.append(ep.name)
+                if ep.name not in _names:  # one checkout's package found twice on the path loads once
+                    _names.append(ep.name)
                     ep.load()
-    return [n for n in _loaded if n]
+        return list(_names)

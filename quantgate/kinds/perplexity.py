@@ -38,6 +38,7 @@ from quantgate.release.measurements import Recorded, VariantJob
 from quantgate.release.replicas import Step
 from quantgate.release.variants import Evidence
 from quantgate.spec.kinds import KindSpec
+from quantgate.spec.sections import resolve_path
 
 NAME = "perplexity"
 LEVEL = 0.95  # two-sided: the upper end is a one-sided 97.5% bound
@@ -53,11 +54,10 @@ class PerplexitySpec(KindSpec):
     @field_validator("text")
     @classmethod
     def _exists(cls, v: Path, info: ValidationInfo) -> Path:
-        base = (info.context or {}).get("path")
-        path = v if v.is_absolute() or base is None else Path(base).parent / v
+        path = resolve_path(v, info)  # against the spec file's folder, as every path of a spec
         if not path.is_file():
-            raise ValueError(f"file not found: {path} (relative paths are relative to the spec file's folder)")
-        return path.resolve()
+            raise ValueError(f"not a file: {path}")
+        return path
 
 
 class PerplexityPolicy(KindPolicy):
@@ -111,7 +111,8 @@ class Perplexity:
         """<run>/<candidate>/perplexity.json: the paired per-passage NLL difference and each side's perplexity."""
         if NAME in base.kinds and NAME in cand.kinds:
             stat = paired_nll(_nll(base.kinds[NAME]), _nll(cand.kinds[NAME]))
-            figures = {"baseline_perplexity": math.exp(stat.base or 0.0), "candidate_perplexity": math.exp(stat.cand or 0.0)}
+            figures = {} if stat.base is None or stat.cand is None else \
+                {"baseline_perplexity": math.exp(stat.base), "candidate_perplexity": math.exp(stat.cand)}
             path = comparison_file(run, cand.variant.name, NAME)
             out = KindComparison(kind=NAME, stat=stat.model_copy(update={"file": str(path)}),
                                  unit="passage", level=LEVEL, figures=figures,

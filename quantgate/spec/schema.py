@@ -61,7 +61,7 @@ from quantgate.spec import kinds
 from quantgate.spec.external import CandidateSpec, EndpointRef, folder_problem
 from quantgate.publishing.publish import NotifySpec, PublishTarget
 from quantgate.spec.sections import (AdaptiveSpec, EvalSpec, ExecutorSpec, FidelitySpec, JudgeSpec, PerfSpec,
-                                             QuantizationSpec, RecallSpec, ServingSpec, _resolve)
+                                             QuantizationSpec, RecallSpec, ServingSpec, resolve_path)
 from quantgate.target.catalogue import load_catalogue
 from quantgate.target.hardware import AUTO, get_profile
 
@@ -138,7 +138,7 @@ class ReleaseSpec(BaseModel):
         out = []
         for i, p in enumerate(v):
             try:
-                out.append(_resolve(p, info))
+                out.append(resolve_path(p, info))
             except ValueError as exc:
                 raise item_error(i, str(exc)) from None  # at the item's own line
         try:
@@ -150,7 +150,7 @@ class ReleaseSpec(BaseModel):
     @field_validator("policy")
     @classmethod
     def _file_exists(cls, v: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve(v, info)
+        return resolve_path(v, info)
 
     @field_validator("model")
     @classmethod

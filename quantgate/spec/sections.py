@@ -1,7 +1,7 @@
 """The sections of a release spec (quantgate.spec.schema): serving, quantization, eval, recall, perf, fidelity,
 judge and adaptive sampling, each a strict model whose fields the spec's YAML sets under its key.
 
-Relative paths are relative to the spec file's folder (`_resolve`, with the spec's path in the validation context).
+Relative paths are relative to the spec file's folder (`resolve_path`, with the spec's path in the validation context).
 """
 
 from __future__ import annotations
@@ -231,18 +231,18 @@ class FidelitySpec(BaseModel):
     @field_validator("corpus")
     @classmethod
     def _corpus_exists(cls, v: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve(v, info)
+        return resolve_path(v, info)
 
 
 @overload
-def _resolve(value: Path, info: ValidationInfo) -> Path: ...
+def resolve_path(value: Path, info: ValidationInfo) -> Path: ...
 
 
 @overload
-def _resolve(value: None, info: ValidationInfo) -> None: ...
+def resolve_path(value: None, info: ValidationInfo) -> None: ...
 
 
-def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
+def resolve_path(value: Path | None, info: ValidationInfo) -> Path | None:
     """Resolve a path relative to the spec file and check that it exists."""
     if value is None:
         return None
@@ -281,7 +281,7 @@ class JudgeSpec(BaseModel):
     @field_validator("template")
     @classmethod
     def _template_loads(cls, v: Path, info: ValidationInfo) -> Path:
-        path = _resolve(v, info)
+        path = resolve_path(v, info)
         try:
             load_judge(path)
         except QuantgateError as exc:
