@@ -269,6 +269,10 @@ def test_unchanged_rerun_is_served_from_cache_including_the_judge(workspace):
     # speed is never read from the cache: both sides were probed again, side by side, in this run's own window
     first, again = (json.loads((runs / r / "perf-window" / "window.json").read_text()) for r in ("first", "again"))
     assert again["started"] >= first["ended"] and len(again["probes"]) == 2 * 3, again
+    # ... by one benchmark client for the whole window (vLLM's import paid once, not per probe)
+    clients = {re.search(r"\[bench_driver\] job in process (\d+)", (runs / "again" / "perf-window" / p["folder"] /
+                                                                   "bench.log").read_text())[1] for p in again["probes"]}
+    assert len(clients) == 1, clients
     pay_off = json.loads((runs / "again" / FIRST / "pay_off.json").read_text())
     assert pay_off["window"]["file"] == str(runs / "again" / "perf-window" / "window.json")
     assert pay_off["intervals"]["method"] == "paired-log" and pay_off["floor"], pay_off

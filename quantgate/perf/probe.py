@@ -21,18 +21,16 @@ import datetime as dt
 import hashlib
 import json
 import shlex
-import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from quantgate.base.runfiles import PERF
 from quantgate.base.errors import ConfigError, QuantgateError, SettingError
-from quantgate.base.fileio import child_env, write_json
+from quantgate.base.fileio import write_json
 from quantgate.base.http import EndpointError, get, model_entry
-from quantgate.base.procs import guarded
+from quantgate.perf.client import BenchClient
 from quantgate.perf.compare import first_error, level_medians
 from quantgate.perf.metrics import parse as parse_metrics
 from quantgate.perf.metrics import summarize as summarize_metrics
@@ -41,11 +39,8 @@ from quantgate.perf.models import (PerfResult, PlannerKV, ProbeSettings, RunResu
 from quantgate.perf.sweep import Key, to_skip
 from quantgate.perf.sweep import plan as run_order
 from quantgate.plan.models import Plan
-from quantgate.serving.env import serve_python
 
-DRIVER = Path(__file__).parents[1] / "serving" / "bench_driver.py"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model")
-POLL_S = 0.2     # how often the running probe is watched (results so far, the next run's go or skip)
 METRICS_S = 1.0  # how often the engine's /metrics is sampled
 
 
@@ -136,7 +131,7 @@ def bench_argv(root: str, model: str, w: Workload, concurrency: int, num_prompts
 
 
 class _Watch:
-    """Called every POLL_S while the benchmark client runs: reads the runs finished so far, samples the engine's
+    """Called every client.POLL_S while the benchmark client runs: reads the runs finished so far, samples the engine's
     /metrics every METRICS_S, and releases the next run (GATE.go) or skips it (GATE.skip, quantgate.perf.sweep.to_skip):
     the driver waits for one of the two before each run, so no run starts before the decision about it."""
 
@@ -221,46 +216,6 @@ def _read_run(path: Path, key: Key, s: ProbeSettings) -> RunResult:
                           or s.num_prompts, slo=s.slo)
 
 
-def _driver_env(api_key: str | None) -> dict[str, str]:
-    """child_env (no parent credentials), plus the server's key, which vLLM's client reads; never on the command line."""
-    return child_env({"OPENAI_API_KEY": api_key} if api_key else {})
-
-
-def _run_driver(runs: list[dict], out: Path, api_key: str | None, python: Path | None, timeout_s: float,
-                watch: Callable[[], None] | None = None) -> str:
-    """Run the benchmark runs in one serving-env process, calling `watch` about once a second while it runs;
-    returns '' or what went wrong with the tail of its output."""
-    spec = out / "raw" / "bench_spec.json"
-    spec.write_text(json.dumps({"runs": runs}, indent=1))
-    env = _driver_env(api_key)
-    log = out / "bench.log"
-    deadline = time.monotonic() + timeout_s
-    with open(log, "wb") as fh:
-        python_ = serve_python(python)  # under the process guard: the driver dies with us, even if we are SIGKILLed
-        proc = subprocess.Popen(guarded([str(python_), str(DRIVER), str(spec)], python=python_), stdout=fh,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        try:
-            while proc.poll() is None:
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    proc.wait()
-                    return f"benchmark client timed out after {timeout_s:.0f} s (see {log})"
-                if watch is not None:
-                    watch()
-                try:
-                    proc.wait(timeout=POLL_S)
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    if watch is not None:
-        watch()
-    tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-4:])
-    return "" if proc.returncode == 0 else f"benchmark client exited with code {proc.returncode}: {tail}"
-
-
 def probe(endpoint: str, model: str, out: Path, *, concurrency: list[int], num_prompts: int = 64, input_len: int = 128,
           output_len: int = 32, repeats: int = 3, seed: int = 0, warmups: int = 2, **io) -> PerfResult:
     """A probe at fixed levels without a workload profile (see run_probe for `io`: tokenizer, api_key, ...)."""
@@ -309,9 +264,10 @@ def _collect(files: dict[Key, Path], w: Workload, watch: _Watch, crash: str) -> 
 def run_probe(endpoint: str, model: str, out: Path, settings: ProbeSettings, *, tokenizer: Path | None = None,
               api_key: str | None = None, checkpoint: Path | None = None, server_log: Path | None = None,
               plan: Path | None = None, python: Path | None = None, timeout_s: float = 3600.0,
-              check: bool = True) -> PerfResult:
+              check: bool = True, client: BenchClient | None = None) -> PerfResult:
     """Probe one served variant under `settings`; writes <out>/perf.json. With `check`, any failed request raises
-    after writing."""
+    after writing. `client`: a benchmark client kept across probes (a speed window's); without one, a client of its
+    own."""
     s = settings
     size = weights_bytes(checkpoint) if checkpoint else None  # bad inputs fail before any load is sent
     kv_plan = planner_kv(plan) if plan else None
@@ -327,7 +283,11 @@ def run_probe(endpoint: str, model: str, out: Path, settings: ProbeSettings, *, 
     specs, files, warmup = _prepare(Path(out), root, model, w, s)
     started, t0 = dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), time.perf_counter()
     watch = _Watch(s, root, api_key, files, warmup)
-    crash = _run_driver(specs, Path(out), api_key, python, timeout_s, watch)
+    if client is None:
+        with BenchClient() as own:
+            crash = own.run(specs, Path(out), api_key, python, timeout_s, watch)
+    else:
+        crash = client.run(specs, Path(out), api_key, python, timeout_s, watch)
     runs, skipped = _collect(files, w, watch, crash)
     seconds = round(time.perf_counter() - t0, 2)
     error = first_error(runs)

@@ -32,7 +32,7 @@ from quantgate.base.fileio import write_json
 from quantgate.base.runfiles import PAY_OFF, PLAN
 from quantgate.perf.compare import compare, level_medians
 from quantgate.perf.models import PerfResult, ProbeSettings
-from quantgate.perf.probe import load_result, run_probe
+from quantgate.perf.probe import BenchClient, load_result, run_probe
 from quantgate.perf.rounds import FIRST, SECOND, PlannedProbe, as_rounds, geometric_baseline, plan
 from quantgate.release.cachelayout import perf_settings
 from quantgate.release.schedule import SlotPool, pinned
@@ -123,14 +123,15 @@ def _run(spec: ReleaseSpec, pool: SlotPool, variants: dict[str, Evidence], share
     (variant, half) -> its succeeded probes' results, in round order."""
     folder, order = shared.folder, window.order
     results: dict[tuple[str, str | None], list[PerfResult]] = {}
-    with pool.take("speed window") as slot, pinned(slot), ExitStack() as servers:
+    with pool.take("speed window") as slot, pinned(slot), ExitStack() as servers, BenchClient() as client:
         window.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         started = {}
         for name, ev in variants.items():  # every server up first, on the same slot: each probe then finds its own
             sub = folder / name
             sub.mkdir(parents=True, exist_ok=True)
             started[name] = servers.enter_context(make_server(server_config(spec, ev.variant, sub, slot), sub))
-        window.started, shared = _now(), replace(shared, cores=window.cores)
+        # one benchmark client for every probe (started by the first, on this slot): vLLM's import once, not per probe
+        window.started, shared = _now(), replace(shared, cores=window.cores, client=client)
         for k, s in enumerate(order, 1):
             rec = _probe(s, started[s.variant], variants[s.variant], shared)
             window.probes.append(rec)
@@ -155,11 +156,13 @@ def _not_probed(c: Evidence) -> str | None:
 
 @dataclass(frozen=True)
 class _Probing:
-    """What every probe of a window shares: its folder, the one-repeat settings, the tokenizer, the slot's cores."""
+    """What every probe of a window shares: its folder, the one-repeat settings, the tokenizer, the slot's cores,
+    the benchmark client."""
     folder: Path
     settings: ProbeSettings
     tokenizer: Path
     cores: list[int]
+    client: BenchClient | None = None
 
 
 def _probe(s: PlannedProbe, srv, ev: Evidence, p: _Probing) -> Probe:
@@ -171,7 +174,7 @@ def _probe(s: PlannedProbe, srv, ev: Evidence, p: _Probing) -> Probe:
     try:
         run_probe(srv.base_url, srv.config.name, folder / name, settings, tokenizer=tokenizer, api_key=srv.api_key,
                   checkpoint=ev.variant.path, server_log=srv.log_path, plan=ev.folder / PLAN, python=srv.config.python,
-                  check=True)
+                  check=True, client=p.client)
     except QuantgateError as exc:
         rec.status, rec.error = "error", exc.message
     rec.seconds = round(time.perf_counter() - t0, 2)
