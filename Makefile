@@ -17,20 +17,16 @@ demo: setup model
 release-time: setup model
 	$(PY) bench/release_time.py
 
-# Three passes. The unit tests (not marked slow) in TEST_WORKERS processes (pytest-xdist: they are independent, and
-# two processes keep both cores busy through each other's waits). The real-component tests (slow) in TEST_WORKERS
-# processes too, a whole file to a process (--dist loadfile: a module's tests share its servers and measured work, and
-# run in order): much of their time is a server starting or a client waiting, which leaves a core free for the other.
-# Then those marked `alone` one at a time in one process: they count processes or /dev/shm files, or time speed,
-# which another test beside them would disturb. A pass that collects no test is not a failure unless none collects
-# one (exit 5).
+# Two passes: the unit tests (not marked slow) in TEST_WORKERS processes (pytest-xdist: they are independent, and two
+# processes keep both cores busy through each other's waits), then the real-component tests (slow) one at a time in
+# one process, sharing its servers and measured work (they time, kill and count processes, which another test beside
+# them would disturb). A pass that collects no test is not a failure unless neither collects one (exit 5).
 TEST_WORKERS ?= 2
 test: setup lmeval mlflow s3 model browser lint docs-env
 	@$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS); unit=$$?; \
-	 $(PY) -m pytest -m "slow and not alone" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); real=$$?; \
-	 $(PY) -m pytest -m "slow and alone" $(PYTEST_ARGS); alone=$$?; \
-	 for rc in $$unit $$real $$alone; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc; done; \
-	 [ $$unit -eq 0 ] || [ $$real -eq 0 ] || [ $$alone -eq 0 ] || { echo "make test: no test was collected"; exit 5; }
+	 $(PY) -m pytest -m slow $(PYTEST_ARGS); real=$$?; \
+	 for rc in $$unit $$real; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc; done; \
+	 [ $$unit -eq 0 ] || [ $$real -eq 0 ] || { echo "make test: no test was collected"; exit 5; }
 
 # Static checks, before the tests: ruff with the rule set in pyproject.toml ([tool.ruff]), on the package and the flow;
 # then mypy on the package ([tool.mypy]), run from the lint environment against the pipeline environment's packages

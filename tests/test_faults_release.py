@@ -44,9 +44,6 @@ from quantgate.release.stopping import descendants
 from quantgate.serving.server import free_port
 from tests._procs import live
 
-# alone: the real-component tests it holds run with no other test beside them (Makefile, `make test`): it SIGTERMs releases and counts what is left running
-pytestmark = pytest.mark.alone
-
 EVALSET = EVAL_SETS / "default.jsonl"
 
 

@@ -37,9 +37,6 @@ from tests._procs import cmdline, live
 REPO = Path(__file__).resolve().parents[1]
 SECRETS = {"OPENAI_API_KEY": "sk-parent-secret", "AWS_SECRET_ACCESS_KEY": "aws-parent-secret", "HF_TOKEN": "hf-secret"}
 
-# alone: the real-component tests it holds run with no other test beside them (Makefile, `make test`): it counts processes, ports and /dev/shm files and times a watchdog
-pytestmark = pytest.mark.alone
-
 
 def wait_until(cond, timeout_s: float, step_s: float = 0.1) -> float:
     """Seconds until cond() held; raises AssertionError after timeout_s."""
@@ -515,7 +512,6 @@ QUANT_PARENT = """
 import sys
 from pathlib import Path
 from quantgate.quantize.run import QuantizeRequest, quantize
-
 quantize(QuantizeRequest(model=Path(sys.argv[1]), scheme="int8-w8a8", out=Path(sys.argv[2]), overwrite=True),
          log=lambda s: print(s, flush=True))
 """

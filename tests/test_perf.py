@@ -18,9 +18,6 @@ from quantgate.perf.probe import check_endpoint, load_result, planner_kv, probe,
 
 from _fake_openai import FakeServer
 
-# alone: the real-component tests it holds run with no other test beside them (Makefile, `make test`): its probes time the server: another test's load would be measured with them
-pytestmark = pytest.mark.alone
-
 DATA = Path(__file__).parent / "data" / "perf"
 
 

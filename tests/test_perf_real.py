@@ -23,8 +23,7 @@ from quantgate.target.hardware import get_profile
 
 from conftest import CPU_TEST_ARGS
 
-# alone: the real-component tests it holds run with no other test beside them (Makefile, `make test`): its speed ratios are gated: another test's load would be measured with them
-pytestmark = [pytest.mark.slow, pytest.mark.alone]
+pytestmark = pytest.mark.slow
 CPU = get_profile("x86-cpu")
 LENIENT = SLO(ttft_ms=60_000, tpot_ms=10_000)  # every completed request meets it, whatever the machine's load
 

@@ -36,8 +36,7 @@ from quantgate.base.paths import REPO
 from quantgate.pools.child import pull_evidence, rel_key
 from quantgate.serving.server import kill_tree
 
-# alone: the real-component tests it holds run with no other test beside them (Makefile, `make test`): it removes the /dev/shm files that appeared while it ran, and pins its workers to cores 0 and 1
-pytestmark = [pytest.mark.skipif(not MOTO.exists(), reason="no .venv-s3 (scripts/setup.sh s3; `make test` builds it)"), pytest.mark.alone]
+pytestmark = pytest.mark.skipif(not MOTO.exists(), reason="no .venv-s3 (scripts/setup.sh s3; `make test` builds it)")
 
 CAND = "int8-w8a8"
 SPEC = """\
