@@ -24,7 +24,7 @@ LAYERS = ["base", "target", "plan", "quantize", "serving", "evals", "recall", "p
           "gate", "report", "publishing", "spec", "release", "kinds", "pools", "cli"]
 
 # Pure modules: computation only, no I/O; table-driven unit tests cover them.
-PURE = {"base.errors", "base.stats", "base.subsets", "base.runfiles", "plan.knobs", "quantize.devices", "plan.planner", "plan.commands", "plan.models", "plan.slots", "evals.compare", "recall.needle",
+PURE = {"base.errors", "base.stats", "base.subsets", "base.runfiles", "plan.knobs", "quantize.devices", "quantize.repair", "plan.planner", "plan.commands", "plan.models", "plan.slots", "evals.compare", "recall.needle",
         "recall.score", "parity.core", "perf.compare", "perf.models", "perf.intervals", "perf.sweep", "perf.metrics",
         "gate.payoff", "gate.sizeratio", "judge.core", "judge.corrupt", "judge.report",
         "gate.checks", "gate.models", "gate.statistical", "gate.sizing", "gate.looks", "gate.fidelityevidence", "fidelity.bounds", "release.ladder", "fidelity.core",
@@ -37,7 +37,7 @@ PREFECT_PACKAGES = {"release", "pools", "cli"}
 # Adapter modules (they touch files, processes or the network): a pure module must not import them.
 ADAPTER_PREFIXES = ("base.fileio", "base.yamlconfig", "base.http", "serving.", "evals.client", "evals.run", "evals.scoring",
                     "evals.dataset", "recall.run", "parity.engine", "perf.probe", "judge.client", "judge.run",
-                    "judge.review", "quantize.run", "quantize.runner", "quantize.calibration", "report.", "release.", "publishing.", "spec.", "pools.",
+                    "judge.review", "quantize.run", "quantize.runner", "quantize.calibration", "quantize.sensitivity", "report.", "release.", "publishing.", "spec.", "pools.",
                     "target.catalogue", "cli.", "fidelity.run")
 
 
