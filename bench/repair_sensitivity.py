@@ -14,6 +14,7 @@ ids) and the INT8 W8A8 checkpoint that release quantized; by default the newest 
    candidate with decoder layer l the baseline's), and the proxy pass alone (each layer's output error on the
    baseline's own input). Both timed.
 3. Spearman's rank correlation of each proxy with the truth's pooled gains.
+   With --small N, the truth again from N other sequences per slice: does a smaller set find the same layers?
 4. The frontier on the held-out set: keep the top-k layers of each ranking (k = 0..--max-kept) and measure the
    pooled and worst-slice KL, with the size the kept layers add, against the default policy's INT8 limits (0.02
    per category and pooled; context slices x2); and the smallest repair quantgate.quantize.repair predicts from the
@@ -100,6 +101,8 @@ def main() -> int:
     ap.add_argument("--hold", type=int, default=16, help="sequences per slice held out to check the repair")
     ap.add_argument("--max-kept", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--small", type=int, default=0,
+                    help="also rank from this many other sequences per slice (after the ranking and held-out ones)")
     ap.add_argument("--slices", default="arithmetic_numbers,factual_qa,instruction_format,multilingual,proper_nouns,"
                                         "summarization,context:512")
     a = ap.parse_args()
@@ -131,6 +134,17 @@ def main() -> int:
             orders[f"proxy-{name}"] = order_by(score)
             print(f"proxy {name}: Spearman {rho:+.3f} with the truth; its top 8 {orders[f'proxy-{name}'][:8]}, "
                   f"the truth's {orders['truth'][:8]}")
+        if a.small:  # the truth from fewer sequences: is the head of the ranking the same?
+            spare, _ = split(read_samples(samples), a.rank + a.hold + a.small, 0, set(slices))
+            by: dict[str, list[Scored]] = {}
+            for s in spare:
+                by.setdefault(s.category, []).append(s)
+            few = [s for c in sorted(by) for s in by[c][a.rank + a.hold:]]
+            t0 = time.perf_counter()
+            m = pair.measure(few, restore=range(pair.layers))
+            g = layer_gains(m.kl, m.tokens, m.categories, m.layers)[POOLED]
+            print(f"truth from {len(few)} other sequences ({int(m.tokens.sum())} tokens) in {time.perf_counter() - t0:.0f} s: "
+                  f"Spearman {spearman(g, gains[POOLED]):+.3f} with the ranking set's; its top 8 {order_by(g)[:8]}")
         extra, int8_bytes = layer_bytes(base)
         ks = [k for k in (1, 2, 3, 4, 6, 8, 12) if k <= a.max_kept]
         keep_sets = {f"{o}:{k}": orders[o][:k] for o in orders for k in ks}
