@@ -86,7 +86,9 @@ def serve_jobs() -> None:
             said = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         sys.stdout.flush()
         sys.stderr.flush()
-        Path(job["done"]).write_text(said)
+        tmp = Path(job["done"] + ".tmp")  # whole or absent: the caller reads it as soon as it exists
+        tmp.write_text(said)
+        os.replace(tmp, job["done"])
 
 
 def main() -> int:
