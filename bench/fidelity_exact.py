@@ -170,20 +170,9 @@ def stratified(items: list, limit: int | None) -> list:
 
 def load_model(path: Path):
     """A checkpoint in FP32; a compressed-tensors one decompressed (fake-quant), as transformers runs it on CPU."""
-    import json
+    from quantgate.quantize.sensitivity import load
 
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    kwargs = {"dtype": torch.float32}
-    if "quantization_config" in json.loads((Path(path) / "config.json").read_text(encoding="utf-8")):
-        from transformers import CompressedTensorsConfig
-        try:  # weights dequantized at load; the scheme's activation quantization stays on (fake-quant)
-            kwargs["quantization_config"] = CompressedTensorsConfig(dequantize=True)
-        except TypeError:  # transformers before `dequantize`
-            kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
-    return model.eval()
+    return load(path)
 
 
 def _prompt_forward(model, prompts: list[list[int]], pad: int):

@@ -110,7 +110,8 @@ def main() -> int:
     cand = a.candidate or newest("checkpoints/*-int8-w8a8-*", "INT8 W8A8 checkpoint")
     base = ensure_demo_model()
     slices = a.slices.split(",")
-    ranking, held = split(read_samples(samples), a.rank, a.hold, set(slices))
+    seqs = read_samples(samples)
+    ranking, held = split(seqs, a.rank, a.hold, set(slices))
     print(f"CPU: {cpu_model()}, {a.threads} threads; baseline {base}; candidate {cand}; samples {samples}")
     print(f"ranking set {len(ranking)} sequences, held-out {len(held)} ({a.rank} and {a.hold} per slice: {slices})")
     lim = limits_for(slices)
@@ -135,7 +136,7 @@ def main() -> int:
             print(f"proxy {name}: Spearman {rho:+.3f} with the truth; its top 8 {orders[f'proxy-{name}'][:8]}, "
                   f"the truth's {orders['truth'][:8]}")
         if a.small:  # the truth from fewer sequences: is the head of the ranking the same?
-            spare, _ = split(read_samples(samples), a.rank + a.hold + a.small, 0, set(slices))
+            spare, _ = split(seqs, a.rank + a.hold + a.small, 0, set(slices))
             by: dict[str, list[Scored]] = {}
             for s in spare:
                 by.setdefault(s.category, []).append(s)

@@ -55,13 +55,17 @@ class Measured:
 
 
 def load(path: Path):
-    """A causal LM in FP32 on CPU; a compressed-tensors checkpoint as fake-quant (activation quantization on)."""
+    """A causal LM in FP32 on CPU; a compressed-tensors checkpoint as fake-quant: weights dequantized at load, the
+    scheme's activation quantization still applied at run time (bench/fidelity_exact.py loads its models here too)."""
     import torch
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
     kwargs: dict = {"dtype": torch.float32}
     if "quantization_config" in json.loads((Path(path) / "config.json").read_text(encoding="utf-8")):
-        kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
+        try:
+            kwargs["quantization_config"] = CompressedTensorsConfig(dequantize=True)
+        except TypeError:  # transformers before `dequantize`
+            kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
     return AutoModelForCausalLM.from_pretrained(str(path), **kwargs).eval()
 
 

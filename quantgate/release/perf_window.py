@@ -32,7 +32,8 @@ from quantgate.base.fileio import write_json
 from quantgate.base.runfiles import PAY_OFF, PLAN
 from quantgate.perf.compare import compare, level_medians
 from quantgate.perf.models import PerfResult, ProbeSettings
-from quantgate.perf.probe import BenchClient, load_result, run_probe
+from quantgate.perf.client import BenchClient
+from quantgate.perf.probe import load_result, run_probe
 from quantgate.perf.rounds import FIRST, SECOND, PlannedProbe, as_rounds, geometric_baseline, plan
 from quantgate.release.cachelayout import perf_settings
 from quantgate.release.schedule import SlotPool, pinned
