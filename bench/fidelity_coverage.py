@@ -17,8 +17,22 @@ Coverage of a one-sided 95% bound should be >= 0.95. With T trials a cell's Mont
 sqrt(0.95 x 0.05 / T) (2000 trials: 0.49%, so +-0.96% at 95%). A cell counts as below nominal when its coverage
 plus that 95% half-width is under 0.95. Single process (the project's machines are shared).
 
+Streaming looks (`--stream`): the gate may decide a fidelity REJECT at prefixes of the sample
+(quantgate.gate.stream.planned(n): 10%..90% of it, none below 24 prompts), each judged at its share of alpha
+(stream.look(alpha, n, k).alpha, linear spending; bounds at level 1 - 2 x share). For each cell of the grid above
+(n = the full sample) this mode draws the n clusters as above and reads their prefixes at planned(n), in the drawn
+order (the draw is random, so a prefix is a random subsample), as the streaming looks. A look REJECTs a slice whose
+whole interval is beyond the limit: for KL its lower bound above it, for top-1 agreement its upper bound below it. With
+the truth exactly at the limit it counts: the simultaneous miss over the streaming looks (P(any look's REJECT-side
+bound is beyond the truth), to stay under the alpha spent over those looks, `look.spent` of the last one), the sum of
+the per-look miss rates (the union bound's own sum), the final look's miss on the PROMOTE side at the full alpha (KL
+upper bound below the truth, top-1 lower bound above it: the same draws and resamples as the tables above, so the
+same figures for the same trials), and either of the two (budget: spent + alpha, by the union bound). Each look
+computes its own bootstrap bounds (`--look-boot` resamples, default `--n-boot`); only this mode runs then.
+
     .venv/bin/python bench/fidelity_coverage.py            # 2000 trials per cell
     .venv/bin/python bench/fidelity_coverage.py --quick    # 300 trials per cell, a rough look
+    .venv/bin/python bench/fidelity_coverage.py --stream   # streaming looks, 2000 trials per cell (--quick: 300)
 """
 
 from __future__ import annotations
@@ -37,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantgate.serving.kernel_probe import cpuinfo
 from quantgate.fidelity.bounds import CHOSEN, METHODS, ratio_bounds, ratio_bounds_all  # noqa: E402
+from quantgate.gate import stream
 
 NS = (30, 120, 300)
 SPREADS = (("gamma cv0.3", "gamma", 0.3), ("lognormal 0.5", "lognormal", 0.5), ("lognormal 1.0", "lognormal", 1.0),
@@ -114,6 +129,116 @@ def run_grid(trials: int, kl: float, n_boot: int):
     return res
 
 
+def run_stream(trials: int, kl: float, n_boot: int, look_boot: int, alpha: float, ns) -> dict:
+    """Miss counts over the streaming looks and the final look, per cell (see the module docstring)."""
+    res = {}
+    level = 1.0 - 2.0 * alpha
+    for mi, (_, model) in enumerate(MODELS):
+        for si, (label, kind, p) in enumerate(SPREADS):
+            d = disagree_scale(kind, p)
+            for n in ns:
+                looks = [stream.look(alpha, n, k) for k in stream.planned(n)]
+                c = {k: 0 for k in ("any_kl", "fin_kl", "either_kl", "any_t1", "fin_t1", "either_t1")}
+                each_kl, each_t1 = [0] * len(looks), [0] * len(looks)
+                for t in range(trials):
+                    rng = np.random.default_rng([mi, si, n, t])  # the same draw as run_grid's
+                    sums, tokens = draw(rng, n, kind, p, model, kl, d)
+                    early_kl = early_t1 = False
+                    for j, lk in enumerate(looks):
+                        lo, hi = ratio_bounds(sums[: lk.n], tokens[: lk.n], 1.0 - 2.0 * lk.alpha, look_boot,
+                                              seed=1_000_000 + 16 * t + j)
+                        miss_kl, miss_t1 = bool(lo[0] > kl), bool(hi[1] < TOP1)  # a wrong streaming REJECT
+                        each_kl[j] += miss_kl
+                        each_t1[j] += miss_t1
+                        early_kl, early_t1 = early_kl or miss_kl, early_t1 or miss_t1
+                    lo, hi = ratio_bounds(sums, tokens, level, n_boot, seed=t)  # as run_grid at alpha 0.05
+                    fin_kl, fin_t1 = bool(hi[0] < kl), bool(lo[1] > TOP1)  # a wrong PROMOTE at the full sample
+                    c["any_kl"] += early_kl
+                    c["fin_kl"] += fin_kl
+                    c["either_kl"] += early_kl or fin_kl
+                    c["any_t1"] += early_t1
+                    c["fin_t1"] += fin_t1
+                    c["either_t1"] += early_t1 or fin_t1
+                r = {k: v / trials for k, v in c.items()}
+                r["sum_kl"] = sum(each_kl) / trials
+                r["sum_t1"] = sum(each_t1) / trials
+                r["looks"] = looks
+                r["spent"] = looks[-1].spent if looks else 0.0
+                res[(model, label, n)] = r
+                print(f"  done {model} {label} n={n}", file=sys.stderr, flush=True)
+    return res
+
+
+def stream_report(a, trials: int, ns) -> int:
+    """--stream: run the streaming-look grid and print it; 1 when a cell's simultaneous miss is over its budget
+    beyond Monte Carlo error."""
+    look_boot = a.look_boot or a.n_boot
+    t0 = time.perf_counter()
+    res = run_stream(trials, a.kl, a.n_boot, look_boot, a.alpha, ns)
+    grid_s = time.perf_counter() - t0
+    half = lambda b: 1.96 * math.sqrt(b * (1 - b) / trials) if 0 < b < 1 else 0.0  # noqa: E731
+    print(f"# Fidelity bounds at streaming looks ({trials} trials per cell, one-sided alpha {a.alpha}, "
+          f"method {CHOSEN})")
+    print()
+    print(f"CPU: {cpuinfo()[0]}; Python {platform.python_version()}, numpy {np.__version__}; one process")
+    print(f"True mean KL {a.kl} nats, true top-1 agreement {TOP1} (each exactly at its limit); tokens per sample "
+          f"Poisson(60) + 10. Streaming looks: prefixes of the drawn order at quantgate.gate.stream.planned(n), "
+          f"each at its share of alpha ({look_boot} resamples per look); final look: all n at alpha {a.alpha} "
+          f"({a.n_boot} resamples).")
+    print()
+    print("| n | streaming looks (prompts) | share per look | spent over them |")
+    print("|---|---|---|---|")
+    for n in ns:
+        looks = [stream.look(a.alpha, n, k) for k in stream.planned(n)]
+        if not looks:
+            print(f"| {n} | none: planned({n}) is empty | - | 0 |")
+            continue
+        sh = sorted({round(lk.alpha, 6) for lk in looks})
+        print(f"| {n} | {', '.join(str(lk.n) for lk in looks)} | {', '.join(f'{x:g}' for x in sh)} | "
+              f"{looks[-1].spent:.4g} |")
+    print()
+    print("A miss is a bound beyond the truth on the side that decides: 'streaming' = some streaming look's REJECT "
+          "side (a wrong early REJECT), 'final' = the full sample's PROMOTE side at alpha (a wrong PROMOTE). '(over)' "
+          "marks a rate above its budget, '(OVER)' one above it by more than the Monte Carlo 95% half-width "
+          "1.96 sqrt(b (1 - b) / trials).")
+    over, over_sig = [], []
+    for key, name, rej, prom in (("kl", "KL", "P(low > true)", "P(high < true)"),
+                                 ("t1", "Top-1 agreement", "P(high < true)", "P(low > true)")):
+        print()
+        print(f"## {name}: streaming REJECT side {rej}, final PROMOTE side {prom}")
+        print()
+        if key == "t1":
+            print("(the top-1 data do not depend on the KL model: the b rows are an independent replicate)")
+            print()
+        print("| model | spread | n | budget (spent) | streaming: any look | sum of per-look rates | "
+              f"final at alpha {a.alpha} | either (budget spent + alpha) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for model_label, model in MODELS:
+            for label, _, _ in SPREADS:
+                for n in ns:
+                    r = res[(model, label, n)]
+                    b = r["spent"]
+                    cells = []
+                    for v, bud in ((r[f"any_{key}"], b), (r[f"sum_{key}"], None), (r[f"fin_{key}"], a.alpha),
+                                   (r[f"either_{key}"], b + a.alpha)):
+                        txt = f"{v:.4f}"
+                        if bud is not None and v > bud:
+                            txt += " (OVER)" if v > bud + half(bud) else " (over)"
+                        cells.append(txt)
+                    if not r["looks"]:
+                        cells[0] = cells[1] = f"no streaming look (planned({n}) is empty)"
+                    elif r[f"any_{key}"] > b:
+                        over.append(f"{name} {model} {label} n={n}")
+                        if r[f"any_{key}"] > b + half(b):
+                            over_sig.append(f"{name} {model} {label} n={n}")
+                    print(f"| {model_label} | {label} | {n} | {b:.4g} | " + " | ".join(cells) + " |")
+    print()
+    print(f"Wall time: {grid_s:.0f} s")
+    print("Simultaneous streaming miss above its budget (point estimate): " + ("; ".join(over) if over else "none"))
+    print("... and above it beyond Monte Carlo error: " + ("; ".join(over_sig) if over_sig else "none"))
+    return 1 if over_sig else 0
+
+
 def table(res, key: str, fmt, flag_low: float | None = None) -> list[str]:
     head = "| model | spread | n | " + " | ".join(METHODS) + " |"
     out = [head, "|" + "---|" * (3 + len(METHODS))]
@@ -171,8 +296,18 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="300 trials per cell")
     ap.add_argument("--kl", type=float, default=0.02, help="true mean KL in nats (default 0.02, the int8 limit)")
     ap.add_argument("--n-boot", type=int, default=2000, help="resamples per bound (default 2000, as summarize)")
+    ap.add_argument("--stream", action="store_true", help="streaming looks: simultaneous coverage over the prefixes "
+                    "at quantgate.gate.stream.planned(n), each at its share of alpha (module docstring)")
+    ap.add_argument("--alpha", type=float, default=0.05, help="--stream: one-sided alpha (the policy's "
+                    "fidelity.alpha, default 0.05)")
+    ap.add_argument("--look-boot", type=int, default=None, help="--stream: resamples per streaming look "
+                    "(default --n-boot)")
+    ap.add_argument("--ns", type=str, default=None, help="--stream: full sample sizes, comma-separated "
+                    f"(default {','.join(map(str, NS))})")
     a = ap.parse_args()
     trials = a.trials or (300 if a.quick else 2000)
+    if a.stream:
+        return stream_report(a, trials, tuple(int(x) for x in a.ns.split(",")) if a.ns else NS)
     se = math.sqrt(NOMINAL * (1 - NOMINAL) / trials)
     half = 1.96 * se
     t0 = time.perf_counter()

@@ -70,8 +70,16 @@ and with adaptive widening (pooled only too), and on every subset a release draw
 plan, pooled-at-limit); P(PROMOTE | drop-10%) <= 0.10 and P(PROMOTE | drop-10%-binary) <= 0.10. Each target is
 checked on every per-sample shape given (--fidelity-file: by default the shipped shape and a fresh run's).
 
+--stream adds the release's streaming looks (quantgate.gate.stream) to every scenario with one fidelity look: the
+full sample (its eval prompts and haystacks) in stream order (quantgate.base.subsets.interleave), and at each planned
+prefix (10%..90%) the gate's fidelity checks at that look's share of alpha, as quantgate.gate.early.stream_checks
+judges them: the pooled checks on prefixes of the whole stream (none below 24 prompts), each slice's on prefixes of
+its own order (none below the policy's min_category_samples). A failed check is a REJECT decided there; a streaming look never
+PROMOTEs (else the full sample is judged as before), so the same targets hold over all looks. A second table gives,
+per cell, the share of trials decided at a streaming look and the mean fraction of the sample read at the decision.
+
     .venv/bin/python bench/gate_oc.py [--trials 200] [--policy releases/policies/default.yaml] [--shape demo r500]
-        [--fidelity-file SHAPE ...] [--scenario NAME ...] [--first-ids] [--unweighted]
+        [--fidelity-file SHAPE ...] [--scenario NAME ...] [--first-ids] [--unweighted] [--stream]
 """
 
 from __future__ import annotations
@@ -93,9 +101,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from quantgate.serving.kernel_probe import cpuinfo  # noqa: E402
 from quantgate.base.paths import EVAL_SETS, RELEASES  # noqa: E402
+from quantgate.base.subsets import interleave
 from quantgate.evals.compare import compare_runs  # noqa: E402
 from quantgate.fidelity.core import SampleFidelity  # noqa: E402
 from quantgate.fidelity.run import stratified  # noqa: E402
+from quantgate.fidelity.record import POOLED
+from quantgate.gate import stream
 from quantgate.gate.checks import evaluate  # noqa: E402
 from quantgate.gate.evidence import comparison_evidence, paired_harm  # noqa: E402
 from quantgate.gate.fidelityevidence import fidelity_evidence  # noqa: E402
@@ -103,6 +114,7 @@ from quantgate.gate.looks import spend  # noqa: E402
 from quantgate.gate.models import Decision, GateEvidence, ParityEvidence, RateEvidence, Ratio, Stat  # noqa: E402
 from quantgate.perf.models import PayOffFigures  # noqa: E402
 from quantgate.gate.policy import GatePolicy, load_policy  # noqa: E402
+from quantgate.gate.statistical import fidelity_checks
 from quantgate.release.adaptive import fidelity_looks, fidelity_size  # noqa: E402
 from quantgate.spec.schema import ReleaseSpec  # noqa: E402
 
@@ -374,6 +386,7 @@ def first_ids(items: list[dict], limit: int | None) -> list[dict]:
 
 DRAW = stratified  # how a look's subset is drawn: the release's own (quantgate.fidelity.run), or --first-ids
 REWEIGHT = True  # an interim look's pooled estimate weights the eval prompts as the last look will (--unweighted: not)
+STREAM = False  # --stream: a scenario with one fidelity look may REJECT at the release's streaming looks first
 
 
 def eval_fidelity(rng: np.random.Generator, samples: list[dict], sc: Scenario, limit: float, kl_of: dict[str, float],
@@ -450,7 +463,7 @@ def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: s
     f = policy.fidelity
     limit = f.families[family].max_kl if f else 0.01
     cats = sorted({s["category"] for s in samples})
-    plan = list(sc.looks) if sc.looks else ADAPTIVE_PLAN if sc.adaptive else [FIDELITY_SAMPLES]
+    plan = _plan(sc)
     sequential = len(plan) > 1
     kl_of = _kl_of(sc, limit)
     if sc.pooled_at_limit:
@@ -467,6 +480,10 @@ def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: s
     fixed = dict(recall={"recall": recall}, recall_by_length=recall_by_length, parity=ParityEvidence(verdict="pass"),
                  size_ratio=Ratio(value=0.5), pay_off=FAST,
                  error_rates=[RateEvidence(name="baseline/default", rate=0.0, n=len(samples))])
+    if STREAM and f and not sequential:  # the streaming looks first: a REJECT there ends the trial
+        early = streamed(policy, ev, fixed, floor, [by_id[it["id"]] for it in DRAW(items, plan[0])] + context)
+        if early is not None:
+            return early
     for n in plan:  # each look on the subset of n eval prompts the release draws, at its share of alpha
         look = spend(f.alpha, plan, n) if f and sequential else None
         level = 1 - 2 * (look.alpha if look else f.alpha) if f else 0.90
@@ -480,9 +497,47 @@ def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: s
     return d
 
 
-def run(policy: GatePolicy, shape: str, families: list[str], scenarios: list[Scenario], trials: int, seed: int
-        ) -> tuple[dict, dict]:
-    """{(family, scenario): Counter of decisions}, {(family, check name): [mdd, ...]} over lossless-5% trials."""
+def _plan(sc: Scenario) -> list[int]:
+    """The fidelity sample of each of the scenario's looks."""
+    return list(sc.looks) if sc.looks else ADAPTIVE_PLAN if sc.adaptive else [FIDELITY_SAMPLES]
+
+
+def streamed(policy: GatePolicy, ev: dict, fixed: dict, floor: list[SampleFidelity], full: list[SampleFidelity]
+             ) -> Decision | None:
+    """The REJECT decided at the first streaming look (quantgate.gate.stream) whose prefix fails a fidelity check,
+    judged as quantgate.gate.early.stream_checks judges it (the same floor, at the look's share of alpha); None when
+    no look decides, and the full sample is then judged as before. `full`: one sample per prompt, eval and haystack.
+    The pooled checks look at prefixes of the whole stream, each slice's at prefixes of its own order (as
+    quantgate.release.streaming takes them); looks are taken fraction by fraction, every scope at each."""
+    f = policy.fidelity
+    assert f is not None
+    order = interleave(full, lambda s: s.id, lambda s: s.category)
+    family = policy.primary.family_of(ev["scheme"]) if policy.primary else None
+    scopes = {POOLED: (order, stream.MIN_PROMPTS)}
+    if f.per_category:
+        scopes |= {c: ([s for s in order if s.category == c], f.min_category_samples)
+                   for c in sorted({s.category for s in order})}
+    looks = sorted((n / len(o), scope, n) for scope, (o, m) in scopes.items() for n in stream.planned(len(o), minimum=m))
+    for _, scope, n in looks:
+        o, m = scopes[scope]
+        prefix = o[:n]
+        look = stream.look(f.alpha, len(o), n, scope=scope, minimum=m, by_category=Counter(s.category for s in prefix),
+                           scored_tokens=sum(s.n_tokens for s in prefix))
+        level = 1 - 2 * look.alpha
+        evidence = GateEvidence(**ev, **fixed, floor=fidelity_evidence(floor, level, None),
+                                fidelity=fidelity_evidence(prefix, level, None), stream=look)
+        if any(c.outcome == "fail" for c in fidelity_checks(policy, evidence, family)):
+            d = evaluate(policy, evidence)
+            assert d.decision == "REJECT", d.reasons  # any failed check rejects
+            return d
+    return None
+
+
+def run(policy: GatePolicy, shape: str, families: list[str], scenarios: list[Scenario], trials: int, seed: int,
+        reads: dict | None = None) -> tuple[dict, dict]:
+    """{(family, scenario): Counter of decisions}, {(family, check name): [mdd, ...]} over lossless-5% trials.
+    `reads` (with --stream): filled with {(family, scenario): [fraction of the fidelity sample read at the decision,
+    ...]} for each scenario that streams (1.0 for a trial decided at the full sample)."""
     rng = np.random.default_rng(seed)
     samples = load_samples(shape, rng)
 
@@ -495,14 +550,21 @@ def run(policy: GatePolicy, shape: str, families: list[str], scenarios: list[Sce
     mdds: dict = defaultdict(list)
     pooled_only = policy.model_copy(update={"fidelity": policy.fidelity.model_copy(update={"per_category": False})}) \
         if policy.fidelity else policy
+
+    def note(key: tuple[str, str], sc: Scenario, d: Decision) -> None:  # the fraction read, where streaming looks are
+        if STREAM and reads is not None and policy.fidelity is not None and len(_plan(sc)) == 1:
+            reads.setdefault(key, []).append(d.stream.n / d.stream.total if d.stream else 1.0)
+
     for family in families:
         for sc in scenarios:
             for _ in range(trials):
                 d = trial(rng, samples, sc, family, pooled_only if sc.pooled_only else policy, metrics)
                 counts[(family, sc.name)][d.decision] += 1
+                note((family, sc.name), sc, d)
                 if sc.name in AT_LIMIT and policy.fidelity:  # the pooled bound alone, with the same looks
-                    counts[(family, f"{sc.name} (pooled only)")][trial(rng, samples, sc, family, pooled_only,
-                                                                        metrics).decision] += 1
+                    d2 = trial(rng, samples, sc, family, pooled_only, metrics)
+                    counts[(family, f"{sc.name} (pooled only)")][d2.decision] += 1
+                    note((family, f"{sc.name} (pooled only)"), sc, d2)
                 if sc.name == "lossless-5%":
                     for c in d.checks:
                         if c.power and c.power.mdd is not None:
@@ -556,6 +618,9 @@ def main(argv: list[str] | None = None) -> int:
                     "seeded draw (the first ids of each category), to show what that let through")
     ap.add_argument("--unweighted", action="store_true", help="judge an interim look's pooled bound on its own mix "
                     "(haystack-heavier than the last look's), as the gate did before, to show what that let through")
+    ap.add_argument("--stream", action="store_true", help="a scenario with one fidelity look may REJECT first at "
+                    "the release's streaming looks (prefixes of the stream order, each at its share of alpha); prints "
+                    "how many trials each look decided and how much of the sample they read")
     ap.add_argument("--simulated", action="store_true", help="the simulated per-sample model (gamma spread, "
                     "--fidelity-cv, plus the estimator's noise) instead of a real run's shape")
     ap.add_argument("--save-shape", nargs=2, type=Path, metavar=("RUN_FIDELITY_FILE", "OUT"),
@@ -581,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
         globals()["DRAW"] = first_ids
     if args.unweighted:
         globals()["REWEIGHT"] = False
+    if args.stream:
+        globals()["STREAM"] = True
     scenarios = [sc for sc in SCENARIOS if not args.scenario or sc.name in args.scenario]
     policy = load_policy(args.policy)
     met_all = True
@@ -593,6 +660,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if met_all else 1
 
 
+def _stream_note() -> str:
+    """The header's words on the streaming looks: where they are planned for the scenarios' one-look samples."""
+    sizes = sorted({_plan(sc)[0] for sc in SCENARIOS if len(_plan(sc)) == 1})
+    plans = ", ".join(f"{stream.planned(n + CONTEXT_PROMPTS * len(CONTEXT))} of {n + CONTEXT_PROMPTS * len(CONTEXT)}"
+                      for n in sizes)
+    return f"streaming looks (REJECT only, linear alpha spending) at {plans} prompts; "
+
+
 def report(args: argparse.Namespace, policy: GatePolicy, scenarios: list[Scenario], shape_file: Path | None) -> bool:
     """Run and print every shape of the bench on one per-sample fidelity shape; True when every target is met."""
     print(f"\n# gate operating characteristics: policy {args.policy} ({policy.name}), {args.trials} trials per cell, "
@@ -603,16 +678,30 @@ def report(args: argparse.Namespace, policy: GatePolicy, scenarios: list[Scenari
           f"{f'simulated per-sample CV {FIDELITY_CV}' if shape_file is None else 'the shape of ' + str(shape_file)}; "
           f"{CONTEXT_PROMPTS} haystacks per context length"
           f"{f', about {CONTEXT_TOKENS} scored tokens each' if args.simulated else ''}; "
+          f"{_stream_note() if args.stream else ''}"
           f"CPU {cpuinfo()[0]} (a simulation: the figures do not depend on it)")
     met_all = True
     for shape in args.shape:
         t0 = time.time()
-        counts, mdds = run(policy, shape, args.family, scenarios, args.trials, args.seed)
+        reads: dict = defaultdict(list)
+        counts, mdds = run(policy, shape, args.family, scenarios, args.trials, args.seed, reads)
         print(f"\n## shape {shape} ({time.time() - t0:.0f} s)\n")
         print("| family | scenario | P(PROMOTE) | P(REJECT) | P(INCONCLUSIVE) |\n|---|---|---|---|---|")
         for (f, s), c in counts.items():
             print(f"| {f} | {s} | {c['PROMOTE'] / args.trials:.3f} | {c['REJECT'] / args.trials:.3f} | "
                   f"{c['INCONCLUSIVE'] / args.trials:.3f} |")
+        if reads:
+            print("\nStreaming looks (--stream; scenarios with one fidelity look): the share of trials whose REJECT a "
+                  "streaming look decided, and the fraction of the fidelity sample (prompts) read at the decision "
+                  "(1.0 at the full sample)\n")
+            print("| family | scenario | P(REJECT at a streaming look) | share of REJECTs decided early | mean fraction "
+                  "read | mean fraction read, REJECTs |\n|---|---|---|---|---|---|")
+            for (f, s), fr in reads.items():
+                early = sum(x < 1.0 for x in fr)
+                rejects = counts[(f, s)]["REJECT"]
+                rej_read = (sum(x for x in fr if x < 1.0) + rejects - early) / rejects if rejects else None
+                print(f"| {f} | {s} | {early / len(fr):.3f} | {f'{early / rejects:.3f}' if rejects else '-'} | "
+                      f"{statistics.fmean(fr):.3f} | {f'{rej_read:.3f}' if rej_read is not None else '-'} |")
         if mdds:
             print("\nMinimum detectable drop per check at 80% power (median over lossless-5% trials; units of its "
                   "limit):\n")

@@ -110,6 +110,12 @@ class FakeServer:
         _, failure = await self._scripted(request, "ids:" + ",".join(map(str, ids)))
         if failure is not None:
             return failure
+        if body.get("return_token_ids"):  # a sampled continuation: two tokens (the prompt's last + 1, + 2), each
+            # with its logprob and as many top logprobs as asked (itself first)
+            out = [ids[-1] + 1, ids[-1] + 2]
+            top = [{f"token_id:{t + j}": -0.5 - j for j in range(body.get("logprobs") or 1)} for t in out]
+            return web.json_response({"choices": [{"index": 0, "text": "x", "token_ids": out, "logprobs": {
+                "tokens": [f"token_id:{t}" for t in out], "top_logprobs": top}}]})
         if k > self.max_logprobs:
             return web.json_response({"error": {"message": f"Requested prompt logprobs of {k}, which is greater than "
                                                            f"max allowed: {self.max_logprobs}"}}, status=400)

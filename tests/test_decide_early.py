@@ -76,8 +76,8 @@ def test_a_decided_reject_skips_the_recall_grid_and_the_perf_probe_and_says_why(
     no_early = spec.model_copy(update={"decide_early": False})
     assert early_decision(no_early, tmp_path, cand, {"default": tmp_path}, None, log=print) is None
     steps = _steps(tmp_path, early)
-    # deciding early: fidelity after the eval sets, before what it may skip
-    assert [s.name for s in steps] == ["eval default", "fidelity (main)", "recall", "perf"]
+    # deciding early: fidelity first (as the baseline's samples come), the eval sets after, then what it may skip
+    assert [s.name for s in steps] == ["fidelity (main)", "eval default", "recall", "perf"]
     assert [s.name for s in _steps(tmp_path, None)] == ["eval default", "recall", "perf", "fidelity (main)"]
     # the baseline samples, then scores both paths, then the rest: its candidates can score and decide early
     assert [s.name for s in _steps(tmp_path, None, baseline=True)] == [
@@ -100,8 +100,8 @@ def test_scored_in_parts_the_skips_wait_for_the_part_that_decides(tmp_path):
     early = early_decision(spec, tmp_path, cand, {"default": tmp_path / "ev"}, None, log=lambda _: None)
     assert early is not None
     names = [s.name for s in _steps(tmp_path, early, parts=3)]
-    assert names == ["eval default", "fidelity (main, ahead of the samples)", "fidelity (main, part 1/3)",
-                     "fidelity (main, part 2/3)", "fidelity (main, part 3/3)", "recall", "perf"]
+    assert names == ["fidelity (main, ahead of the samples)", "fidelity (main, part 1/3)",
+                     "fidelity (main, part 2/3)", "fidelity (main, part 3/3)", "eval default", "recall", "perf"]
     assert [s.name for s in _steps(tmp_path, None, baseline=True, parts=3)][:3] == [  # the baseline: whole
         "fidelity (samples)", "fidelity (main)", "fidelity (alt)"]
     answers: list[bool] = []

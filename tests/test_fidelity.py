@@ -291,16 +291,18 @@ def _dump(folder: Path, ids: list[str]) -> Path:
 
 
 def test_the_floor_scores_a_stratified_subset_and_is_compared_on_it(tmp_path):
-    from quantgate.release.fidelity_step import FLOOR_CONTEXT, floor_subset
+    from quantgate.release.fidelity_step import FLOOR_CONTEXT, floor_ids
 
     ids = [f"{c}-{k}" for c in ("qa", "math", "context:4096", "context:1024") for k in range(10)]
     seqs = [run.Sequence(id=i, category=i.split("-")[0], token_ids=[1, 2, 3], score_from=1) for i in ids]
-    picked = floor_subset(seqs, 9)
+    keep = floor_ids(seqs, 9)
+    picked = [s for s in seqs if s.id in keep]
+    assert floor_ids([{"id": s.id, "category": s.category} for s in seqs], 9) == keep  # lines as prompts
     by_cat = {c: sum(s.category == c for s in picked) for c in ("qa", "math", "context:4096", "context:1024")}
     # every category is there; a haystack (its prefill the cost) at most FLOOR_CONTEXT times per length
     assert len(picked) == 9 and by_cat["context:4096"] == by_cat["context:1024"] == FLOOR_CONTEXT
     assert by_cat["qa"] + by_cat["math"] == 9 - 2 * FLOOR_CONTEXT and min(by_cat.values()) > 0
-    assert floor_subset(seqs, None) == seqs
+    assert floor_ids(seqs, None) == set(ids)
     main, alt = _dump(tmp_path / "main", ids), _dump(tmp_path / "alt", [s.id for s in picked])
     floor = run.compare_dumps(main, alt, subset=True)
     assert sorted(f.id for f in floor) == sorted(s.id for s in picked) and all(f.kl_sum == 0 for f in floor)

@@ -37,17 +37,17 @@ def _wait(what, timeout_s: float = 20.0) -> None:
 def test_a_samples_tail_reads_only_finished_lines_and_starts_over_when_the_file_is_cut(tmp_path):
     path = tmp_path / sampling.SAMPLES
     tail = sampling.SamplesTail(tmp_path)
-    assert tail.new() == []  # no file yet
+    assert tail.sequences() == []  # no file yet
     whole = json.dumps(_line(1)) + "\n" + json.dumps(_line(2)) + "\n"
     torn = json.dumps(_line(3))
     _append(path, whole + torn[:20])
-    assert [s.id for s in tail.new()] == ["s1", "s2"]
-    assert tail.new() == []  # the torn line waits for its end
+    assert [s.id for s in tail.sequences()] == ["s1", "s2"]
+    assert tail.sequences() == []  # the torn line waits for its end
     _append(path, torn[20:] + "\n" + "{not json\n" + json.dumps({**_line(4), "ids": []}) + "\n")
-    got = tail.new()
+    got = tail.sequences()
     assert [s.id for s in got] == ["s3"] and got[0].score_from == 2 and got[0].token_ids == [1, 103, 203, 303]
     path.write_text(json.dumps(_line(5)) + "\n")  # cut shorter (a resumed sampling): read again from the start
-    assert [s.id for s in tail.new()] == ["s5"]
+    assert [s.id for s in tail.sequences()] == ["s5"]
 
 
 def test_parts_score_only_what_was_scored_ahead_and_merge_the_same_dump(tmp_path, monkeypatch):

@@ -27,7 +27,7 @@ LAYERS = ["base", "target", "plan", "quantize", "serving", "evals", "recall", "p
 PURE = {"base.errors", "base.stats", "base.subsets", "base.runfiles", "plan.knobs", "quantize.devices", "quantize.repair", "plan.planner", "plan.commands", "plan.models", "plan.slots", "evals.compare", "recall.needle",
         "recall.score", "parity.core", "perf.compare", "perf.models", "perf.intervals", "perf.sweep", "perf.metrics",
         "gate.payoff", "gate.sizeratio", "judge.core", "judge.corrupt", "judge.report",
-        "gate.checks", "gate.models", "gate.statistical", "gate.sizing", "gate.looks", "gate.fidelityevidence", "fidelity.bounds", "release.ladder", "fidelity.core",
+        "gate.checks", "gate.models", "gate.statistical", "gate.sizing", "gate.looks", "gate.stream", "gate.fidelityevidence", "fidelity.bounds", "release.ladder", "fidelity.core",
         "report.sections"}
 IO_LIBS = {"subprocess", "socket", "shutil", "sqlite3", "asyncio", "urllib", "http", "httpx", "openai", "prefect",
            "transformers", "torch", "datasets", "evaluate", "matplotlib", "requests", "aiohttp", "psutil"}

@@ -146,15 +146,24 @@ async def post_json(client: httpx.AsyncClient, url: str, payload: Any, retry: Re
         await asyncio.sleep(retry.delay(attempts, retry_after))
 
 
+class Stopped(Exception):
+    """for_each was told to stop (its `stop()` said so): the items not finished were not handled."""
+
+
+STOP_POLL_S = 0.5  # how often for_each asks its `stop()`
+
+
 async def for_each(items: Sequence[T], handle: Callable[[httpx.AsyncClient, T], Awaitable[None]], *,
-                   concurrency: int, api_key: str | None = None, cost: tuple[str, Callable[[T], int]] | None = None
-                   ) -> None:
+                   concurrency: int, api_key: str | None = None, cost: tuple[str, Callable[[T], int]] | None = None,
+                   stop: Callable[[], bool] | None = None) -> None:
     """handle(client, item) for every item, in order, at most `concurrency` at once; the first exception a handler
     raises stops every worker and is raised here. Deadlines are post_json's: the client itself has none. Finished
     items count towards the caller's progress display (quantgate.base.progress; nothing without one), or with
     `cost` = (unit, cost of an item) their cost: items of very different sizes (a haystack prompt and a short one)
     then get an honest rate and ETA. Items in flight count too (quantgate.base.progress.Counter: the rate is
-    measured on finished items' time in flight, and the work in flight is credited by it)."""
+    measured on finished items' time in flight, and the work in flight is credited by it). With `stop`, asked every
+    STOP_POLL_S: once it is true, the requests in flight are cancelled (their connections closed: the server aborts
+    them) and Stopped is raised."""
     queue = list(reversed(items))
     width = max(1, concurrency)
     limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
@@ -169,13 +178,24 @@ async def for_each(items: Sequence[T], handle: Callable[[httpx.AsyncClient, T], 
                     await handle(client, item)
                     tally.end(sent)
 
+            async def watch() -> None:
+                while stop is not None:
+                    if stop():
+                        raise Stopped()
+                    await asyncio.sleep(STOP_POLL_S)
+
             tasks = [asyncio.create_task(worker()) for _ in range(min(width, len(queue)))]
+            watcher = asyncio.create_task(watch())
+            workers = asyncio.gather(*tasks)  # the first worker's failure fails it
             try:
-                await asyncio.gather(*tasks)
+                await asyncio.wait([workers, watcher], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
+                if watcher.done():
+                    watcher.result()  # raises Stopped
+                await workers
             finally:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                workers.cancel()  # and every worker with it
+                watcher.cancel()
+                await asyncio.gather(workers, watcher, return_exceptions=True)
 
 
 # --- the probe ----------------------------------------------------------------------------------------------------

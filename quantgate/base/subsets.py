@@ -52,4 +52,20 @@ def draw(items: Sequence[T], limit: int | None, id_of: Callable[[T], str], categ
     return order(items, id_of, category_of, seed)[:limit]
 
 
-__all__ = ["DRAW", "RULE", "SEED", "draw", "order", "rank"]
+def interleave(items: Sequence[T], id_of: Callable[[T], str], category_of: Callable[[T], str],
+               seed: int = SEED) -> list[T]:
+    """Every item in stream order: each category in `rank` order, the categories merged in proportion to their
+    sizes (the j-th of a category of N sits at (j + 0.5) / N of the stream; ties by category name). Every prefix
+    of the stream is then a stratified random sample holding about the same fraction of each category, so its
+    pooled mean estimates the whole set's and every slice fills at once (quantgate.gate.stream reads prefixes)."""
+    by_cat: dict[str, list[T]] = {}
+    for it in items:
+        by_cat.setdefault(category_of(it), []).append(it)
+    keyed = []
+    for c in sorted(by_cat):
+        group = sorted(by_cat[c], key=lambda it: (rank(id_of(it), seed), id_of(it)))
+        keyed += [((j + 0.5) / len(group), c, j, it) for j, it in enumerate(group)]
+    return [k[3] for k in sorted(keyed, key=lambda k: k[:3])]
+
+
+__all__ = ["DRAW", "RULE", "SEED", "draw", "interleave", "order", "rank"]

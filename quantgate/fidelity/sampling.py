@@ -47,7 +47,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json
+from quantgate.base.http import JsonlAppender, Retry, Stopped, api_base, for_each, post_json
 from quantgate.base.runfiles import MANIFEST
 from quantgate.fidelity.run import DUMP, SCHEMA as DUMP_SCHEMA, DumpManifest, FolderManifest, Sequence, finished_records, items_of, prompt_ids, read_lines, sequences_hash, stratified
 
@@ -75,6 +75,8 @@ class SamplesManifest(FolderManifest):
     endpoint: str | None = None
     elapsed_s: float | None = None
     error: str | None = Field(None, description="the first failure, as '<prompt id>: <error>'")
+    stopped: bool | None = Field(None, description="the release stopped the sampling (every candidate decided): the "
+                                 "lines written are kept, and a later release resumes from them")
 
 
 
@@ -191,13 +193,27 @@ def is_complete(out_dir: Path | str) -> bool:
     return m is not None and m.status == "complete" and (Path(out_dir) / SAMPLES).is_file()
 
 
+def is_stopped(out_dir: Path | str) -> bool:
+    """The release stopped this sampling when every candidate was decided (the lines written are kept)."""
+    m = SamplesManifest.read(out_dir)
+    return m is not None and m.status == "partial" and bool(m.stopped)
+
+
+def is_final(out_dir: Path | str) -> bool:
+    """Nothing more will be sampled into it by the job that writes it: complete, or stopped."""
+    return is_complete(out_dir) or is_stopped(out_dir)
+
+
 def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts: list[Prompt], out_dir: Path | str,
                          *, max_tokens: int, top_k: int | None = None, concurrency: int = 8, timeout_s: float = 300.0,
-                         max_attempts: int = 4, progress: Progress | None = None) -> Path:
+                         max_attempts: int = 4, progress: Progress | None = None,
+                         stop: Callable[[], bool] | None = None, first: int = 0) -> Path:
     """One sampled continuation of up to `max_tokens` tokens (a prompt's own `max_tokens` first) per prompt not yet
-    in out_dir/samples.jsonl, with the top-`top_k` logprobs of every sampled position when given (see write_dump);
-    returns that file. Resumable; manifest.json says "complete" when every prompt has its line, else "partial" and
-    a QuantgateError names the failures (re-run to fill them in)."""
+    in out_dir/samples.jsonl, with the top-`top_k` logprobs of every sampled position when given (see write_dump),
+    sent in the order of `prompts` (the first `first` of them as a batch of their own, before the rest); returns
+    that file. Resumable; manifest.json says "complete" when every prompt has its line, else "partial" and a
+    QuantgateError names the failures (re-run to fill them in). When `stop()` turns true, the requests in flight
+    are cancelled and the manifest says "partial" and `stopped`: no error (a later call resumes)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path, digest, t0 = out / SAMPLES, prompts_hash(prompts), time.monotonic()
@@ -205,11 +221,8 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
         return path
     (out / MANIFEST).unlink(missing_ok=True)
     done = _kept(path, prompts, top_k)
-    # longest first: a haystack's prefill and long continuation are not left for a thin batch at the end, and a
-    # candidate scoring ahead of the samples (quantgate.fidelity.parts) gets its costliest sequences early
-    todo = sorted((p for p in prompts if p.id not in done), key=lambda p: -(len(p.token_ids) + (p.max_tokens or max_tokens)))
-    failed: list[tuple[str, str]]
-    count, failed = [len(done)], []
+    batches = [[p for p in part if p.id not in done] for part in (prompts[:first], prompts[first:])]
+    count, failed = [len(done)], list[tuple[str, str]]()
     url = api_base(endpoint) + "/completions"
     retry = Retry(timeout_s=timeout_s, max_attempts=max_attempts)
 
@@ -228,16 +241,24 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
         if progress is not None:
             progress(count[0], len(prompts))
 
-    if todo:
-        with JsonlAppender(path) as writer:
-            asyncio.run(for_each(todo, one, concurrency=max(1, concurrency), api_key=api_key,
-                                 cost=("prompt+sampled tokens", lambda p: len(p.token_ids) + (p.max_tokens or max_tokens))))
-    first = f"{failed[0][0]}: {failed[0][1]}" if failed else None
-    SamplesManifest(schema=SCHEMA, status="partial" if failed else "complete", n=len(prompts),
-                    n_sampled=len(prompts) - len(failed), prompts_hash=digest, max_tokens=max_tokens, top_k=top_k,
-                    model=model, endpoint=endpoint, elapsed_s=round(time.monotonic() - t0, 3), error=first).write(out)
+    stopped = False
+    with JsonlAppender(path) as writer:
+        try:
+            for todo in (b for b in batches if b):
+                asyncio.run(for_each(todo, one, concurrency=max(1, concurrency), api_key=api_key, stop=stop,
+                                     cost=("prompt+sampled tokens", lambda p: len(p.token_ids) + (p.max_tokens or max_tokens))))
+        except Stopped:
+            stopped = True
+    error = f"{failed[0][0]}: {failed[0][1]}" if failed else None
+    n_sampled = len(_kept(path, prompts, top_k)) if stopped else len(prompts) - len(failed)
+    SamplesManifest(schema=SCHEMA, status="partial" if failed or stopped else "complete", n=len(prompts),
+                    n_sampled=n_sampled, prompts_hash=digest, max_tokens=max_tokens, top_k=top_k, model=model,
+                    endpoint=endpoint, elapsed_s=round(time.monotonic() - t0, 3), error=error,
+                    stopped=stopped or None).write(out)
+    if stopped:
+        return path
     if failed:
-        raise QuantgateError(f"{len(failed)} of {len(prompts)} prompts got no sampled continuation; first: {first}",
+        raise QuantgateError(f"{len(failed)} of {len(prompts)} prompts got no sampled continuation; first: {error}",
                              where=str(path), fix="check the server; re-run to sample the rest (sampled lines are kept)")
     return path
 
@@ -248,17 +269,16 @@ def load_sequences(out_dir: Path | str) -> list[Sequence]:
     return _sequences(_complete_lines(Path(out_dir)))
 
 
-class SamplesTail:
-    """The sequences of a samples folder as the baseline writes it, before it is complete: each `new()` parses only
-    the complete lines appended since the last call (a torn last line waits for its end). Best effort, for scoring
-    ahead of the samples (quantgate.fidelity.parts' stream): a line that does not parse is passed over, and a file
-    cut shorter (a resumed sampling that dropped a torn line) is read again from its start; the caller skips ids
-    it has seen. What is scored from the complete folder (`load_sequences`) is what counts."""
+class LinesTail:
+    """The lines of a JSONL file as another job appends them: each `new()` parses only the complete lines appended
+    since the last call (a torn last line waits for its end). Best effort: a line that does not parse is passed
+    over, and a file cut shorter (a resumed writer that dropped a torn line) is read again from its start; the
+    caller skips ids it has seen."""
 
-    def __init__(self, out_dir: Path | str):
-        self.path, self.offset = Path(out_dir) / SAMPLES, 0
+    def __init__(self, path: Path | str):
+        self.path, self.offset = Path(path), 0
 
-    def new(self) -> list[Sequence]:
+    def new(self) -> list[dict]:
         try:
             with self.path.open("rb") as fh:
                 if os.fstat(fh.fileno()).st_size < self.offset:
@@ -269,7 +289,19 @@ class SamplesTail:
             return []
         lines, end = finished_records(data)
         self.offset += end
-        return _sequences([r for r in lines if {"id", "category", "prompt_ids", "ids"} <= r.keys()])
+        return lines
+
+
+class SamplesTail(LinesTail):
+    """The sequences of a samples folder as the baseline writes it, before it is complete (see LinesTail), for
+    scoring ahead of the samples (quantgate.fidelity.parts' stream). What is scored from the complete folder
+    (`load_sequences`) is what counts."""
+
+    def __init__(self, out_dir: Path | str):
+        super().__init__(Path(out_dir) / SAMPLES)
+
+    def sequences(self) -> list[Sequence]:
+        return _sequences([r for r in self.new() if {"id", "category", "prompt_ids", "ids"} <= r.keys()])
 
 
 def _complete_lines(out: Path) -> list[dict]:
@@ -278,6 +310,12 @@ def _complete_lines(out: Path) -> list[dict]:
         raise QuantgateError("the baseline's sampled continuations are missing or incomplete", where=str(out),
                              fix="sample them on the baseline's server first (a re-run resumes)")
     return read_lines(out / SAMPLES)
+
+
+def sequences_of(lines: list[dict]) -> list[Sequence]:
+    """The sequences to score of samples lines: prompt + continuation, scored from the prompt's end (an empty
+    continuation has nothing to score and is left out); by id."""
+    return _sequences(lines)
 
 
 def _sequences(lines: list[dict]) -> list[Sequence]:

@@ -13,6 +13,7 @@ The evidence (`GateEvidence`) is built from a run folder by `quantgate.gate.evid
 from __future__ import annotations
 
 from quantgate.gate import kinds
+from quantgate.fidelity.record import StreamLook
 from quantgate.gate.models import (Check, Decision, GateEvidence, Look, OperatingCharacteristics, Stat)
 from quantgate.gate.payoff import applied_workload, pay_off_checks
 from quantgate.gate.policy import DropLimit, GatePolicy, own_metric
@@ -233,7 +234,8 @@ def decided_early(ev: GateEvidence, checks: list[Check]) -> list[Check]:
     return out
 
 
-def operating(policy: GatePolicy, look: Look | None = None) -> OperatingCharacteristics:
+def operating(policy: GatePolicy, look: Look | None = None, stream: StreamLook | None = None
+              ) -> OperatingCharacteristics:
     st, f = policy.statistics, policy.fidelity
     note = (f"A lossless candidate (no true drop on any task measure, fidelity at the noise floor) is rejected by the "
             f"task checks' harm tests with probability at most {st.false_reject:.0%} (Holm, one-sided)")
@@ -243,6 +245,10 @@ def operating(policy: GatePolicy, look: Look | None = None) -> OperatingCharacte
                  f"{f.alpha:.0%} (one-sided bounds, intersection-union over the slices")
         note += (f"; over {look.of} planned looks, this is look {look.index}, judged at alpha {look.alpha:.4g} "
                  f"({look.spent:.4g} spent so far){_reweighted(look)}" if look else "") + ")"
+        if stream is not None:
+            note += (f"; decided at streaming look {stream.index} of {stream.of} ({stream.n} of {stream.total} prompts),"
+                     f" judged at alpha {stream.alpha:.4g}: looks before the full sample only REJECT, so the "
+                     "promise above holds over all of them")
     return OperatingCharacteristics(false_reject_bound=st.false_reject, false_promote_at_limit=f.alpha if f else 1.0,
                                     power=st.power, note=note + ". Minimum detectable drops are stated at "
                                     f"{st.power:.0%} power.")
@@ -298,5 +304,5 @@ def evaluate(policy: GatePolicy, evidence: GateEvidence, policy_ref: dict[str, s
     verdict, reasons, needs = _verdict(checks)
     return Decision(decision=verdict, candidate=evidence.candidate, scheme=evidence.scheme, family=family,
                     policy={"name": policy.name, "version": policy.version, **(policy_ref or {})}, checks=checks,
-                    reasons=reasons, needs=needs, operating=operating(policy, look), workload=applied_workload(evidence),
-                    look=look)
+                    reasons=reasons, needs=needs, operating=operating(policy, look, evidence.stream),
+                    workload=applied_workload(evidence), look=look, stream=evidence.stream)

@@ -5,17 +5,15 @@ Files read (written by the release flow, quantgate/release/steps.py, and the too
     <run>/<variant>/evidence.json         variant (scheme, size_bytes), eval run folders; the baseline's parity;
                                           serve_command: a KV cache dtype other than the baseline's makes
                                           the recall check required (GateEvidence.kv_cache)
-    <eval run>/summary.json, manifest.json  error rate per eval set (status 'failed' carries its error rate too)
-    <run>/<candidate>/quantization.json   scheme and compression ratio, when evidence.json lacks them
-    <run>/summary.json                    size ratio, when evidence.json lacks sizes
+    <eval run>/summary.json, manifest.json  error rate per eval set (a 'failed' status carries one too)
+    <run>/<candidate>/quantization.json   scheme, compression ratio (<run>/summary.json: size ratio) if not there
     <run>/<candidate>/recall/delta.json   `quantgate recall --baseline` output; with both requests.jsonl files a
                                           paired bootstrap CI of the recall delta is computed here
     <run>/<candidate>/judge/report.json   `quantgate judge` report (calibration, non-inferiority)
     <run>/<candidate>/judge/error.json    why the release's judge step failed (newer than any report.json there):
                                           the judge slot's gap then carries that reason
-    <run>/<candidate>/pay_off.json        quantgate.perf.compare output (written by the flow): the workload
-                                          profile, its pay-off figures with intervals, throughput and size ratios
-    <run>/fidelity/<candidate>.json       per-sample teacher-forced fidelity against the baseline
+    <run>/<candidate>/pay_off.json        quantgate.perf.compare output: workload profile, pay-off figures
+    <run>/fidelity/<candidate>.json       per-sample fidelity against the baseline (or a streaming look's prefix)
     <run>/fidelity/floor.json             the same for the baseline against itself on another execution path
     <run>/<candidate>/error.json          the candidate's vLLM server could not start or died (release flow): the
                                           gate rejects it with that reason (a `serving` check), whatever else is there
@@ -281,6 +279,8 @@ def _fidelity_pair(run: Path, cand: str, level: float, growth: float, ev: dict) 
         rec = load_fidelity_record(path)
         if not rec.samples:
             raise _Bad(f"{path} holds no scored sample")
+        if rec.stream is not None:
+            ev["stream"], level, weight = rec.stream, 1 - 2 * rec.stream.alpha, 1.0
         ev[slot] = fidelity_evidence(rec.samples, level, str(path), estimator=rec.kl_estimator, growth=weight)
 
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
+from quantgate.fidelity.record import StreamLook
 from quantgate.perf.models import PayOffFigures
 
 SCHEMA = 2
@@ -145,6 +146,8 @@ class GateEvidence(_Model):
     recall_by_length: dict[str, Stat] = Field(default_factory=dict, description="context length -> recall there")
     fidelity: FidelityEvidence | None = None
     floor: FidelityEvidence | None = None
+    stream: StreamLook | None = Field(None, description="the streaming look whose prefix `fidelity` holds, when one "
+                                      "decided the REJECT (quantgate.gate.stream)")
     judge: JudgeEvidence | None = None
     parity: ParityEvidence | None = None
     error_rates: list[RateEvidence] = Field(default_factory=list)
@@ -240,6 +243,8 @@ class Decision(_Model):
     workload: str | None = Field(None, description="the workload profile the pay-off checks applied")
     look: Look | None = Field(None, description="which look of a sequential design this decision is, and the "
                               "fidelity level it spent")
+    stream: StreamLook | None = Field(None, description="the streaming look that decided this REJECT: prompts read of "
+                                      "the full sample, per slice, its alpha and the time from the release's start")
 
     @property
     def promoted(self) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeGuard
 
 from quantgate.base.stats import holm, holm_level, mdd, mdd_binary, samples_for
+from quantgate.fidelity.record import POOLED
 from quantgate.gate.models import Bound, Check, FidelityEvidence, GateEvidence, Power, Stat
 from quantgate.gate.policy import GatePolicy
 
@@ -247,6 +248,11 @@ def fidelity_checks(policy: GatePolicy, ev: GateEvidence, family: str | None) ->
         out.append(_bounded("fidelity:top1", ev.fidelity, "top1", lim.min_top1, f.required))
     if f.per_category:
         out += _category_fidelity(policy, ev.fidelity, family)
+    if ev.stream is not None and ev.stream.scope != POOLED:  # one slice's prefix: its pooled figures are the slice's
+        why = (f"not judged: decided at slice {ev.stream.scope}'s streaming look ({ev.stream.n} of its "
+               f"{ev.stream.total} prompts); the pooled checks read the whole stream")
+        out = [c.model_copy(update={"outcome": "skipped", "measured": None, "reason": why})
+               if c.name in ("fidelity:kl", "fidelity:top1") else c for c in out]
     if floor.outcome != "pass":
         out = [floor] + [c.model_copy(update={"outcome": "inconclusive", "reason": c.reason + " (not judged: the "
                                               "noise floor is too high)"}) for c in out[1:]]

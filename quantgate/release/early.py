@@ -33,7 +33,9 @@ from pathlib import Path
 
 from quantgate.base.errors import QuantgateError
 from quantgate.fidelity.run import is_complete
+from quantgate.fidelity.record import StreamLook
 from quantgate.gate.early import early_fidelity_checks
+from quantgate.gate.models import Check
 from quantgate.release import fidelity_step
 from quantgate.release.adaptive import fidelity_looks, fidelity_size
 from quantgate.spec.schema import ReleaseSpec, policy_path
@@ -94,6 +96,13 @@ class Verdicts:
             if self.skips(kind):
                 todo[kind] = []
 
+    def stopped_sampling(self) -> None:
+        """The baseline's fidelity sampling was stopped (every candidate decided at a streaming look): recorded."""
+        with self._lock:
+            self.skipped["fidelity"] = (f"sampling stopped once every candidate's REJECT was decided at a streaming "
+                                        f"look ({', '.join(sorted(self.rejected))}); the samples so far are kept for "
+                                        "the next release")
+
     def skips(self, step: str) -> bool:
         """Whether the baseline skips `step` (recorded): a skippable step, every candidate's REJECT decided."""
         if step not in _skippable or not self.all_rejected():
@@ -116,6 +125,7 @@ class EarlyDecision:
         self.reason: str | None = None   # why the REJECT is decided (the failed checks), None while it is not
         self.verdicts: Verdicts | None = None  # the release's, told of a decided REJECT (set by the caller)
         self.skipped: dict[str, str] = {}  # step -> why it did not run
+        self.stream: StreamLook | None = None  # the streaming look that decided the REJECT (quantgate.release.streaming)
         self._lock = threading.Lock()
         self._in_flight = 0  # fidelity parts being scored now (scoring())
         self._idle = threading.Condition(self._lock)
@@ -150,12 +160,22 @@ class EarlyDecision:
             return
         failed = [c for c in checks if c.outcome == "fail"]
         if failed:
-            self.reason = "; ".join(f"{c.name}: {c.reason}" for c in failed[:3]) + \
-                (f" (and {len(failed) - 3} more)" if len(failed) > 3 else "")
+            self.reason = _reason(failed)
             self.log(f"{self.variant.name}: REJECT decided by fidelity ({len(failed)} failed check(s)); skipping "
                      f"{', '.join(SKIPPABLE)} (decide_early: false measures them): {self.reason}")
             if self.verdicts is not None:
                 self.verdicts.reject(self.variant.name)
+
+    def decide_at_look(self, failed: list[Check], look: StreamLook) -> None:
+        """The REJECT decided at a streaming look (its record written by the caller): the rest of the candidate's
+        fidelity and the skippable steps are skipped, and the release's verdicts hear of it."""
+        self.reason = _reason(failed)
+        self.stream = look
+        self.log(f"{self.variant.name}: REJECT decided by fidelity at streaming look {look.index} of {look.of} of "
+                 f"{look.scope} ({look.n} of {look.total} prompts, {look.elapsed_s:g} s in); skipping the rest of its fidelity and "
+                 f"{', '.join(SKIPPABLE)}: {self.reason}")
+        if self.verdicts is not None:
+            self.verdicts.reject(self.variant.name)
 
     @contextmanager
     def scoring(self) -> Iterator[None]:
@@ -180,6 +200,11 @@ class EarlyDecision:
                 return False
             self.skipped[step] = f"decided early: REJECT by fidelity ({self.reason})"
         return True
+
+
+def _reason(failed: list[Check]) -> str:
+    return "; ".join(f"{c.name}: {c.reason}" for c in failed[:3]) + \
+        (f" (and {len(failed) - 3} more)" if len(failed) > 3 else "")
 
 
 def early_decision(spec: ReleaseSpec, run: Path, variant: Variant, reference: Mapping[str, Path] | None,

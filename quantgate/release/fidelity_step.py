@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -45,21 +46,20 @@ from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.evals.setsource import set_names
 from quantgate.fidelity import sampling
 from quantgate.fidelity.core import CONTEXT_PREFIX, SampleFidelity, merge_draws, summarize
+from quantgate.fidelity.stream import DRAW, FLOOR_CONTEXT, floor_ids, stream_ids, stream_order  # noqa: F401
 from quantgate.fidelity.parts import finished_lines, merge_parts, part, part_dir, seed, stream_dir
-from quantgate.fidelity.record import FidelityRecord, SubsetDraw
+from quantgate.fidelity.record import FidelityRecord, SubsetDraw, load_fidelity_record
 from quantgate.fidelity.run import (DUMP, Sequence, append_scores, compare_dumps, is_complete,
-                                    score_sequences, stratified)
+                                    read_lines, score_sequences)
 from quantgate.recall.run import build_checked_grid, load_needle_data
 from quantgate.spec.schema import ReleaseSpec
 
 Log = Callable[[str], None]
-FLOOR_CONTEXT = 1  # haystack sequences per context length in the floor's subset (each is a long prefill on the
-# baseline's own slot, between its samples and a candidate's early decision)
-DRAW = "#"  # a prompt's k-th sampled continuation is the sequence <prompt id>#<k>
 # Decoding is the cost of sampling: a wide batch is many times faster on a CPU. 64 rather than 32: half the demo's
 # prompts (318, 18 haystacks) on one core of the AMD EPYC (AVX-512) took 194.8 s against 207.3 s, each on a new server
 SAMPLE_CONCURRENCY = 64
 AHEAD_POLL_S = 2.0  # how often scoring ahead of the samples looks for new lines
+AHEAD_BATCH = 32  # sequences scored ahead between two asks of `finished()` (a streaming look is judged there)
 ESTIMATOR = "sampled-logratio"  # what <run>/fidelity/*.json's kl means (quantgate.fidelity.core)
 
 
@@ -171,30 +171,75 @@ def sampled_prompts(spec: ReleaseSpec, tokenizer: Path) -> tuple[list[sampling.P
     return prompts + [p.model_copy(update={"max_tokens": f.context_new_tokens}) for p in context], len(context)
 
 
-def sample(spec: ReleaseSpec, reference: Mapping[str, Path], tokenizer: Path, srv, log: Log) -> Path:
+def sample(spec: ReleaseSpec, reference: Mapping[str, Path], tokenizer: Path, srv, log: Log,
+           stop: Callable[[], bool] | None = None) -> Path:
     """The baseline's continuations of the fidelity prompts, sampled on `srv` unless already complete. Under a lock:
-    two of the baseline's servers asking at once sample once (the second finds them complete)."""
+    two of the baseline's servers asking at once sample once (the second finds them complete).
+
+    The noise floor's prompts go first, and the floor is scored (the "alt" dump) on the same server as soon as they
+    are sampled, while the rest are: a streaming look needs the floor. The eval prompts follow in stream order, then
+    the haystacks: a haystack costs as much as ten eval prompts, so the eval slices' looks come first (a look reads
+    a prefix of the stream order whatever the order they were sent in). `stop()` true (every candidate's REJECT
+    decided) stops the sampling; what was sampled is kept for the next release."""
     f = spec.fidelity
     assert f is not None
     out = samples_dir(spec, reference)
     out.parent.mkdir(parents=True, exist_ok=True)
     with lock(out, timeout=None, what="sample the fidelity continuations"):
-        if not sampling.is_complete(out):
+        if not sampling.is_complete(out) and not (stop is not None and stop()):  # stopped: resumed by the next release
             prompts, context = sampled_prompts(spec, tokenizer)
             log(f"baseline: fidelity continuations: {len(prompts) - context} eval prompts up to "
                 f"{f.max_new_tokens} tokens, {context} haystack documents up to {f.context_new_tokens}, "
-                "sampled at temperature 1")
+                "sampled at temperature 1, the noise floor's first, then in stream order")
             every = max(1, len(prompts) // 5)
 
             def progress(n: int, total: int) -> None:
                 if n % every == 0 or n == total:
                     log(f"baseline: fidelity continuations {n}/{total} prompts")
 
-            sampling.sample_continuations(srv.base_url, srv.config.name, srv.api_key, prompts, out,
-                                          max_tokens=f.max_new_tokens, top_k=f.top_k,
-                                          concurrency=max(f.concurrency, SAMPLE_CONCURRENCY),
-                                          progress=progress)
+            keep = floor_ids(prompts, f.floor_samples)
+            ordered = [p for p in stream_order(prompts) if p.id not in keep]  # sent: the floor's as a batch first,
+            short = [p for p in ordered if not p.category.startswith(CONTEXT_PREFIX)]  # then the eval prompts
+            ordered = [p for p in prompts if p.id in keep] + short + [p for p in ordered if p not in short]
+            floor = threading.Thread(target=_floor_ahead, args=(spec, reference, srv, out, keep, log), daemon=True,
+                                     name="floor ahead")
+            floor.start()
+            try:
+                sampling.sample_continuations(srv.base_url, srv.config.name, srv.api_key, ordered, out,
+                                              max_tokens=f.max_new_tokens, top_k=f.top_k,
+                                              concurrency=max(f.concurrency, SAMPLE_CONCURRENCY),
+                                              progress=progress, stop=stop, first=len(keep))
+            finally:
+                floor.join()
+            if sampling.is_stopped(out):
+                m = sampling.SamplesManifest.read(out)
+                log(f"baseline: fidelity continuations stopped at {m.n_sampled if m else '?'}/{len(prompts)} prompts:"
+                    " every candidate's REJECT is decided (the next release that needs them resumes)")
     return out
+
+
+def _floor_ahead(spec: ReleaseSpec, reference: Mapping[str, Path], srv, samples: Path, keep: set[str],
+                 log: Log) -> None:
+    """Score the noise floor's sequences (the baseline's "alt" dump) once every one of them is sampled, beside the
+    sampling on the same server. Best effort: a failure leaves the floor to the step after the sampling."""
+    alt = baseline_dumps(spec, reference)["alt"]
+    if is_complete(alt, None):
+        return
+    tail, lines = sampling.LinesTail(samples / sampling.SAMPLES), dict[str, dict]()
+    try:
+        while not keep <= lines.keys():
+            lines |= {r["id"]: r for r in tail.new() if r.get("id") in keep}
+            if sampling.is_final(samples) and not keep <= lines.keys():
+                return  # stopped or failed before the floor's prompts were in: the step after it scores them
+            time.sleep(AHEAD_POLL_S)
+        seqs = sampling.sequences_of(list(lines.values()))
+        log(f"baseline: fidelity (alt, the noise floor): {len(seqs)} sequences, all at once beside the sampling (their"
+            " share of the server's batch)")
+        assert spec.fidelity is not None
+        score_sequences(srv.base_url, srv.config.name, srv.api_key, seqs, alt, top_k=spec.fidelity.top_k,
+                        concurrency=len(seqs))
+    except QuantgateError as exc:
+        log(f"baseline: the noise floor beside the sampling failed ({exc.message}); scored after it")
 
 
 def measure(spec: ReleaseSpec, srv, dirs: Mapping[str, Path], samples: Path, log: Log, *,
@@ -205,13 +250,21 @@ def measure(spec: ReleaseSpec, srv, dirs: Mapping[str, Path], samples: Path, log
     name = srv.config.name
     f = spec.fidelity
     assert f is not None
+    if sampling.is_stopped(samples):
+        log(f"{name}: fidelity ({', '.join(dirs)}) not scored: the sampling was stopped, every candidate's REJECT "
+            "decided at a streaming look")
+        return
     seqs = sampling.load_sequences(samples)
     for path_name, folder in dirs.items():
         if baseline and path_name == "main":
             sampling.write_dump(samples, folder)
             log(f"{name}: fidelity (main): the sampling answers' own logprobs of {len(seqs)} sequences")
             continue
-        scored = floor_subset(seqs, f.floor_samples) if path_name == "alt" else seqs
+        if path_name == "alt":
+            keep = floor_ids(read_lines(samples / sampling.SAMPLES), f.floor_samples)
+            scored = [s for s in seqs if s.id in keep]
+        else:
+            scored = seqs
         _score(spec, srv, scored, folder, f"{name}: fidelity ({path_name})", log)
 
 
@@ -231,8 +284,9 @@ def measure_part(spec: ReleaseSpec, srv, out: Path, samples: Path, log: Log, whi
 
 def score_ahead(spec: ReleaseSpec, srv, out: Path, samples: Path, finished: Callable[[], bool], log: Log) -> int:
     """While the baseline samples, score each continuation whose line is written into `out`'s stream folder
-    (quantgate.fidelity.parts), until `finished()` says the samples are complete (it raises when the baseline's job
-    failed); returns how many were scored. The parts then score only what the stream did not."""
+    (quantgate.fidelity.parts), until `finished()`, asked after every batch, says the samples are final (it raises
+    when the baseline's job failed) or the REJECT is decided (a streaming look: quantgate.release.streaming);
+    returns how many were scored. The parts then score only what the stream did not."""
     f = spec.fidelity
     assert f is not None
     tail, path = sampling.SamplesTail(samples), stream_dir(out) / DUMP
@@ -240,8 +294,10 @@ def score_ahead(spec: ReleaseSpec, srv, out: Path, samples: Path, finished: Call
     seen = {rec.get("id") for rec in finished_lines(path)} if path.is_file() else set()
     scored = tokens = 0
     said = time.monotonic()
+    pending: list[Sequence] = []
     while not finished():
-        new = [s for s in tail.new() if s.id not in seen]
+        pending += [s for s in tail.sequences() if s.id not in seen]  # each line comes once from the tail
+        new, pending = pending[:AHEAD_BATCH], pending[AHEAD_BATCH:]  # a few at a time: `finished()` between them
         if not new:
             time.sleep(AHEAD_POLL_S)
             continue
@@ -265,30 +321,16 @@ def _score(spec: ReleaseSpec, srv, scored: list[Sequence], folder: Path, label: 
     """Score `scored` into the dump folder on `srv` under the name it serves, saying how much and how far."""
     f = spec.fidelity
     assert f is not None
+    width = f.concurrency
     tokens, every = sum(len(s.token_ids) - s.score_from for s in scored), max(1, len(scored) // 5)
-    log(f"{label}: {len(scored)} sequences, {tokens} scored tokens, top-{f.top_k}, concurrency {f.concurrency}")
+    log(f"{label}: {len(scored)} sequences, {tokens} scored tokens, top-{f.top_k}, concurrency {width}")
 
     def progress(n: int, total: int) -> None:
         if n % every == 0 or n == total:
             log(f"{label} {n}/{total} sequences")
 
     score_sequences(srv.base_url, srv.config.name, srv.api_key, scored, folder, top_k=f.top_k,
-                    concurrency=f.concurrency, progress=progress)
-
-
-def floor_subset(seqs: list[Sequence], limit: int | None) -> list[Sequence]:
-    """The sequences the floor's path scores: `limit` of them drawn at random within each category, round-robin over
-    the categories (quantgate.base.subsets), of which each context length gives at most FLOOR_CONTEXT (the first of
-    its draw order); all when limit is None."""
-    if limit is None:
-        return seqs
-    per_length: dict[str, list[Sequence]] = {}
-    for s in order([s for s in seqs if s.category.startswith(CONTEXT_PREFIX)], lambda s: s.id, lambda s: s.category):
-        per_length.setdefault(s.category, []).append(s)
-    capped = [s for group in per_length.values() for s in group[:FLOOR_CONTEXT]]
-    rest = [{"id": s.id, "category": s.category} for s in seqs if not s.category.startswith(CONTEXT_PREFIX)]
-    keep = {it["id"] for it in stratified(rest, max(0, limit - len(capped)))} | {s.id for s in capped}
-    return [s for s in seqs if s.id in keep]
+                    concurrency=width, progress=progress)
 
 
 def _write(path: Path, dumps: dict[str, str], compare: Callable[[], list[SampleFidelity]]) -> None:
@@ -315,10 +357,20 @@ def _current(path: Path, dumps: dict[str, str]) -> bool:
         return False
 
 
+def decided_at_look(path: Path) -> bool:
+    """Whether `path` is a candidate's fidelity record written at the streaming look that decided its REJECT."""
+    try:
+        return load_fidelity_record(path).stream is not None
+    except QuantgateError:
+        return False
+
+
 def compare(run: Path, base_dirs: Mapping[str, Path], cand_name: str, cand_dirs: Mapping[str, Path]) -> None:
     """<run>/fidelity/<candidate>.json and floor.json, read by the gate (each kept when it holds these dumps'
     comparison already)."""
     out, base, cand = run / "fidelity", base_dirs["main"], cand_dirs["main"]
+    if decided_at_look(out / f"{cand_name}.json") and not (is_complete(base, None) and is_complete(cand, None)):
+        return  # its REJECT was decided at a streaming look: that look's record is the evidence
     _write(out / f"{cand_name}.json", {"baseline": str(base), "candidate": str(cand)}, lambda: compare_dumps(base, cand))
     if "alt" in base_dirs:
         alt = base_dirs["alt"]

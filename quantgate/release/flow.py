@@ -98,7 +98,7 @@ def serve_and_evaluate(req: rel.MeasureRequest, pool: schedule.SlotPool,
                 folders, final = (fidelity_step.baseline_dumps(spec, reference),
                                   lambda d: fidelity_run.is_complete(d, None))
             else:
-                folders, final = {"samples": fidelity_step.samples_dir(spec, reference)}, sampling.is_complete
+                folders, final = {"samples": fidelity_step.samples_dir(spec, reference)}, sampling.is_final
             if not block:
                 return schedule.reference_final(folders, baseline_failed, final)
             schedule.wait_for_reference(folders, baseline_failed, log, final=final)

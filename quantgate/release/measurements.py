@@ -20,8 +20,8 @@ one class with its tests, registered in KINDS (docs/design.md, "Adding a measure
 
 The order of the steps on the variant's servers: the baseline samples and scores its fidelity continuations first
 (the candidates beside it wait for them); a candidate deciding early (quantgate.release.early) scores its fidelity
-after its eval sets and before the recall grid and the perf probe, which a decided REJECT skips; otherwise
-fidelity comes last.
+first, as the samples come (a streaming look may decide its REJECT: quantgate.release.streaming), then its eval sets,
+then the recall grid and the perf probe, which a decided REJECT skips; otherwise fidelity comes last.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from quantgate.base.runfiles import COMPARE_DIR, PAY_OFF, PERF
 from quantgate.base import progress
 from quantgate.evals.compare import SetReport
 from quantgate.evals.run import compare_dirs
+from quantgate.fidelity import sampling
 from quantgate.perf.compare import compare as perf_compare
 from quantgate.perf.probe import load_result
 from quantgate.perf.sweep import overrun
@@ -48,6 +49,8 @@ from quantgate.release.cachelayout import (eval_complete, eval_dirs, perf_dir, p
 from quantgate.release.early import EarlyDecision, Verdicts, skippable_too
 from quantgate.release.measure import measure_eval, measure_perf, measure_recall
 from quantgate.release.replicas import Step
+from quantgate.release.runrecord import release_started
+from quantgate.release.streaming import StreamJudge
 from quantgate.spec.schema import ReleaseSpec
 from quantgate.release.variants import Evidence, Log, Variant
 
@@ -239,7 +242,9 @@ class Fidelity:
     def phase(self, job: VariantJob, early: EarlyDecision | None) -> float:
         if job.baseline:
             return 0  # the candidates beside it wait for its samples and dumps
-        return 1.5 if early is not None else 3  # deciding early: after the eval sets, before recall and perf
+        # deciding early: first, as the samples come (its eval sets run after a streaming REJECT, beside the baseline's),
+        # and before the recall grid and perf probe it may skip
+        return 0.5 if early is not None else 3
 
     def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> Recorded:
         return {"fidelity": folders}
@@ -260,9 +265,10 @@ class Fidelity:
     def _sampling(job: VariantJob) -> Step:
         """The baseline's: sample the continuations on a server of its own. A candidate's: wait until the
         baseline's job has sampled them (`reference_ready`)."""
-        if job.baseline:
+        if job.baseline:  # stopped when every candidate's REJECT is decided (not in a ladder: no verdicts there)
+            stop = job.verdicts.all_rejected if job.verdicts is not None else None
             return Step("fidelity (samples)", lambda srv: fidelity_step.sample(job.spec, job.reference, job.tokenizer,
-                                                                               srv, job.log))
+                                                                               srv, job.log, stop=stop))
         ready = job.reference_ready
         return Step("fidelity (samples)", lambda srv: ready() if ready is not None else None)
 
@@ -271,6 +277,9 @@ class Fidelity:
                 ) -> Callable[[Any], None]:
         def score(srv: Any) -> None:
             samples.run(srv)  # the baseline: sampled here unless done; a candidate: waits for the baseline's
+            folder = fidelity_step.samples_dir(job.spec, job.reference)
+            if job.baseline and job.verdicts is not None and sampling.is_stopped(folder):
+                job.verdicts.stopped_sampling()
             with progress.reporting(f"{job.variant.name}: fidelity ({path})", job.log):
                 fidelity_step.measure(job.spec, srv, {path: out},
                                       fidelity_step.samples_dir(job.spec, job.reference), job.log,
@@ -287,9 +296,11 @@ class Fidelity:
             ready = job.reference_ready
             if ready is None:  # no baseline beside it: the samples are complete, or come whole from a store
                 return
-            with early.scoring() if early is not None else nullcontext():
+            judge = StreamJudge(early, job.tokenizer, out, release_started(job.run)) if early is not None else None
+            with early.scoring() if early is not None else nullcontext():  # a streaming look may decide first
                 fidelity_step.score_ahead(job.spec, srv, out, fidelity_step.samples_dir(job.spec, job.reference),
-                                          lambda: bool(ready(block=False)), job.log)
+                                          lambda: (judge is not None and judge.decided()) or bool(ready(block=False)),
+                                          job.log)
         return score
 
     @staticmethod
@@ -297,7 +308,11 @@ class Fidelity:
               ) -> Callable[[Any], None]:
         def score(srv: Any) -> None:
             with early.scoring() if early is not None else nullcontext():  # the steps after it wait for the decision
+                if early is not None and early.stream is not None:
+                    return  # decided at a streaming look: nothing left to score
                 samples.run(srv)  # waits for the baseline's samples
+                if early is not None and early.stream is not None:
+                    return
                 with progress.reporting(f"{job.variant.name}: fidelity (main, part {index + 1}/{job.parts})",
                                         job.log):
                     merged = fidelity_step.measure_part(job.spec, srv, out, fidelity_step.samples_dir(

@@ -218,6 +218,13 @@ def timings(run: Path) -> list[Timing]:
         return []
 
 
+def release_started(run: Path) -> float:
+    """When the release began (Unix time): its first step's start (the model step ends in a second); now when no
+    step has ended yet."""
+    starts = [t.start for t in timings(run)]
+    return min(starts) if starts else time.time()
+
+
 _INTERRUPTS = ("KeyboardInterrupt", "SystemExit", "TerminationSignal", "Abort", "CancelledError", "Cancelled")
 
 

@@ -26,6 +26,7 @@ from quantgate.base.runfiles import PARITY
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import is_locked, lock, lock_holder
 from quantgate.evals.comparefile import Comparison
+from quantgate.fidelity.record import StreamLook
 from quantgate.gate.decisionfile import overall, write_decision
 from quantgate.gate.models import Decision
 from quantgate.gate.evidence import decide_run
@@ -195,6 +196,15 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
     return ev
 
 
+def _at_look(look: StreamLook | None) -> str:
+    """Where a streaming look decided the REJECT: prompts read of the full sample, per slice, and when."""
+    if look is None:
+        return ""
+    slices = ", ".join(f"{c} {n}" for c, n in sorted(look.by_category.items()))
+    return (f", at streaming look {look.index} of {look.of} of {look.scope}: {look.n} of {look.total} prompts ({slices}), "
+            f"{look.elapsed_s:g} s after the release began, judged at alpha {look.alpha:.4g}")
+
+
 def _lends(slot: Slot | None, lender: Lender | None, variant: Variant) -> bool:
     """Whether slots that fall free may take extra servers of this variant (a served variant on a slot of its own)."""
     return lender is not None and slot is not None and variant.endpoint is None
@@ -336,7 +346,8 @@ def finish_run(spec: ReleaseSpec, run: Path, base: Evidence, measured: list[tupl
               if (err := failure(run, c.variant.name))]
     notes += [f"{c.variant.name}: REJECT decided early by fidelity, so "
               f"{', '.join([*c.skipped, *(['judge'] if spec.judge else [])]) or 'nothing'} did not run "
-              f"(decide_early: false measures everything): {c.decided}" for c in cands if c.decided]
+              f"(decide_early: false measures everything){_at_look(by_name[c.variant.name].stream)}: {c.decided}"
+              for c in cands if c.decided]
     notes += [f"{c.variant.name} was not measured: {r['failure']} ({r['error']})" for c in cands
               if (r := failed_row(c))] + spec.machine_notes
     notes += [f"{e.variant.name} is the endpoint {e.variant.endpoint.endpoint} (model {e.variant.endpoint.model}):"

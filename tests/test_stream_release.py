@@ -1,0 +1,92 @@
+"""A verdict while the evidence streams in, on the real thing (slow): a release of the demo model whose candidate is a
+real INT8 checkpoint damaged on purpose (its 16-bit layers rounded to 3 bits) runs the flow with the baseline and the
+candidate side by side; the candidate's REJECT is decided at a streaming look, long before the baseline has sampled
+every continuation, the baseline stops sampling there (the lines it wrote are kept for the next release), and the
+decision says at which look, on how many prompts of each slice and when."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantgate.base.paths import REPO
+from quantgate.fidelity import sampling
+from quantgate.target.catalogue import MANIFEST
+
+SPEC = """\
+version: 1
+name: stream
+model: demo
+hardware: x86-cpu
+context: 1024
+concurrency: 4
+schemes: []
+candidates:
+  - {{name: damaged, checkpoint: {checkpoint}}}
+eval_sets: [{evalset}]
+recall: null
+perf: null
+fidelity: {{draws: 2}}
+"""
+
+
+def _damage(src: Path, dst: Path, bits: int = 3) -> Path:
+    """A copy of an INT8 W8A8 checkpoint (its scheme read from its config as int8-w8a8) whose 16-bit linear weights
+    are rounded to `bits` bits per output channel: a candidate of a known scheme far beyond every fidelity limit."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    for f in dst.glob("*.safetensors"):
+        tensors = load_file(f)
+        for name, t in tensors.items():
+            if t.ndim == 2 and "proj" in name and t.is_floating_point():
+                w = t.float()
+                scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / (2 ** (bits - 1) - 1)
+                tensors[name] = (torch.round(w / scale) * scale).to(t.dtype)
+        save_file(tensors, f, metadata={"format": "pt"})
+    (dst / MANIFEST).unlink(missing_ok=True)
+    return dst
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_damaged_candidate_is_rejected_at_a_streaming_look_and_the_baseline_stops_sampling(
+        tmp_path, layer0_int8, prefect_api):
+    damaged = _damage(layer0_int8, tmp_path / "damaged")
+    spec = tmp_path / "stream.yaml"
+    spec.write_text(SPEC.format(checkpoint=damaged, evalset=REPO / "eval_sets" / "default.jsonl"))
+    env = {**os.environ, "QUANTGATE_RESULTS": str(tmp_path / "results"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1", "PREFECT_API_URL": prefect_api}
+    done = subprocess.run([sys.executable, "-m", "quantgate.cli.main", "release", str(spec), "--run-id", "streamed"],
+                          capture_output=True, text=True, env=env, timeout=1400, cwd=REPO)
+    out = done.stdout + done.stderr
+    assert done.returncode == 3, out[-4000:]  # REJECT: a result, not an error
+    assert "Traceback" not in out and "| ERROR" not in out, out[-4000:]
+    run = tmp_path / "results" / "runs" / "streamed"
+    decision = json.loads((run / "decision.json").read_text())["candidates"]["damaged"]
+    look = decision["stream"]
+    assert decision["decision"] == "REJECT" and look is not None, decision["reasons"]
+    assert any(c["outcome"] == "fail" and c["name"].startswith("fidelity") for c in decision["checks"])
+    # the sample count per slice and the time are in decision.json; fewer prompts than the full sample were read
+    assert 10 <= look["n"] < look["total"] and sum(look["by_category"].values()) == look["n"], look
+    assert look["elapsed_s"] > 0 and 0 < look["alpha"] <= look["spent"] < 0.05
+    assert len(look["by_category"]) == 6 if look["scope"] == "pooled" else list(look["by_category"]) == [look["scope"]]
+    record = json.loads((run / "fidelity" / "damaged.json").read_text())
+    assert record["stream"] == look and 0 < len(record["samples"]) <= look["n"]
+    assert {s["id"] for s in record["samples"]} <= set(record["draw"]["order"][: look["n"]])  # the stream's prefix
+    # the baseline stopped sampling: the lines stay, marked stopped, for the next release to resume
+    (samples,) = (tmp_path / "results").glob("cache/variants/*/fidelity/*-samples")
+    manifest = sampling.SamplesManifest.read(samples)
+    assert manifest is not None and manifest.stopped and manifest.status == "partial", manifest
+    assert manifest.n_sampled is not None and manifest.n is not None and manifest.n_sampled < manifest.n
+    summary = json.loads((run / "summary.json").read_text())
+    assert any("at streaming look" in n for n in summary["notes"]), summary["notes"]
+    print(f"\nstreamed REJECT at look {look['index']}/{look['of']}: {look['n']} of {look['total']} prompts "
+          f"{look['by_category']}, {look['elapsed_s']} s in; baseline stopped at {manifest.n_sampled}/{manifest.n}")
