@@ -80,7 +80,12 @@ def test_a_damaged_candidate_is_rejected_at_a_streaming_look_and_the_baseline_st
     assert len(look["by_category"]) == 6 if look["scope"] == "pooled" else list(look["by_category"]) == [look["scope"]]
     record = json.loads((run / "fidelity" / "damaged.json").read_text())
     assert record["stream"] == look and 0 < len(record["samples"]) <= look["n"]
-    assert {s["id"] for s in record["samples"]} <= set(record["draw"]["order"][: look["n"]])  # the stream's prefix
+    ids, order = [s["id"] for s in record["samples"]], record["draw"]["order"]
+    if look["scope"] == "pooled":  # a prefix of the whole stream
+        assert set(ids) <= set(order[: look["n"]])
+    else:  # a prefix of that slice's own order
+        assert {s["category"] for s in record["samples"]} == {look["scope"]} and set(ids) <= set(order)
+        assert max(order.index(i) for i in ids) < len(order) - (look["total"] - look["n"])
     # the baseline stopped sampling: the lines stay, marked stopped, for the next release to resume
     (samples,) = (tmp_path / "results").glob("cache/variants/*/fidelity/*-samples")
     manifest = sampling.SamplesManifest.read(samples)
