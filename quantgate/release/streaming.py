@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from quantgate.base.errors import QuantgateError
 from quantgate.base.subsets import SEED as SUBSET_SEED
 from quantgate.fidelity import sampling
 from quantgate.fidelity.core import SampleFidelity, ScoredSample, compare_sample, merge_draws, summarize
@@ -80,15 +81,19 @@ class StreamJudge:
             return True
         if self.fidelity is None:
             return False
-        self._read()
-        ready = self._ready()
-        for scope, (order, minimum) in self.scopes.items():
-            n = stream.reached(order, ready, len(order), minimum)
-            if n is None or n <= self.judged.get(scope, 0) or self._floor() is None:
-                continue
-            self.judged[scope] = n
-            if self._judge(scope, order[:n], len(order), minimum):
-                return True
+        try:
+            self._read()
+            ready = self._ready()
+            for scope, (order, minimum) in self.scopes.items():
+                n = stream.reached(order, ready, len(order), minimum)
+                if n is None or n <= self.judged.get(scope, 0) or self._floor() is None:
+                    continue
+                self.judged[scope] = n
+                if self._judge(scope, order[:n], len(order), minimum):
+                    return True
+        except QuantgateError as exc:  # files the full sample's judgement will read and report on: no more looks
+            self.log(f"{self.early.variant.name}: no more streaming looks ({exc.message}); the full sample decides")
+            self.fidelity = None
         return False
 
     def _read(self) -> None:
