@@ -91,6 +91,7 @@ def test_a_damaged_candidate_is_rejected_at_a_streaming_look_and_the_baseline_st
     manifest = sampling.SamplesManifest.read(samples)
     assert manifest is not None and manifest.stopped and manifest.status == "partial", manifest
     assert manifest.n_sampled is not None and manifest.n is not None and manifest.n_sampled < manifest.n
+    assert f"decided at streaming look {look['index']} of {look['of']} of {look['scope']}" in done.stdout  # the CLI says
     summary = json.loads((run / "summary.json").read_text())
     assert any("at streaming look" in n for n in summary["notes"]), summary["notes"]
     print(f"\nstreamed REJECT at look {look['index']}/{look['of']}: {look['n']} of {look['total']} prompts "

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from quantgate.base.errors import SettingError
 from quantgate.base.objstore import ResultStore
 from quantgate.base.paths import results_dir
+from quantgate.base.runfiles import DECISION
 from quantgate.cli.check import Checked, Kind, validate
 from quantgate.gate.models import EXIT_CODES
 from quantgate.gate.summaryfile import Summary
@@ -114,8 +115,9 @@ def release(
         raise typer.Exit(1)
     typed = Summary.model_validate(summary)
     print(json.dumps({k: summary[k] for k in ("release", "run", "decision", "promoted")}, indent=2))
+    looks = _streaming_looks(str(summary["run"]))
     for name, row in typed.candidates.items():
-        print(f"{name}: {row.decision}" + "".join(f"\n  - {r}" for r in row.reasons))
+        print(f"{name}: {row.decision}" + "".join(f"\n  - {r}" for r in row.reasons) + looks.get(name, ""))
     _print_timings(str(summary["run"]))
     for r in typed.publish or []:
         print(f"publish {r.candidate} to {r.target}: {r.status}" + (f" ({r.where})" if r.where else ""))
@@ -124,6 +126,20 @@ def release(
     for line in failures(typed):  # publishing and webhooks: reported, never swallowed
         print(f"error: {line}", file=sys.stderr)
     raise typer.Exit(exit_code(typed, EXIT_CODES[str(summary["decision"])]))
+
+
+def _streaming_looks(run_id: str) -> dict[str, str]:
+    """Candidate -> a line saying at which streaming look its REJECT was decided (decision.json's `stream`)."""
+    try:
+        doc = json.loads((results_dir() / "runs" / run_id / DECISION).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for name, d in (doc.get("candidates") or {}).items():
+        if isinstance(d, dict) and (s := d.get("stream")):
+            out[name] = (f"\n  decided at streaming look {s['index']} of {s['of']} of {s['scope']}: {s['n']} of "
+                         f"{s['total']} prompts, {s['elapsed_s']:g} s after the first step (alpha {s['alpha']:.4g})")
+    return out
 
 
 def _print_timings(run_id: str) -> None:
