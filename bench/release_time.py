@@ -180,6 +180,15 @@ def show(label: str, spec: Path, results: Path, run_id: str, env: dict) -> float
                   f"{row['end'] - t0:.0f} s (of {wall:.0f} s)")
         for step, why in (ev.get("skipped") or {}).items():
             print(f"  {ev['variant']['name']}: {step} skipped: {why[:120]}")
+    try:  # the time to verdict of a REJECT decided at a streaming look (quantgate.gate.stream)
+        decided = json.loads((run / "decision.json").read_text())["candidates"]
+    except (OSError, KeyError, ValueError):
+        decided = {}
+    for name, d in decided.items():
+        if (look := d.get("stream")) is not None:
+            print(f"  {name}: time to verdict {look['elapsed_s']:.0f} s ({look['elapsed_s'] / wall:.0%} of this "
+                  f"release's {wall:.0f} s): streaming look {look['index']} of {look['of']} of {look['scope']}, "
+                  f"{look['n']} of {look['total']} prompts")
     for variant, parts in tokens_by_step(run).items():
         print(f"  prompt tokens, {variant}: " + ", ".join(f"{k} {v:,}" for k, v in parts.items()))
     if rc not in (0, 3, 4):
