@@ -63,6 +63,8 @@ TOP1 = 0.93   # true pooled top-1 agreement (the int8 family's limit)
 _N = NormalDist()
 
 
+LOOK_MIN = [stream.MIN_PROMPTS]  # --look-min: the smallest streaming look (a slice's: min_category_samples)
+
 def spread(rng: np.random.Generator, kind: str, p: float, n: int) -> np.ndarray:
     """n draws of X with E[X] = 1."""
     if kind == "gamma":
@@ -137,7 +139,7 @@ def run_stream(trials: int, kl: float, n_boot: int, look_boot: int, alpha: float
         for si, (label, kind, p) in enumerate(SPREADS):
             d = disagree_scale(kind, p)
             for n in ns:
-                looks = [stream.look(alpha, n, k) for k in stream.planned(n)]
+                looks = [stream.look(alpha, n, k, minimum=LOOK_MIN[0]) for k in stream.planned(n, minimum=LOOK_MIN[0])]
                 c = {k: 0 for k in ("any_kl", "fin_kl", "either_kl", "any_t1", "fin_t1", "either_t1")}
                 each_kl, each_t1 = [0] * len(looks), [0] * len(looks)
                 for t in range(trials):
@@ -189,7 +191,7 @@ def stream_report(a, trials: int, ns) -> int:
     print("| n | streaming looks (prompts) | share per look | spent over them |")
     print("|---|---|---|---|")
     for n in ns:
-        looks = [stream.look(a.alpha, n, k) for k in stream.planned(n)]
+        looks = [stream.look(a.alpha, n, k, minimum=LOOK_MIN[0]) for k in stream.planned(n, minimum=LOOK_MIN[0])]
         if not looks:
             print(f"| {n} | none: planned({n}) is empty | - | 0 |")
             continue
@@ -302,9 +304,13 @@ def main() -> int:
                     "fidelity.alpha, default 0.05)")
     ap.add_argument("--look-boot", type=int, default=None, help="--stream: resamples per streaming look "
                     "(default --n-boot)")
+    ap.add_argument("--look-min", type=int, default=None, help="--stream: no look below this many clusters (default "
+                    "the pooled looks' 24; a slice's looks start at the policy's min_category_samples, 10)")
     ap.add_argument("--ns", type=str, default=None, help="--stream: full sample sizes, comma-separated "
                     f"(default {','.join(map(str, NS))})")
     a = ap.parse_args()
+    if a.look_min is not None:
+        LOOK_MIN[0] = a.look_min
     trials = a.trials or (300 if a.quick else 2000)
     if a.stream:
         return stream_report(a, trials, tuple(int(x) for x in a.ns.split(",")) if a.ns else NS)
