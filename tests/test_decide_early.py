@@ -76,8 +76,9 @@ def test_a_decided_reject_skips_the_recall_grid_and_the_perf_probe_and_says_why(
     no_early = spec.model_copy(update={"decide_early": False})
     assert early_decision(no_early, tmp_path, cand, {"default": tmp_path}, None, log=print) is None
     steps = _steps(tmp_path, early)
-    # deciding early: fidelity first (as the baseline's samples come), the eval sets after, then what it may skip
-    assert [s.name for s in steps] == ["fidelity (main)", "eval default", "recall", "perf"]
+    # deciding early, in one part (no slot lent: no baseline sampling beside it to score ahead of): fidelity after the
+    # eval sets, before what it may skip
+    assert [s.name for s in steps] == ["eval default", "fidelity (main)", "recall", "perf"]
     assert [s.name for s in _steps(tmp_path, None)] == ["eval default", "recall", "perf", "fidelity (main)"]
     # the baseline samples, then scores both paths, then the rest: its candidates can score and decide early
     assert [s.name for s in _steps(tmp_path, None, baseline=True)] == [

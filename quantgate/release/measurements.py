@@ -242,9 +242,12 @@ class Fidelity:
     def phase(self, job: VariantJob, early: EarlyDecision | None) -> float:
         if job.baseline:
             return 0  # the candidates beside it wait for its samples and dumps
-        # deciding early: first, as the samples come (its eval sets run after a streaming REJECT, beside the baseline's),
-        # and before the recall grid and perf probe it may skip
-        return 0.5 if early is not None else 3
+        if early is None:
+            return 3
+        # deciding early: before the recall grid and perf probe it may skip; scored ahead of a baseline sampling beside
+        # it (parts: a release on slots), first, as the samples come (a streaming look may decide; its eval sets run
+        # after, beside the baseline's); else after its eval sets (on work pools the samples come whole from the store)
+        return 0.5 if job.parts > 1 else 1.5
 
     def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> Recorded:
         return {"fidelity": folders}
