@@ -291,7 +291,7 @@ def _dump(folder: Path, ids: list[str]) -> Path:
 
 
 def test_the_floor_scores_a_stratified_subset_and_is_compared_on_it(tmp_path):
-    from quantgate.release.fidelity_step import FLOOR_CONTEXT, floor_ids
+    from quantgate.fidelity.stream import FLOOR_CONTEXT, floor_ids
 
     ids = [f"{c}-{k}" for c in ("qa", "math", "context:4096", "context:1024") for k in range(10)]
     seqs = [run.Sequence(id=i, category=i.split("-")[0], token_ids=[1, 2, 3], score_from=1) for i in ids]

@@ -134,7 +134,8 @@ def test_a_streaming_look_is_judged_by_the_gate_as_it_was_at_the_look(tmp_path):
     record = FidelityRecord(summary=summarize(cand), estimator="sampled-logratio", samples=cand, stream=look)
     floor_rec = FidelityRecord(summary=summarize(floor), estimator="sampled-logratio", samples=floor)
     files = tmp_path / "fidelity" / "int8-w8a8.json", tmp_path / "fidelity" / "floor.json"
-    checks = stream_checks(POLICY, "int8-w8a8", "int8-w8a8", record, floor_rec, (str(files[0]), str(files[1])))
+    checks = stream_checks(load_policy(POLICY), "int8-w8a8", "int8-w8a8", record, floor_rec,
+                           (str(files[0]), str(files[1])))
     failed = {c.name for c in checks if c.outcome == "fail"}
     assert "fidelity:kl:multilingual" in failed and "fidelity:kl:factual_qa" not in failed
     files[0].parent.mkdir()
@@ -160,7 +161,8 @@ def test_a_slice_decided_at_its_own_look_leaves_the_pooled_checks_to_the_full_sa
     assert look.of == len(stream.planned(50, minimum=10)) == 8  # 10, 15, ..., 45 of the slice's 50
     record = FidelityRecord(summary=summarize(slice_only), estimator="sampled-logratio", samples=slice_only, stream=look)
     floor_rec = FidelityRecord(summary=summarize(floor), estimator="sampled-logratio", samples=floor)
-    checks = {c.name: c for c in stream_checks(POLICY, "int8-w8a8", "int8-w8a8", record, floor_rec, ("a", "b"))}
+    checks = {c.name: c for c in stream_checks(load_policy(POLICY), "int8-w8a8", "int8-w8a8", record, floor_rec,
+                                               ("a", "b"))}
     assert checks["fidelity:kl:multilingual"].outcome == "fail" and checks["fidelity:floor"].outcome == "pass"
     # its pooled figures are the slice's own: not judged as the pooled checks
     assert checks["fidelity:kl"].outcome == checks["fidelity:top1"].outcome == "skipped"

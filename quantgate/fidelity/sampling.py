@@ -324,6 +324,15 @@ def _sequences(lines: list[dict]) -> list[Sequence]:
     return sorted(seqs, key=lambda s: s.id)
 
 
+def dump_line(rec: dict) -> dict | None:
+    """A samples line (with its logprobs) as the dump line a teacher-forced scoring of the same tokens would write:
+    prompt + continuation, scored from the prompt's end; None for an empty continuation (nothing to score)."""
+    if not rec["ids"]:
+        return None
+    return {"id": rec["id"], "category": rec["category"], "ids": rec["prompt_ids"] + rec["ids"],
+            "score_from": len(rec["prompt_ids"]), "lp": rec["lp"], "top": rec["top"]}
+
+
 def write_dump(samples_dir: Path | str, out_dir: Path | str) -> Path:
     """The sampling server's own logprobs of the continuations as a complete dump folder (quantgate.fidelity.run's
     layout: logprobs.jsonl + manifest.json), the same sequences `load_sequences` gives: what the baseline's
@@ -341,9 +350,7 @@ def write_dump(samples_dir: Path | str, out_dir: Path | str) -> Path:
     tmp = out / f"{DUMP}.tmp"
     with tmp.open("w", encoding="utf-8") as fh:
         for s in seqs:
-            rec = lines[s.id]
-            fh.write(json.dumps({"id": s.id, "category": s.category, "ids": s.token_ids, "score_from": s.score_from,
-                                 "lp": rec["lp"], "top": rec["top"]}, separators=(",", ":")) + "\n")
+            fh.write(json.dumps(dump_line(lines[s.id]), separators=(",", ":")) + "\n")
     tmp.replace(out / DUMP)
     DumpManifest(schema=DUMP_SCHEMA, status="complete", n=len(seqs), n_scored=len(seqs), top_k=top_k,
                  model=manifest.model, endpoint=manifest.endpoint, sequences_hash=sequences_hash(seqs),

@@ -10,7 +10,7 @@ from quantgate.gate.evidence import collect
 from quantgate.gate.fidelityevidence import fidelity_evidence
 from quantgate.gate.looks import spend
 from quantgate.gate.models import Check, GateEvidence
-from quantgate.gate.policy import load_policy
+from quantgate.gate.policy import GatePolicy, load_policy
 from quantgate.gate.statistical import fidelity_checks
 
 
@@ -30,12 +30,11 @@ def early_fidelity_checks(run: Path | str, policy_path: Path | str, candidate: s
     return fidelity_checks(policy, evidence, family)
 
 
-def stream_checks(policy_path: Path | str, candidate: str, scheme: str | None, record: FidelityRecord,
+def stream_checks(policy: GatePolicy, candidate: str, scheme: str | None, record: FidelityRecord,
                   floor: FidelityRecord, files: tuple[str, str]) -> list[Check]:
     """The candidate's fidelity checks at a streaming look (quantgate.gate.stream): `record` holds the look's
     prefix and its `stream` look, `floor` the noise floor; judged as the gate judges the same files (`files`:
     where they will be) at the look's share of alpha. [] without a fidelity section in the policy."""
-    policy = load_policy(policy_path)
     if policy.fidelity is None or record.stream is None:
         return []
     level = 1 - 2 * record.stream.alpha

@@ -160,20 +160,22 @@ class EarlyDecision:
             return
         failed = [c for c in checks if c.outcome == "fail"]
         if failed:
-            self.reason = _reason(failed)
-            self.log(f"{self.variant.name}: REJECT decided by fidelity ({len(failed)} failed check(s)); skipping "
-                     f"{', '.join(SKIPPABLE)} (decide_early: false measures them): {self.reason}")
-            if self.verdicts is not None:
-                self.verdicts.reject(self.variant.name)
+            self._reject(failed, f"({len(failed)} failed check(s)); skipping {', '.join(SKIPPABLE)} (decide_early: "
+                                 "false measures them)")
 
     def decide_at_look(self, failed: list[Check], look: StreamLook) -> None:
         """The REJECT decided at a streaming look (its record written by the caller): the rest of the candidate's
         fidelity and the skippable steps are skipped, and the release's verdicts hear of it."""
-        self.reason = _reason(failed)
         self.stream = look
-        self.log(f"{self.variant.name}: REJECT decided by fidelity at streaming look {look.index} of {look.of} of "
-                 f"{look.scope} ({look.n} of {look.total} prompts, {look.elapsed_s:g} s in); skipping the rest of its fidelity and "
-                 f"{', '.join(SKIPPABLE)}: {self.reason}")
+        self._reject(failed, f"at streaming look {look.index} of {look.of} of {look.scope} ({look.n} of {look.total} "
+                             f"prompts, {look.elapsed_s:g} s in); skipping the rest of its fidelity and "
+                             f"{', '.join(SKIPPABLE)}")
+
+    def _reject(self, failed: list[Check], how: str) -> None:
+        """The REJECT decided by the failed checks: said, and told to the release's verdicts."""
+        self.reason = "; ".join(f"{c.name}: {c.reason}" for c in failed[:3]) + \
+            (f" (and {len(failed) - 3} more)" if len(failed) > 3 else "")
+        self.log(f"{self.variant.name}: REJECT decided by fidelity {how}: {self.reason}")
         if self.verdicts is not None:
             self.verdicts.reject(self.variant.name)
 
@@ -200,11 +202,6 @@ class EarlyDecision:
                 return False
             self.skipped[step] = f"decided early: REJECT by fidelity ({self.reason})"
         return True
-
-
-def _reason(failed: list[Check]) -> str:
-    return "; ".join(f"{c.name}: {c.reason}" for c in failed[:3]) + \
-        (f" (and {len(failed) - 3} more)" if len(failed) > 3 else "")
 
 
 def early_decision(spec: ReleaseSpec, run: Path, variant: Variant, reference: Mapping[str, Path] | None,

@@ -46,7 +46,7 @@ from quantgate.evals.dataset import load_evalset, stratified_subset
 from quantgate.evals.setsource import set_names
 from quantgate.fidelity import sampling
 from quantgate.fidelity.core import CONTEXT_PREFIX, SampleFidelity, merge_draws, summarize
-from quantgate.fidelity.stream import DRAW, FLOOR_CONTEXT, floor_ids, stream_ids, stream_order  # noqa: F401
+from quantgate.fidelity.stream import DRAW, floor_ids, stream_order
 from quantgate.fidelity.parts import finished_lines, merge_parts, part, part_dir, seed, stream_dir
 from quantgate.fidelity.record import FidelityRecord, SubsetDraw, load_fidelity_record
 from quantgate.fidelity.run import (DUMP, Sequence, append_scores, compare_dumps, is_complete,
@@ -200,7 +200,8 @@ def sample(spec: ReleaseSpec, reference: Mapping[str, Path], tokenizer: Path, sr
             keep = floor_ids(prompts, f.floor_samples)
             ordered = [p for p in stream_order(prompts) if p.id not in keep]  # sent: the floor's as a batch first,
             short = [p for p in ordered if not p.category.startswith(CONTEXT_PREFIX)]  # then the eval prompts
-            ordered = [p for p in prompts if p.id in keep] + short + [p for p in ordered if p not in short]
+            ordered = [p for p in prompts if p.id in keep] + short + [p for p in ordered
+                                                                       if p.category.startswith(CONTEXT_PREFIX)]
             floor = threading.Thread(target=_floor_ahead, args=(spec, reference, srv, out, keep, log), daemon=True,
                                      name="floor ahead")
             floor.start()
@@ -321,16 +322,15 @@ def _score(spec: ReleaseSpec, srv, scored: list[Sequence], folder: Path, label: 
     """Score `scored` into the dump folder on `srv` under the name it serves, saying how much and how far."""
     f = spec.fidelity
     assert f is not None
-    width = f.concurrency
     tokens, every = sum(len(s.token_ids) - s.score_from for s in scored), max(1, len(scored) // 5)
-    log(f"{label}: {len(scored)} sequences, {tokens} scored tokens, top-{f.top_k}, concurrency {width}")
+    log(f"{label}: {len(scored)} sequences, {tokens} scored tokens, top-{f.top_k}, concurrency {f.concurrency}")
 
     def progress(n: int, total: int) -> None:
         if n % every == 0 or n == total:
             log(f"{label} {n}/{total} sequences")
 
     score_sequences(srv.base_url, srv.config.name, srv.api_key, scored, folder, top_k=f.top_k,
-                    concurrency=width, progress=progress)
+                    concurrency=f.concurrency, progress=progress)
 
 
 def _write(path: Path, dumps: dict[str, str], compare: Callable[[], list[SampleFidelity]]) -> None:

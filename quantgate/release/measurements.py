@@ -284,8 +284,7 @@ class Fidelity:
             if job.baseline and job.verdicts is not None and sampling.is_stopped(folder):
                 job.verdicts.stopped_sampling()
             with progress.reporting(f"{job.variant.name}: fidelity ({path})", job.log):
-                fidelity_step.measure(job.spec, srv, {path: out},
-                                      fidelity_step.samples_dir(job.spec, job.reference), job.log,
+                fidelity_step.measure(job.spec, srv, {path: out}, folder, job.log,
                                       baseline=job.baseline)
             if early is not None and path == "main":
                 early.judge(out)

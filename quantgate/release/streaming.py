@@ -1,7 +1,7 @@
 """A candidate's streaming looks (adapter): its fidelity REJECT decided while the baseline still samples.
 
 The baseline samples the noise floor's prompts first and scores the floor beside the rest of its sampling, then
-samples in stream order (quantgate.release.fidelity_step.stream_order); the candidate scores each continuation as it
+samples in stream order (quantgate.fidelity.stream.stream_order); the candidate scores each continuation as it
 arrives (fidelity_step.score_ahead). After every batch it scores, `StreamJudge.decided()` reads what both sides have
 written (the baseline's samples, whose lines carry its own logprobs, and the candidate's stream dump), and once the
 first n prompts of the stream order are all in for a planned look n (quantgate.gate.stream), it judges that prefix
@@ -16,6 +16,7 @@ A look that decides nothing leaves no file: the full sample is judged as before.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -26,6 +27,7 @@ from quantgate.fidelity import sampling
 from quantgate.fidelity.core import SampleFidelity, ScoredSample, compare_sample, merge_draws, summarize
 from quantgate.fidelity.parts import stream_dir
 from quantgate.fidelity.record import POOLED, FidelityRecord, SubsetDraw
+from quantgate.fidelity.stream import DRAW, stream_ids
 from quantgate.fidelity.run import DUMP, is_complete, load_dump
 from quantgate.gate import stream
 from quantgate.gate.early import stream_checks
@@ -37,14 +39,6 @@ from quantgate.spec.schema import policy_path
 RULE = "stream: sha256(seed:id) within each category, categories merged in proportion to their sizes"
 
 
-def _base_line(rec: dict) -> ScoredSample | None:
-    """A samples line as the baseline's scored sample (its own logprobs of the continuation), None when empty."""
-    if not rec.get("ids"):
-        return None
-    return ScoredSample(id=rec["id"], category=rec["category"], ids=rec["prompt_ids"] + rec["ids"],
-                        score_from=len(rec["prompt_ids"]), lp=rec["lp"], top=rec["top"])
-
-
 class StreamJudge:
     """One candidate's streaming looks; `decided()` after every scored batch (see the module docstring)."""
 
@@ -54,14 +48,15 @@ class StreamJudge:
         self.reference = early.reference
         self.samples = fidelity_step.samples_dir(self.spec, self.reference)
         prompts, _ = fidelity_step.sampled_prompts(self.spec, tokenizer)
-        self.order = fidelity_step.stream_ids(prompts)
+        self.order = stream_ids(prompts)
         self.draws: dict[str, list[str]] = {}
         self.category: dict[str, str] = {}
         for p in prompts:
-            head = p.id.split(fidelity_step.DRAW, 1)[0]
+            head = p.id.split(DRAW, 1)[0]
             self.draws.setdefault(head, []).append(p.id)
             self.category[head] = p.category
-        self.fidelity = load_policy(policy_path(self.spec)).fidelity  # its alpha: each look spends a share
+        self.policy = load_policy(policy_path(self.spec))  # read once: every look judges by it
+        self.fidelity = self.policy.fidelity  # its alpha: each look spends a share
         minimum = self.fidelity.min_category_samples if self.fidelity else stream.MIN_PROMPTS
         self.scopes: dict[str, tuple[list[str], int]] = {POOLED: (self.order, stream.MIN_PROMPTS)}  # its order, minimum
         for c in sorted(set(self.category.values())) if self.fidelity and self.fidelity.per_category else []:
@@ -99,7 +94,8 @@ class StreamJudge:
     def _read(self) -> None:
         for rec in self.base_tail.new():
             try:
-                self.base[rec["id"]] = _base_line(rec)
+                line = sampling.dump_line(rec)  # the baseline's side: its own logprobs of what it sampled
+                self.base[rec["id"]] = ScoredSample.model_validate(line) if line is not None else None
             except (KeyError, ValidationError):
                 continue
         for rec in self.cand_tail.new():
@@ -126,7 +122,7 @@ class StreamJudge:
             if not all(self.base.get(i) is not None for i in scored):
                 return None
             samples = merge_draws([compare_sample(self.base[i], s) for i, s in sorted(scored.items())],  # type: ignore[arg-type]
-                                  fidelity_step.DRAW)
+                                  DRAW)
             self.floor = FidelityRecord(summary=summarize(samples), estimator=fidelity_step.ESTIMATOR,
                                         samples=samples, dumps={"baseline": str(self.samples), "alt": str(alt)})
         return self.floor
@@ -143,10 +139,8 @@ class StreamJudge:
                     if i not in self.scored:
                         self.scored[i] = compare_sample(base, self.cand[i])
                     per_seq.append(self.scored[i])
-        samples = merge_draws(per_seq, fidelity_step.DRAW)
-        by_cat: dict[str, int] = {}
-        for head in heads:
-            by_cat[self.category[head]] = by_cat.get(self.category[head], 0) + 1
+        samples = merge_draws(per_seq, DRAW)
+        by_cat = Counter(self.category[head] for head in heads)
         look = stream.look(self.fidelity.alpha, total, len(heads), scope=scope, minimum=minimum, by_category=by_cat,
                            elapsed_s=round(time.time() - self.started, 1), scored_tokens=sum(s.n_tokens for s in samples))
         variant = self.early.variant
@@ -154,7 +148,7 @@ class StreamJudge:
                                 dumps={"baseline": str(self.samples), "candidate": str(self.cand_tail.path.parent)},
                                 draw=SubsetDraw(rule=RULE, seed=SUBSET_SEED, order=self.order), stream=look)
         files = self.run / "fidelity" / f"{variant.name}.json", self.run / "fidelity" / "floor.json"
-        checks = stream_checks(policy_path(self.spec), variant.name, variant.scheme, record, self.floor,
+        checks = stream_checks(self.policy, variant.name, variant.scheme, record, self.floor,
                                (str(files[0]), str(files[1])))
         failed = [c for c in checks if c.outcome == "fail"]
         self.log(f"{variant.name}: streaming look {look.index}/{look.of} of {scope} at {look.n} of {total} prompts "
