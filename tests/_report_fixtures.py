@@ -307,11 +307,18 @@ def _window_pay_off(run: Path) -> None:
     _dump(run / CAND / "pay_off.json", doc)
 
 
-def early_reject_run(results: Path, run_id: str, **kw) -> Path:
+def early_reject_run(results: Path, run_id: str, evals: bool = True, **kw) -> Path:
     """The demo's REJECT: fidelity fails pooled and in most slices, so the release skipped the recall grid and the
     perf probe on purpose (evidence.json `skipped` and `decided`, worded as quantgate.release.early records them),
-    and the real gate decides over what is there (its checks of the skipped evidence say "not measured: <why>")."""
+    and the real gate decides over what is there (its checks of the skipped evidence say "not measured: <why>").
+    evals=False: decided before the eval sets ran (a streaming look), so they were skipped on both sides too."""
     run = release_run(results, run_id, fidelity=True, **kw)
+    skipped = ("recall", "perf") if evals else ("evals", "recall", "perf")
+    if not evals:  # what the release writes then: no eval folder in evidence.json, an empty comparison
+        _dump(run / "compare" / f"{CAND}.json", {})
+        for variant in ("baseline", CAND):
+            _dump(run / variant / "evidence.json", {**json.loads((run / variant / "evidence.json").read_text()),
+                                                     "evals": {}})
     _slices_doc(run, 0.09, 0.86)
     shutil.rmtree(run / CAND / "recall")
     (run / CAND / "pay_off.json").unlink()
@@ -322,7 +329,7 @@ def early_reject_run(results: Path, run_id: str, **kw) -> Path:
                        "compares with it"}
     for variant, reason in why.items():
         ev = json.loads((run / variant / "evidence.json").read_text())
-        ev.update(skipped={"recall": reason, "perf": reason}, decided=decided if variant == CAND else None)
+        ev.update(skipped=dict.fromkeys(skipped, reason), decided=decided if variant == CAND else None)
         _dump(run / variant / "evidence.json", ev)
     (d,) = decide_run(run, POLICY)
     assert d.decision == "REJECT", d.reasons

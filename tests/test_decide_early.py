@@ -11,7 +11,7 @@ from _gate_fixtures import fidelity_file
 from quantgate.base.paths import EVAL_SETS, RELEASES
 from quantgate.gate.early import early_fidelity_checks
 from quantgate.release.early import EarlyDecision, Verdicts, early_decision
-from quantgate.release.measurements import VariantJob, ordered_steps
+from quantgate.release.measurements import EvalSets, VariantJob, ordered_steps
 from quantgate.spec.resolve import load_spec
 from quantgate.release.variants import Variant
 
@@ -67,7 +67,7 @@ def _spec(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_decided_reject_skips_the_recall_grid_and_the_perf_probe_and_says_why(tmp_path):
+def test_a_decided_reject_skips_the_eval_sets_the_recall_grid_and_the_perf_probe_and_says_why(tmp_path):
     spec = load_spec(_spec(tmp_path))
     cand = Variant(name="int8-w8a8", path=tmp_path, scheme="int8-w8a8", content_hash="0" * 64, size_bytes=1)
     early = early_decision(spec, tmp_path, cand, {"default": tmp_path / "ev"}, None, log=lambda _: None)
@@ -85,10 +85,15 @@ def test_a_decided_reject_skips_the_recall_grid_and_the_perf_probe_and_says_why(
         "fidelity (samples)", "fidelity (main)", "fidelity (alt)", "eval default", "recall", "perf"]
     by_name = {s.name: s for s in steps}
     early.reason = "fidelity:kl: KL 0.3 > limit 0.02"  # what judge() sets when a check fails
-    by_name["recall"].run(None)  # a server would be asked for something: None would raise
+    by_name["eval default"].run(None)  # a server would be asked for something: None would raise
+    by_name["recall"].run(None)
     by_name["perf"].run(None)
-    assert set(early.skipped) == {"recall", "perf"} and "REJECT by fidelity" in early.skipped["recall"]
-    assert not early.skips("eval default")  # only what cannot change a decided REJECT is skipped
+    assert set(early.skipped) == {"evals", "recall", "perf"} and "REJECT by fidelity" in early.skipped["recall"]
+    assert not early.skips("fidelity")  # only what cannot change a decided REJECT is skipped
+    # what the evidence records: no eval folder not measured (a set cached before the decision stays)
+    (tmp_path / "ev").mkdir()
+    assert EvalSets().record({"default": tmp_path / "ev"}, early.skipped) == {"evals": {}}
+    assert EvalSets().record({"default": tmp_path / "ev"}, {}) == {"evals": {"default": tmp_path / "ev"}}
 
 
 def test_scored_in_parts_the_skips_wait_for_the_part_that_decides(tmp_path):
@@ -170,18 +175,19 @@ def test_without_the_baselines_dumps_nothing_is_decided_and_nothing_fails(tmp_pa
     assert early.verdicts.settled == {"int8-w8a8"} and not early.verdicts.rejected  # judged: nothing more to wait for
 
 
-def test_the_baseline_skips_its_recall_and_perf_once_every_candidate_is_rejected_early(tmp_path):
+def test_the_baseline_skips_its_evals_recall_and_perf_once_every_candidate_is_rejected_early(tmp_path):
     verdicts = Verdicts(["int8-w8a8", "w4a16-gptq"])
     steps = {s.name: s for s in _steps(tmp_path, None, baseline=True, verdicts=verdicts)}
-    assert steps["recall"].wanted() and steps["perf"].wanted() and steps["eval default"].wanted is None
+    assert steps["recall"].wanted() and steps["perf"].wanted() and steps["eval default"].wanted()
     verdicts.reject("int8-w8a8")
     assert steps["recall"].wanted() and not verdicts.skips("recall")  # one candidate is still undecided
+    assert not verdicts.skips("evals")
     verdicts.reject("w4a16-gptq")
-    assert not steps["recall"].wanted() and not steps["perf"].wanted()  # no extra server starts for them
-    steps["recall"].run(None)  # a server would be asked for something: None would raise
-    steps["perf"].run(None)
-    assert set(verdicts.skipped) == {"recall", "perf"}
-    assert "(int8-w8a8, w4a16-gptq)" in verdicts.skipped["recall"] and not verdicts.skips("eval default")
+    assert not any(steps[s].wanted() for s in ("eval default", "recall", "perf"))  # no extra server starts for them
+    for s in ("eval default", "recall", "perf"):
+        steps[s].run(None)  # a server would be asked for something: None would raise
+    assert set(verdicts.skipped) == {"evals", "recall", "perf"}
+    assert "(int8-w8a8, w4a16-gptq)" in verdicts.skipped["recall"] and not verdicts.skips("fidelity")
     # a candidate's own steps are its own EarlyDecision's to skip, not the release's
     cand = {s.name: s for s in _steps(tmp_path, None, verdicts=verdicts)}
     assert cand["recall"].wanted is None
@@ -208,3 +214,7 @@ def test_a_baseline_left_with_only_skippable_steps_waits_for_every_verdict_first
     more = {"evals": ["default"], "recall": ["recall"]}  # other work to serve for: no wait, nothing dropped here
     Verdicts(["c"]).drop_skippable(more)
     assert more == {"evals": ["default"], "recall": ["recall"]}
+    # eval sets alone are skipped once decided but never waited for: every undecided candidate is gated on them
+    evals = {"evals": ["default"]}
+    Verdicts(["c"]).drop_skippable(evals)  # c unsettled: a wait would hang here
+    assert evals == {"evals": ["default"]}

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.objstore import ResultStore
-from quantgate.gate.evidence import serving_failure
+from quantgate.gate.failurefile import serving_failure
 from quantgate.pools import executor as pools
 from quantgate.pools.child import ALIVE, rebased
 from quantgate.spec.sections import ExecutorSpec

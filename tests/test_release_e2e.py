@@ -33,7 +33,7 @@ import pytest
 from _publish_fixtures import Receiver
 from _shared import CHECKPOINTS
 from quantgate.base.paths import REPO
-from quantgate.gate.evidence import CANDIDATE_ERROR
+from quantgate.gate.failurefile import CANDIDATE_ERROR
 from quantgate.release import schedule
 from quantgate.publishing import registry
 from quantgate.spec.resolve import load_spec

@@ -13,7 +13,8 @@ from _report_fixtures import CAND, HOSTILE, POLICY, as_schema1, early_reject_run
 from typer.testing import CliRunner
 
 from quantgate.cli.main import app
-from quantgate.gate.evidence import gate_run
+from quantgate.gate.checks import DECIDED_EARLY
+from quantgate.gate.evidence import decide_run, gate_run
 from quantgate.report.page import BADGES, TEMPLATES, markdown_summary, write_report
 
 RUN_ID = "demo-20261101T100000Z"
@@ -375,6 +376,21 @@ def test_early_reject_summary_and_show_lead_with_the_decision(tmp_path):
     assert "    fidelity:kl  FAIL  " in res.output and "missing" not in res.output
     assert "  baseline: recall grid, perf probe: skipped: decided early by fidelity" in res.output
     assert str(tmp_path) not in res.output.replace(f"files in {run}", "")
+
+
+def test_an_early_reject_before_the_eval_sets_says_they_were_skipped_not_missing(tmp_path):
+    """A REJECT decided at a streaming look, before either side ran its eval sets: the task checks (primary, pooled,
+    categories, error rate) are skipped as decided early, never missing evidence, and the lead names the eval sets."""
+    run = early_reject_run(tmp_path / "results", "demo-20261201T110000Z", evals=False)
+    (d,) = decide_run(run, POLICY)
+    task = [c for c in d.checks if c.name.split(":")[0] in ("primary", "pooled", "category", "error_rate")]
+    assert d.decision == "REJECT" and task, [c.name for c in d.checks]
+    assert all(c.outcome == "skipped" and c.reason.startswith(DECIDED_EARLY) for c in task), \
+        [(c.name, c.outcome, c.reason) for c in task]
+    md = write_report(run)[1].read_text()
+    lead = md[:md.index("| candidate |")]
+    assert "_w4a16-gptq: eval sets, recall grid, perf probe: skipped: decided early by fidelity_" in lead, lead
+    assert "missing evidence" not in md and "Gaps in the evidence" not in md
 
 
 def test_a_kl_interval_is_never_below_zero():

@@ -88,3 +88,21 @@ def test_evidence_json_is_versioned_and_read_back_through_its_model(tmp_path):
     path.write_text(json.dumps({**older, "schema_version": EVIDENCE_SCHEMA + 1}))
     with pytest.raises(RunFileError, match="schema_version"):
         load_evidence(path)
+
+
+def test_a_baselines_eval_folders_are_as_planned_or_a_subset_only_when_skipped(tmp_path):
+    """The flow's check that the candidates scored the baseline's own answers: every planned folder, or (its eval
+    sets skipped once every candidate's REJECT was decided) those it had measured; never another folder."""
+    from quantgate.release.variants import Evidence, Variant
+
+    v = Variant(name="baseline", path=tmp_path, content_hash="0" * 64, size_bytes=1)
+    planned = {"a": tmp_path / "a", "b": tmp_path / "b"}
+
+    def ev(evals: dict, skipped: dict) -> Evidence:
+        return Evidence(variant=v, folder=tmp_path, cache=tmp_path, serve_command=[], dtype=None, served=True,
+                        evals=evals, skipped=skipped)
+    assert ev(planned, {}).evals_as_planned(planned)
+    assert not ev({"a": tmp_path / "a"}, {}).evals_as_planned(planned)  # a set gone without a reason
+    assert ev({"a": tmp_path / "a"}, {"evals": "decided"}).evals_as_planned(planned)
+    assert ev({}, {"evals": "decided"}).evals_as_planned(planned)
+    assert not ev({"a": tmp_path / "other"}, {"evals": "decided"}).evals_as_planned(planned)  # another cache key

@@ -1,8 +1,8 @@
 """A verdict while the evidence streams in, on the real thing (slow): a release of the demo model whose candidate is a
 real INT8 checkpoint damaged on purpose (its 16-bit layers rounded to 3 bits) runs the flow with the baseline and the
 candidate side by side; the candidate's REJECT is decided at a streaming look, long before the baseline has sampled
-every continuation, the baseline stops sampling there (the lines it wrote are kept for the next release), and the
-decision says at which look, on how many prompts of each slice and when."""
+every continuation, the baseline stops sampling there (the lines it wrote are kept for the next release), neither
+side runs its eval sets after it, and the decision says at which look, on how many prompts of each slice and when."""
 
 from __future__ import annotations
 
@@ -91,6 +91,12 @@ def test_a_damaged_candidate_is_rejected_at_a_streaming_look_and_the_baseline_st
     manifest = sampling.SamplesManifest.read(samples)
     assert manifest is not None and manifest.stopped and manifest.status == "partial", manifest
     assert manifest.n_sampled is not None and manifest.n is not None and manifest.n_sampled < manifest.n
+    # the release stopped measuring: the eval sets were skipped on both sides, and the gate says so, not "missing"
+    for variant in ("damaged", "baseline"):
+        ev = json.loads((run / variant / "evidence.json").read_text())
+        assert "evals" in ev["skipped"] and ev["evals"] == {}, (variant, ev["skipped"], ev["evals"])
+    task = [c for c in decision["checks"] if c["name"].split(":")[0] in ("primary", "pooled", "category")]
+    assert task and all(c["outcome"] == "skipped" and "decided early" in c["reason"] for c in task), task
     assert f"decided at streaming look {look['index']} of {look['of']} of {look['scope']}" in done.stdout  # the CLI says
     summary = json.loads((run / "summary.json").read_text())
     assert any("at streaming look" in n for n in summary["notes"]), summary["notes"]

@@ -214,6 +214,8 @@ def not_applicable(policy: GatePolicy, ev: GateEvidence, check: Check) -> Check:
 
 
 DECIDED_EARLY = "skipped: decided early by fidelity"
+# a check's name prefix -> the evidence slot (GateEvidence.gaps) it reads, where the two differ
+EVIDENCE_SLOT = {"pay_off": "throughput", "primary": "compare", "pooled": "compare", "category": "compare"}
 
 
 def decided_early(ev: GateEvidence, checks: list[Check]) -> list[Check]:
@@ -225,7 +227,7 @@ def decided_early(ev: GateEvidence, checks: list[Check]) -> list[Check]:
     out = []
     for c in checks:
         prefix = c.name.split(":", 1)[0]
-        gap = ev.gaps.get({"pay_off": "throughput"}.get(prefix, prefix))
+        gap = ev.gaps.get(EVIDENCE_SLOT.get(prefix, prefix))
         if gap is not None and gap.decided_early and c.measured is None and c.outcome in ("inconclusive", "skipped"):
             c = c.model_copy(update={"outcome": "skipped", "evidence_file": gap.file,
                                      "reason": f"{DECIDED_EARLY}: the release did not run this step, as the failed "

@@ -18,8 +18,9 @@ Files read (written by the release flow, quantgate/release/steps.py, and the too
     <run>/<candidate>/error.json          the candidate's vLLM server could not start or died (release flow): the
                                           gate rejects it with that reason (a `serving` check), whatever else is there
 Evidence that cannot exist for a variant (evidence.json's `not_applicable`: an endpoint has no checkpoint files, an
-endpoint baseline no local weights for engine parity) becomes a gap marked not applicable, with the variant's reason;
-the policy's `not_applicable` decides whether its check accepts that (quantgate.gate.checks).
+endpoint baseline no local weights for engine parity) becomes a gap marked not applicable, with the variant's reason,
+which the policy's `not_applicable` accepts or not (quantgate.gate.checks); a step skipped on purpose
+(`skipped`), a gap marked decided early.
 The recall folder, judge report and pay-off figures can be given directly instead. A file that is missing,
 unreadable or of the wrong shape becomes an entry of `GateEvidence.gaps` with the reason: never an exception.
 """
@@ -44,10 +45,10 @@ from quantgate.fidelity.record import load_fidelity_record
 from quantgate.gate import kinds
 from quantgate.gate.checks import evaluate
 from quantgate.gate.decisionfile import policy_ref, write_decision
-from quantgate.gate.failurefile import CANDIDATE_ERROR, load_candidate_error
+from quantgate.gate.failurefile import serving_failure, with_failure
 from quantgate.gate.fidelityevidence import fidelity_evidence
 from quantgate.gate.looks import spend
-from quantgate.gate.models import (Check, Decision, Gap, GateEvidence, JudgeEvidence,
+from quantgate.gate.models import (Decision, Gap, GateEvidence, JudgeEvidence,
                                    KvCacheChange, ParityEvidence, RateEvidence, Ratio, Stat)
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizeratio import size_ratio
@@ -331,36 +332,20 @@ def collect(run: Path | str, candidate: str, *, recall_dir: Path | str | None = 
         _gap(ev, "throughput", f"no performance probe figures ({source})", str(source))
     if _not_applicable(ev, "size", [base_ev, cand_ev], str(run / candidate / EVIDENCE)):
         ev.pop("size_ratio", None)  # no files on one side: no ratio, whatever else (the probe's figures) stated
-    decided = (cand_ev or {}).get("decided")
+    decided, file = (cand_ev or {}).get("decided"), str(run / candidate / EVIDENCE)
     for step, why in ((cand_ev or {}).get("skipped") or {}).items():  # decided early (quantgate.release.early)
-        ev["gaps"][{"perf": "throughput"}.get(step, step)] = Gap(reason=f"not measured: {why}", decided_early=True,
-                                                                 file=str(run / candidate / EVIDENCE))
+        for slot in _slots_of(step, ev):
+            ev["gaps"][slot] = Gap(reason=f"not measured: {why}", decided_early=True, file=file)
     if decided and ev.get("judge") is None:  # the judge skipped it (release.steps.judge)
         ev["gaps"]["judge"] = Gap(reason=f"not judged: decided early: REJECT by fidelity ({decided})",
-                                  decided_early=True, file=str(run / candidate / EVIDENCE))
+                                  decided_early=True, file=file)
     return GateEvidence(**ev)
 
 
-def serving_failure(run: Path | str, candidate: str) -> Check | None:
-    """The failed `serving` check of a candidate whose server could not start or died (<run>/<candidate>/error.json,
-    written by quantgate.release.variants.failed_evidence); None when there is no such file."""
-    path = Path(run) / candidate / CANDIDATE_ERROR
-    if not path.is_file():
-        return None
-    try:
-        err = load_candidate_error(path)
-        reason, phase, last = err.error, err.phase or "unknown", err.last_error_line()
-    except RunFileError as exc:
-        reason, phase, last = f"the candidate failed, and its error record is unreadable: {exc.message}", "unknown", None
-    return Check(name="serving", measured=phase, limit="serves", required=True, outcome="fail", evidence_file=str(path),
-                 reason=reason + (f" (log: {last})" if last and last not in reason else ""))
-
-
-def with_failure(decision: Decision, failed: Check) -> Decision:
-    """REJECT: the serving check first, its reason first; the other checks stay as the evidence made them."""
-    checks = [failed, *decision.checks]
-    reasons = [f"{c.name}: {c.reason}" for c in checks if c.outcome == "fail"]
-    return decision.model_copy(update={"decision": "REJECT", "checks": checks, "reasons": reasons, "needs": None})
+def _slots_of(step: str, ev: dict) -> list[str]:
+    """The evidence slots a step skipped on purpose leaves empty (skipped eval sets: their error rates, too, when
+    no side has one)."""
+    return {"perf": ["throughput"], "evals": ["compare"] + ([] if ev["error_rates"] else ["error_rate"])}.get(step, [step])
 
 
 def gate_run(run: Path | str, policy_path: Path | str, candidate_names: list[str] | None = None, *,

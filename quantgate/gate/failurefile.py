@@ -2,7 +2,7 @@
 failed `serving` check. Two places record one (the local flow when the candidate's vLLM server could not start or
 died, quantgate.release.variants.failed_evidence; the work-pools parent when the child flow run measuring it did not
 finish, quantgate.pools.executor), both through `CandidateError.write`; the gate reads it with
-`load_candidate_error`.
+`load_candidate_error`, and turns it into its `serving` check (`serving_failure`, `with_failure`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.fileio import write_json
 from quantgate.base.runfiles import ERROR
-from quantgate.base.typedfile import read_model
+from quantgate.base.typedfile import RunFileError, read_model
+from quantgate.gate.models import Check, Decision
 from quantgate.serving.logcause import root_cause
 
 CANDIDATE_ERROR = ERROR  # <run>/<candidate>/error.json
@@ -52,3 +53,25 @@ class CandidateError(BaseModel):
 def load_candidate_error(path: Path) -> CandidateError:
     return read_model(path, CandidateError, "candidate error record",
                       fix="it is written by the release when a candidate's measurement fails; re-run the release")
+
+
+def serving_failure(run: Path | str, candidate: str) -> Check | None:
+    """The failed `serving` check of a candidate whose server could not start or died (<run>/<candidate>/error.json,
+    written by quantgate.release.variants.failed_evidence); None when there is no such file."""
+    path = Path(run) / candidate / CANDIDATE_ERROR
+    if not path.is_file():
+        return None
+    try:
+        err = load_candidate_error(path)
+        reason, phase, last = err.error, err.phase or "unknown", err.last_error_line()
+    except RunFileError as exc:
+        reason, phase, last = f"the candidate failed, and its error record is unreadable: {exc.message}", "unknown", None
+    return Check(name="serving", measured=phase, limit="serves", required=True, outcome="fail", evidence_file=str(path),
+                 reason=reason + (f" (log: {last})" if last and last not in reason else ""))
+
+
+def with_failure(decision: Decision, failed: Check) -> Decision:
+    """REJECT: the serving check first, its reason first; the other checks stay as the evidence made them."""
+    checks = [failed, *decision.checks]
+    reasons = [f"{c.name}: {c.reason}" for c in checks if c.outcome == "fail"]
+    return decision.model_copy(update={"decision": "REJECT", "checks": checks, "reasons": reasons, "needs": None})

@@ -41,8 +41,16 @@ from quantgate.release.adaptive import fidelity_looks, fidelity_size
 from quantgate.spec.schema import ReleaseSpec, policy_path
 from quantgate.release.variants import Log, Variant
 
-SKIPPABLE = ("recall", "perf", "judge")  # the steps a decided REJECT makes pointless (evals stay: the report's deltas)
+SKIPPABLE = ("evals", "recall", "perf", "judge")  # the steps a decided REJECT makes pointless
+# Skipped once the REJECT is decided, but never waited for: a baseline with only its eval sets left serves them at
+# once, as every candidate not yet decided is gated on them (the others are compared with a candidate only).
+UNWAITED = ("evals",)
 _skippable = set(SKIPPABLE)  # and the kinds added as one module each (quantgate.release.measurements.register)
+
+
+def waited_for() -> set[str]:
+    """The skippable steps a baseline with nothing else left waits for the candidates' verdicts before serving."""
+    return _skippable - set(UNWAITED)
 
 
 def skippable_too(step: str) -> None:
@@ -89,7 +97,7 @@ class Verdicts:
         a release whose baseline skipped them): wait for the candidates' verdicts before a server is started for
         them, and drop them from `todo` (kind -> pending keys) when every REJECT is decided."""
         pending = {kind for kind, keys in todo.items() if keys}
-        if not pending or not pending <= _skippable:
+        if not pending or not pending <= waited_for():
             return
         self.wait_settled()
         for kind in pending:
@@ -215,4 +223,4 @@ def early_decision(spec: ReleaseSpec, run: Path, variant: Variant, reference: Ma
     return EarlyDecision(spec, run, variant, reference, wait=wait, log=log)
 
 
-__all__ = ["SKIPPABLE", "EarlyDecision", "Verdicts", "early_decision", "skippable_too"]
+__all__ = ["SKIPPABLE", "EarlyDecision", "Verdicts", "early_decision", "skippable_too", "waited_for"]

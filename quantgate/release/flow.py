@@ -235,7 +235,7 @@ def _measure(pool: schedule.SlotPool, model_dir: Path, base: rel.MeasureRequest,
         pool=pool,
         baseline_failed=_failed(base_job), wait_for=after) for c in candidates]
     base_ev = base_job.result() if base_job is not None else None
-    if base_ev is not None and base_ev.evals != reference:
+    if base_ev is not None and not base_ev.evals_as_planned(reference):
         raise QuantgateError(f"the baseline's eval folders {base_ev.evals} are not the planned {reference}: the "
                              "candidates scored other answers", where="quantgate.release.flow measure",
                              fix="a bug: the slot's cache key changed between planning and serving; report it")

@@ -21,7 +21,8 @@ one class with its tests, registered in KINDS (docs/design.md, "Adding a measure
 The order of the steps on the variant's servers: the baseline samples and scores its fidelity continuations first
 (the candidates beside it wait for them); a candidate deciding early (quantgate.release.early) scores its fidelity
 first, as the samples come (a streaming look may decide its REJECT: quantgate.release.streaming), then its eval sets,
-then the recall grid and the perf probe, which a decided REJECT skips; otherwise fidelity comes last.
+the recall grid and the perf probe, which a decided REJECT skips (and the baseline's too, once every candidate's
+REJECT is decided); otherwise fidelity comes last.
 """
 
 from __future__ import annotations
@@ -127,18 +128,26 @@ class EvalSets:
 
     def steps(self, job: VariantJob, folders: dict[str, Path], pending: list[str],
               early: EarlyDecision | None) -> list[Step]:
-        return [Step(f"eval {n}", lambda srv, n=n: measure_eval(job.spec, job.variant, srv, n, folders[n], job.log))
-                for n in pending]
+        def step(srv: Any, n: str) -> None:
+            if not job.skips(self.name, early):  # a REJECT decided by then: no set of it changes the decision
+                measure_eval(job.spec, job.variant, srv, n, folders[n], job.log)
+        verdicts = job.verdicts if job.baseline else None
+        return [Step(f"eval {n}", lambda srv, n=n: step(srv, n),
+                     wanted=None if verdicts is None else lambda: not verdicts.all_rejected()) for n in pending]
 
     def phase(self, job: VariantJob, early: EarlyDecision | None) -> float:
         return 1
 
     def record(self, folders: dict[str, Path], skipped: Mapping[str, str]) -> Recorded:
-        return {"evals": folders}
+        """Every set's folder; after a decided REJECT skipped them, only the sets measured before (or cached)."""
+        if self.name not in skipped:
+            return {"evals": folders}
+        return {"evals": {n: d for n, d in folders.items() if eval_complete(d)}}
 
     def compare(self, run: Path, base: Evidence, cand: Evidence) -> dict[str, SetReport]:
-        """compare/<candidate>.json: paired statistics per eval set (also what the summary's rows are made of)."""
-        out = {name: compare_dirs(base.evals[name], cand.evals[name]) for name in base.evals}
+        """compare/<candidate>.json: paired statistics per eval set (also what the summary's rows are made of), of
+        the sets both sides measured (a decided REJECT may have skipped them: the gate says so)."""
+        out = {name: compare_dirs(base.evals[name], cand.evals[name]) for name in base.evals if name in cand.evals}
         write_json(run / COMPARE_DIR / f"{cand.variant.name}.json", out)
         return out
 

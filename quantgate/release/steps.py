@@ -39,7 +39,7 @@ from quantgate.recall import run as recall
 from quantgate.publishing import registry
 from quantgate.publishing.registryfile import NoEntry
 from quantgate.release.adaptive import fidelity_size
-from quantgate.release.early import SKIPPABLE, early_decision
+from quantgate.release.early import SKIPPABLE, early_decision, waited_for
 from quantgate.release.cachelayout import engine_of, eval_dirs, variant_cache
 from quantgate.release.judge_step import api_key, failure, judge_candidates
 from quantgate.publishing.publish import check_env
@@ -134,7 +134,7 @@ def only_skippable_left(req: MeasureRequest, slot: Slot | None) -> bool:
     job = VariantJob(spec=spec, variant=variant, run=req.run, folder=req.run / variant.name, cache=cache,
                      tokenizer=variant.path, reference=eval_dirs(cache, spec), baseline=True, log=lambda _: None)
     pending = {kind for kind, keys in measurements.plan(job)[1].items() if keys}
-    return bool(pending) and pending <= set(SKIPPABLE) and parity_passed(cache)
+    return bool(pending) and pending <= waited_for() and parity_passed(cache)
 
 
 def _measure_cached(job: VariantJob, config, *, parity: bool,

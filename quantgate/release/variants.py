@@ -13,7 +13,7 @@ import hashlib
 import time
 from pathlib import Path
 from typing import Literal, TypedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -79,7 +79,14 @@ class Evidence(BaseModel):
     failure: str | None = None     # its server could not start or died: why (<folder>/error.json has the log tail)
     not_applicable: dict[str, str] = {}  # evidence slot (parity, size) -> why it cannot exist for this variant
     decided: str | None = None     # a REJECT decided early by fidelity: the failed checks (quantgate.release.early)
-    skipped: dict[str, str] = {}   # step (recall, perf) -> why it did not run
+    skipped: dict[str, str] = {}   # step (evals, recall, perf, ...) -> why it did not run
+
+    def evals_as_planned(self, planned: Mapping[str, Path]) -> bool:
+        """Whether its eval folders are the planned ones: all of them, or those measured (or cached) before a
+        decided REJECT skipped the rest (quantgate.release.early)."""
+        if any(planned.get(name) != folder for name, folder in self.evals.items()):
+            return False
+        return "evals" in self.skipped or self.evals.keys() == planned.keys()
 
     def write(self) -> Path:
         """<folder>/evidence.json, its one writer."""

@@ -31,7 +31,8 @@ MD_FLIPS = 10            # flips listed in the Markdown summary (the HTML report
 MD_OUTPUT_CHARS = 160    # model outputs are cut to this in the Markdown summary
 BADGES = {"pass": "pass", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "skip"}
 WORDS = {"pass": "passed", "fail": "failed"}  # the outcome counts as the report words them
-STEPS = {"recall": "recall grid", "perf": "perf probe", "judge": "judge"}  # evidence.json `skipped` keys, in words
+# evidence.json `skipped` keys, in words
+STEPS = {"evals": "eval sets", "recall": "recall grid", "perf": "perf probe", "judge": "judge"}
 
 
 class Links:

@@ -101,8 +101,8 @@ class ReleaseSpec(BaseModel):
     ladder: bool = Field(False, description="true: `schemes` is a preference order; try one at a time, stop at the "
                                             "first PROMOTE. false: evaluate and gate every scheme")
     decide_early: bool = Field(True, description="true: a candidate whose fidelity already fails its limit (the gate's "
-                               "own check at the first look's share of alpha) skips its recall grid, perf probe and "
-                               "judge: the REJECT is decided. false: measure everything (the full picture)")
+                               "own check at the first look's share of alpha) skips the eval sets it has not run, its "
+                               "recall grid, perf probe and judge: the REJECT is decided. false: measure everything (the full picture)")
     junit_inconclusive: Literal["failure", "skipped"] = Field(
         "failure", description="how decision.junit.xml shows an INCONCLUSIVE candidate and its inconclusive checks: "
         "failure (CI shows that nothing was promoted) or skipped")
