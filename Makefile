@@ -13,9 +13,11 @@ PYTEST_ARGS ?= --durations=20
 demo: setup model
 	PYTHONPATH=$(CURDIR) $(PY) -m quantgate.cli.main release releases/demo.yaml; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ] || [ $$rc -eq 4 ]
 
-# How long the demo takes from cached environments and model, where the time goes, re-run and added-candidate costs.
+# How long the demo takes from cached environments and model, where the time goes, re-run and added-candidate costs,
+# the time to verdict against a full release (decide_early: false) and a ladder of two rungs (about 30 min on 2 cores).
+RELEASE_TIME_ARGS ?= --full --ladder w4a16-gptq
 release-time: setup model
-	$(PY) bench/release_time.py
+	$(PY) bench/release_time.py $(RELEASE_TIME_ARGS)
 
 # Two passes: the unit tests (not marked slow) in TEST_WORKERS processes (pytest-xdist: they are independent, and two
 # processes keep both cores busy through each other's waits), then the real-component tests (slow) one at a time in

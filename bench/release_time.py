@@ -10,6 +10,9 @@ served and measured. Then:
   2. the same command again (unchanged re-run: everything from the cache)
   3. SPEC with one more candidate in `schemes` (--add) and `ladder: false`, so that it is tried: what adding a
      candidate costs
+  4. with --full: SPEC with `decide_early: false` from nothing cached, the full release; the first run's time to
+     verdict (a REJECT at a streaming look) is printed as a share of it
+  5. with --ladder SCHEME: a ladder of two rungs (SPEC's first scheme, then SCHEME) from nothing cached
 For each run it prints the per-step table (start, seconds, served or cached), the critical path (the chain of steps
 that the wall time waited on), the cores kept busy (CPU seconds of the whole process tree / wall seconds, over the
 run and over the serve-and-measure windows, sampled from /proc with psutil every second) and the prompt tokens each
@@ -208,6 +211,10 @@ def main() -> int:
     ap.add_argument("--add", default="w4a16-gptq", help="the candidate added for the third run (it must run on this "
                                                         "machine: W4A16 needs an AVX-512 CPU)")
     ap.add_argument("--keep", type=Path, default=None, help="results folder to use and keep (default: a temporary one)")
+    ap.add_argument("--full", action="store_true", help="also the spec with `decide_early: false` from nothing cached: "
+                                                        "the full release that the time to verdict is compared with")
+    ap.add_argument("--ladder", default=None, metavar="SCHEME", help="also a ladder of two rungs from nothing cached: "
+                                                                     "the spec's first scheme, then SCHEME")
     a = ap.parse_args()
     cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout.strip()
     print(f"{cpu}; {os.cpu_count()} logical CPUs; load average {os.getloadavg()[0]:.2f} at start (the machine may be shared)")
@@ -220,6 +227,7 @@ def main() -> int:
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         spec = yaml.safe_load(a.spec.read_text())
         first = show("first run (environments and model cached, nothing else)", a.spec, results, "first", env)
+        verdict = first_verdict(results / "runs" / "first")
         again = show("unchanged re-run", a.spec, results, "again", env)
         print(f"  re-run / first: {again / first:.1%}")
         # beside the spec, so that its relative paths (eval sets, policy) mean the same; removed at the end
@@ -227,16 +235,49 @@ def main() -> int:
         spec["schemes"] = [*dict.fromkeys([*spec["schemes"], a.add])]
         if not runs_here(a.add, spec):
             print(f"\n== with one more candidate: skipped, {a.add} does not run on this machine (see `quantgate schemes`)")
-            return 0
-        spec["ladder"] = False  # every scheme is tried: a ladder that promoted the first would never reach the new one
-        added_spec.write_text(yaml.safe_dump(spec, sort_keys=False))
-        try:
-            added = show(f"with one more candidate ({a.add})", added_spec, results, "added", env)
-        finally:
-            added_spec.unlink(missing_ok=True)
-        print(f"  adding a candidate / first run: {added / first:.1%}")
+        else:
+            added_spec.write_text(yaml.safe_dump({**spec, "ladder": False}, sort_keys=False))  # every scheme is tried
+            try:
+                added = show(f"with one more candidate ({a.add})", added_spec, results, "added", env)
+            finally:
+                added_spec.unlink(missing_ok=True)
+            print(f"  adding a candidate / first run: {added / first:.1%}")
+        base = yaml.safe_load(a.spec.read_text())
+        if a.full:
+            full = fresh("full release (decide_early: false, nothing cached)", a.spec, {**base, "decide_early": False},
+                         Path(tmp), env)
+            if verdict is not None:
+                print(f"  time to verdict of the first run / full release: {verdict:.0f} s / {full:.0f} s = "
+                      f"{verdict / full:.1%}")
+        if a.ladder and runs_here(a.ladder, base):
+            rungs = {**base, "schemes": [base["schemes"][0], a.ladder], "ladder": True}
+            fresh(f"a ladder of two rungs ({' -> '.join(rungs['schemes'])}, nothing cached)", a.spec, rungs, Path(tmp),
+                  env)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     return 0
+
+
+def first_verdict(run: Path) -> float | None:
+    """Seconds from the release's start to its first candidate's verdict at a streaming look, if one was."""
+    try:
+        decided = json.loads((run / "decision.json").read_text())["candidates"]
+    except (OSError, KeyError, ValueError):
+        return None
+    seconds = [d["stream"]["elapsed_s"] for d in decided.values() if d.get("stream")]
+    return min(seconds) if seconds else None
+
+
+def fresh(label: str, beside: Path, spec: dict, tmp: Path, env: dict) -> float:
+    """`spec` released from nothing cached (its own results folder), written beside `beside` so that its relative
+    paths mean the same; its wall time."""
+    name = label.split(" (")[0].replace(" ", "-")
+    path = beside.with_name(f".{beside.stem}-{name}-{os.getpid()}.yaml")
+    results = tmp / f"results-{name}"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    try:
+        return show(label, path, results, name, {**env, "QUANTGATE_RESULTS": str(results)})
+    finally:
+        path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -168,3 +168,20 @@ def test_a_slice_decided_at_its_own_look_leaves_the_pooled_checks_to_the_full_sa
     assert checks["fidelity:kl"].outcome == checks["fidelity:top1"].outcome == "skipped"
     assert "slice multilingual's streaming look" in checks["fidelity:kl"].reason
     assert not [n for n in checks if n.endswith(":factual_qa")]
+
+
+def test_a_looks_bound_is_worded_at_its_own_level_not_rounded_to_100_percent():
+    """A streaming look judges at a small share of alpha (0.005: a two-sided 99% interval, each end a one-sided 99.5%
+    bound): the reason says 99.5%, as the report does, never "100% upper bound"."""
+    from quantgate.gate.models import FidelityEvidence, Interval
+    from quantgate.gate.statistical import _bounded
+    from quantgate.report.page import _fmt_bounded
+    from quantgate.report.sections import bound_of
+
+    ev = FidelityEvidence(n_samples=15, n_tokens=1424, kl=Interval(mean=0.0454, low=0.03, high=0.108, level=0.99),
+                          top1=Interval(mean=0.86, low=0.80, high=0.9, level=0.99), estimator="sampled-logratio")
+    kl, top1 = _bounded("fidelity:kl", ev, "kl", 0.02, True), _bounded("fidelity:top1", ev, "top1", 0.93, True)
+    assert "(99.5% upper bound 0.108)" in kl.reason and "(99.5% lower bound 80.00%)" in top1.reason, (kl, top1)
+    assert bound_of(kl.reason) == 0.108 and bound_of(top1.reason) == 0.8
+    assert "(99.5% upper bound" in _fmt_bounded({"mean": 0.0454, "low": 0.03, "high": 0.108}, "sig", "upper", 0.995)
+    assert "(95% upper bound" in _fmt_bounded({"mean": 0.0454, "low": 0.03, "high": 0.108}, "sig", "upper", 0.95)

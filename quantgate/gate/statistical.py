@@ -186,10 +186,10 @@ def _bounded(name: str, value: FidelityEvidence, which: Literal["kl", "top1"], l
         n += " (a top-k estimate from an older run: not an upper bound of the true KL)"
     if which == "kl":
         ok, bad = iv.high <= limit, iv.low > limit
-        txt = (f"mean KL {iv.mean:.4g} nats ({one_sided:.0%} upper bound {iv.high:.4g}) over {n}; limit {limit:.4g}")
+        txt = (f"mean KL {iv.mean:.4g} nats ({one_sided * 100:.4g}% upper bound {iv.high:.4g}) over {n}; limit {limit:.4g}")
     else:
         ok, bad = iv.low >= limit, iv.high < limit
-        txt = (f"top-1 agreement {iv.mean:.2%} ({one_sided:.0%} lower bound {iv.low:.2%}) over {n}; limit {limit:.2%}")
+        txt = (f"top-1 agreement {iv.mean:.2%} ({one_sided * 100:.4g}% lower bound {iv.low:.2%}) over {n}; limit {limit:.2%}")
     outcome = "pass" if ok else "fail" if bad else "inconclusive"
     if outcome == "inconclusive":
         gap = abs(limit - iv.mean)  # the bound's margin on the limit's side shrinks like 1 / sqrt(n) (or faster)

@@ -278,7 +278,7 @@ def _fmt_bounded(iv: Any, fmt: str, side: str, level: float | None) -> str:
     if level is None or not isinstance(iv, dict) or iv.get("low" if side == "lower" else "high") is None:
         return _fmt_interval(iv, fmt)
     f = _pct if fmt == "pct" else _fmt_sig
-    return f"{f(iv['mean'])} ({level:.0%} {side} bound {f(iv['low' if side == 'lower' else 'high'])})"
+    return f"{f(iv['mean'])} ({level * 100:.4g}% {side} bound {f(iv['low' if side == 'lower' else 'high'])})"
 
 
 def _mark(outcome: Any) -> str:
