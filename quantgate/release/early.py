@@ -18,7 +18,7 @@ until no part is in flight (`with early.scoring():` around each), so the decisio
 What was skipped and why goes into the candidate's evidence.json (`skipped`), the summary's notes and the report.
 `decide_early: false` in the spec measures everything.
 
-The baseline beside them (`Verdicts`): its own recall grid and perf probe are only ever compared with a
+The baseline beside them (`Verdicts`): its own eval sets, recall grid and perf probe are only ever compared with a
 candidate's. When every candidate of the release has its REJECT decided before the baseline reaches them, they
 can change no decision of this release, and the baseline skips them too (its evidence.json says why; the next
 release that needs them measures them). Not in a ladder, whose next rung may need them.
