@@ -387,10 +387,15 @@ def test_an_early_reject_before_the_eval_sets_says_they_were_skipped_not_missing
     assert d.decision == "REJECT" and task, [c.name for c in d.checks]
     assert all(c.outcome == "skipped" and c.reason.startswith(DECIDED_EARLY) for c in task), \
         [(c.name, c.outcome, c.reason) for c in task]
-    md = write_report(run)[1].read_text()
+    html_path, md_path = write_report(run)
+    md, html = md_path.read_text(), html_path.read_text()
     lead = md[:md.index("| candidate |")]
     assert "_w4a16-gptq: eval sets, recall grid, perf probe: skipped: decided early by fidelity_" in lead, lead
     assert "missing evidence" not in md and "Gaps in the evidence" not in md
+    # nothing was compared, so no flips are counted: not "0 regressions", not "no sample changed"
+    assert "No sample changed" not in html and "0 regressions" not in html and "Flips:" not in md
+    assert html.count("no comparison with the baseline (its eval sets were skipped: decided early by fidelity)") == 2
+    assert f"| {CAND} | REJECT | " in md and md.split(f"| {CAND} | REJECT | ")[1].split("|")[2].strip() == "—"
 
 
 def test_a_kl_interval_is_never_below_zero():

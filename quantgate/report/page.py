@@ -155,6 +155,7 @@ def _candidate(view: RunView, c: Candidate, link: Links, floor: dict | None) -> 
         [{**r, "label": f"{r['set']}/{r['metric']}/{r['category']}"} for r in out["deltas"]], f"{c.name} vs baseline",
         f"forest-{c.name}"))
     out["flips"] = _section(view, f"{c.name}: flips", lambda: sections.flips(c.compare))
+    out["evals_skipped"] = "evals" in c.skipped  # its eval sets not run: decided early (quantgate.release.early)
     out["fidelity"] = _section(view, f"{c.name}: fidelity", lambda: sections.fidelity(c.fidelity, floor))
     out["slices"] = _section(view, f"{c.name}: fidelity chart", lambda: charts.fidelity_slices(
         sections.slices(out["fidelity"], out["checks"]), f"fidelity-{c.name}"))

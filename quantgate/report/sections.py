@@ -196,8 +196,10 @@ def _pooled(set_name: str, p: Any) -> dict | None:
 
 def flips(compare: dict | None) -> dict | None:
     """Samples that went right -> wrong (regressions) and wrong -> right (gains), over every eval set: counts per
-    category, and the rows worst first (the categories that lost most, net, come first), each kind capped."""
-    if compare is None:
+    category, and the rows worst first (the categories that lost most, net, come first), each kind capped. None
+    without a comparison, or with one of no eval set (both skipped once the REJECT was decided): nothing was compared,
+    so no "0 regressions"."""
+    if not compare:
         return None
     regs, gains, pooled, gains_recorded = [], [], [], True
     for set_name, rep in compare.items():
