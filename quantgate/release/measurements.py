@@ -116,6 +116,13 @@ class Measurement(Protocol):
     def compare(self, run: Path, base: Evidence, cand: Evidence) -> dict[str, SetReport] | None: ...
 
 
+def _wanted(job: VariantJob) -> Callable[[], bool] | None:
+    """Whether a skippable step of the baseline still wants an extra server (quantgate.release.replicas): not once
+    every candidate's REJECT is decided, as it will skip the step. None (always) for a candidate."""
+    verdicts = job.verdicts if job.baseline else None
+    return None if verdicts is None else lambda: not verdicts.all_rejected()
+
+
 class EvalSets:
     """Each eval set (and lm-evaluation-harness task) of the spec: one folder and one step each."""
     name = "evals"
@@ -131,9 +138,7 @@ class EvalSets:
         def step(srv: Any, n: str) -> None:
             if not job.skips(self.name, early):  # a REJECT decided by then: no set of it changes the decision
                 measure_eval(job.spec, job.variant, srv, n, folders[n], job.log)
-        verdicts = job.verdicts if job.baseline else None
-        return [Step(f"eval {n}", lambda srv, n=n: step(srv, n),
-                     wanted=None if verdicts is None else lambda: not verdicts.all_rejected()) for n in pending]
+        return [Step(f"eval {n}", lambda srv, n=n: step(srv, n), wanted=_wanted(job)) for n in pending]
 
     def phase(self, job: VariantJob, early: EarlyDecision | None) -> float:
         return 1
@@ -180,9 +185,7 @@ class _Single:
             if job.skips(self.name, early):
                 return
             self.run(job, srv, folders[self.name])
-        verdicts = job.verdicts if job.baseline else None
-        # a step the baseline will skip waits for no extra server of it (quantgate.release.replicas)
-        return [Step(self.name, step, wanted=None if verdicts is None else lambda: not verdicts.all_rejected())]
+        return [Step(self.name, step, wanted=_wanted(job))]
 
     def run(self, job: VariantJob, srv: Any, out: Path) -> None:
         raise NotImplementedError
