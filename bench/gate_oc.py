@@ -111,7 +111,7 @@ from quantgate.gate.checks import evaluate  # noqa: E402
 from quantgate.gate.evidence import comparison_evidence, paired_harm  # noqa: E402
 from quantgate.gate.fidelityevidence import fidelity_evidence  # noqa: E402
 from quantgate.gate.looks import spend  # noqa: E402
-from quantgate.gate.models import Decision, GateEvidence, ParityEvidence, RateEvidence, Ratio, Stat  # noqa: E402
+from quantgate.gate.models import Decision, GateEvidence, ParityEvidence, RateEvidence, Ratio, PairedStat  # noqa: E402
 from quantgate.perf.models import PayOffFigures  # noqa: E402
 from quantgate.gate.policy import GatePolicy, load_policy  # noqa: E402
 from quantgate.gate.statistical import fidelity_checks
@@ -254,7 +254,7 @@ def simulate_runs(rng: np.random.Generator, samples: list[dict], sc: Scenario) -
     return base, cand
 
 
-def simulate_recall(rng: np.random.Generator, sc: Scenario) -> tuple[Stat, dict[str, Stat]]:
+def simulate_recall(rng: np.random.Generator, sc: Scenario) -> tuple[PairedStat, dict[str, PairedStat]]:
     """Per-needle (baseline, candidate) recall over the grid; a haystack's needles share its difficulty: a beta
     draw with mean RECALL_RATE whose spread gives intra-haystack correlation RECALL_ICC."""
     a = RECALL_RATE * (1 / RECALL_ICC - 1)
@@ -273,9 +273,9 @@ def simulate_recall(rng: np.random.Generator, sc: Scenario) -> tuple[Stat, dict[
     return _stat(pairs), {str(n): _stat(at) for n, at in sorted(by_length.items())}
 
 
-def _stat(pairs: list[tuple[float, float]]) -> Stat:
+def _stat(pairs: list[tuple[float, float]]) -> PairedStat:
     bm, cm = sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs)
-    return Stat(n=len(pairs), base=bm, cand=cm, delta=cm - bm, **paired_harm(pairs, binary=False))
+    return PairedStat(n=len(pairs), base_mean=bm, cand_mean=cm, delta=cm - bm, **paired_harm(pairs, binary=False))
 
 
 def _candidate_recall(rng: np.random.Generator, base: float, sc: Scenario) -> float:

@@ -31,7 +31,7 @@ POLICY = {
 
 def stat(base=0.8, delta=-0.004, lo=-0.016, hi=0.008, n=100, higher=True, p_harm=0.6, sd=None, disc=None) -> dict:
     """Primary-metric default: relative drop 0.5% (point) and 2% (CI's worst end), no harm detected (p=0.6)."""
-    return {"n": n, "base": base, "cand": None if base is None or delta is None else base + delta, "delta": delta,
+    return {"n": n, "base_mean": base, "cand_mean": None if base is None or delta is None else base + delta, "delta": delta,
             "ci_low": lo, "ci_high": hi, "higher_is_better": higher, "file": "compare/x.json", "p_harm": p_harm,
             "sd_diff": sd, "discordance": disc, "binary": disc is not None}
 
@@ -136,7 +136,7 @@ CASES = [
      "PROMOTE", "point"),
     ("nan-delta-point-bound", [("bound", "point")], [("metrics.default.exact_match.delta", math.nan)], "primary:", I,
      "INCONCLUSIVE", "no delta"),
-    ("relative-without-base", [], [("metrics.default.exact_match.base", None)], "primary:", I, "INCONCLUSIVE",
+    ("relative-without-base", [], [("metrics.default.exact_match.base_mean", None)], "primary:", I, "INCONCLUSIVE",
      "no baseline mean"),
     # --- pooled harm test ---
     ("pooled-harm", [], [("pooled.default.p_harm", 0.001), ("pooled.default.ci_low", -0.05)], "pooled:default", F,

@@ -16,7 +16,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.paths import EVAL_SETS, RELEASES
 from quantgate.gate.checks import evaluate
 from quantgate.gate.evidence import collect
-from quantgate.gate.models import KindComparison, Stat
+from quantgate.gate.models import KindComparison, PairedStat
 from quantgate.gate.policy import load_policy
 from quantgate.kinds.perplexity import NAME, Perplexity, PerplexityGate, PerplexityPolicy, paired_nll
 from quantgate.release.measurements import VariantJob, plan
@@ -43,7 +43,7 @@ def test_the_paired_statistic_is_the_t_interval_of_the_per_passage_differences()
     low, high = mean - half, mean + half
     assert s.n == 8 and s.delta == pytest.approx(sum(diffs) / 8)
     assert (s.ci_low, s.ci_high) == (pytest.approx(low, rel=1e-6), pytest.approx(high, rel=1e-6))
-    assert s.base == pytest.approx(sum(base.values()) / 8) and s.higher_is_better is False
+    assert s.base_mean == pytest.approx(sum(base.values()) / 8) and s.higher_is_better is False
     assert paired_nll(base, {}).n == 0 and paired_nll({"a": 1.0}, {"a": 1.5}).ci_high is None
 
 
@@ -51,7 +51,7 @@ def test_the_paired_statistic_is_the_t_interval_of_the_per_passage_differences()
                                                          (0.045, 0.02, "inconclusive")])
 def test_the_check_bounds_the_perplexity_increase_by_its_interval(delta, half, outcome):
     policy = PerplexityPolicy(max_relative_increase=0.05)
-    comp = KindComparison(kind=NAME, unit="passage", stat=Stat(n=10, base=2.0, cand=2.0 + delta, delta=delta,
+    comp = KindComparison(kind=NAME, unit="passage", stat=PairedStat(n=10, base_mean=2.0, cand_mean=2.0 + delta, delta=delta,
                                                                ci_low=delta - half, ci_high=delta + half,
                                                                higher_is_better=False, file="x.json"))
     (check,) = PerplexityGate().checks(policy, comp, None)

@@ -20,7 +20,7 @@ from quantgate.gate.checks import evaluate
 from quantgate.gate.evidence import collect
 from quantgate.gate.feeding import Feed, unfed
 from quantgate.gate.kinds import KindPolicy, comparison_file, missing
-from quantgate.gate.models import Check, KindComparison, Stat
+from quantgate.gate.models import Check, KindComparison, PairedStat
 from quantgate.gate.policy import load_policy
 from quantgate.kinds import register
 from quantgate.release import early, measurements
@@ -144,7 +144,7 @@ def test_a_registered_kind_is_read_by_every_floor(echo, tmp_path):
     run = tmp_path / "run"
     missing_check = {c.name: c for c in evaluate(policy, collect(run, "int8-w8a8")).checks}["echo"]
     assert missing_check.outcome == "inconclusive" and "measure.echo" in missing_check.reason
-    comp = KindComparison(kind="echo", unit="try", stat=Stat(n=3, base=1.0, cand=1.5, delta=0.5, ci_low=0.4,
+    comp = KindComparison(kind="echo", unit="try", stat=PairedStat(n=3, base_mean=1.0, cand_mean=1.5, delta=0.5, ci_low=0.4,
                                                               ci_high=0.6), figures={"base_value": 1.0})
     comparison_file(run, "int8-w8a8", "echo").parent.mkdir(parents=True)
     comparison_file(run, "int8-w8a8", "echo").write_text(comp.model_dump_json())

@@ -19,8 +19,9 @@ from quantgate.base.paths import REPO
 from quantgate.plan.models import Plan
 from quantgate.publishing import registry
 from quantgate.report.cardbaseline import base_model_of
-from quantgate.report.modelcard import (CARD, CardCheck, CardInputs, CardScore, Serving, card_inputs, card_metadata,
-                                        checks_of, command_line, render_card)
+from quantgate.base.pairedstat import PairedStat
+from quantgate.report.modelcard import (CARD, CardCheck, CardInputs, Serving, card_inputs, card_metadata, checks_of,
+                                        command_line, render_card)
 from quantgate.serving.server import config_from_plan
 from quantgate.target.catalogue import MANIFEST as MODEL_MANIFEST
 from quantgate.target.catalogue import catalogue_entry, checkpoint_hash
@@ -289,11 +290,11 @@ def test_the_base_model_is_a_hub_id_or_nothing(tmp_path, where, name_or_path, sp
 
 def _scored(**kw) -> CardInputs:
     return _minimal(scores={
-        "default/exact_match": CardScore(n=10, base_mean=0.5, cand_mean=0.25, delta=-0.25),
-        "long/rouge_l": CardScore(n=4, base_mean=0.4, cand_mean=0.375),
-        "default/bleu": CardScore(n=10, base_mean=0.2, cand_mean=0.125),
-        "default/contains": CardScore(n=0),  # no candidate mean: not a model-index row
-        "default/chrf": CardScore(n=3, cand_mean=float("nan")),
+        "default/exact_match": PairedStat(n=10, base_mean=0.5, cand_mean=0.25, delta=-0.25),
+        "long/rouge_l": PairedStat(n=4, base_mean=0.4, cand_mean=0.375),
+        "default/bleu": PairedStat(n=10, base_mean=0.2, cand_mean=0.125),
+        "default/contains": PairedStat(n=0),  # no candidate mean: not a model-index row
+        "default/chrf": PairedStat(n=3, cand_mean=float("nan")),
     }, **kw)
 
 
@@ -322,8 +323,8 @@ def test_the_model_index_holds_the_candidates_means_from_the_run(run):
     assert {r.task_type for r in results} == {"text-generation"} and {r.verified for r in results} == {False}
 
 
-@pytest.mark.parametrize("scores", [{}, {"default/contains": CardScore(n=0)},
-                                    {"no-set-name": CardScore(cand_mean=0.5)}])
+@pytest.mark.parametrize("scores", [{}, {"default/contains": PairedStat(n=0)},
+                                    {"no-set-name": PairedStat(cand_mean=0.5)}])
 def test_a_card_without_scores_has_no_model_index(scores):
     card = render_card(_minimal(scores=scores))
     assert "model-index" not in _front(card) and ModelCard(card).data.eval_results is None

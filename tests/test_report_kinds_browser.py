@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from quantgate.cli.main import app
 from quantgate.gate.kinds import comparison_file
-from quantgate.gate.models import KindComparison, Stat
+from quantgate.gate.models import KindComparison, PairedStat
 
 RUN = "demo-20261203T100000Z"
 pytestmark = pytest.mark.slow  # a real browser
@@ -28,7 +28,7 @@ def test_a_kinds_comparison_is_a_row_of_the_candidates_measurements(browser: Bro
     run = promote_run(tmp_path / "results", RUN)
     comp = KindComparison(kind="perplexity", unit="passage", quantity="mean NLL per token (nats), lower is better",
                           figures={"baseline_perplexity": 19.845, "candidate_perplexity": 19.853},
-                          stat=Stat(n=10, base=2.98793, cand=2.98833, delta=0.0004, ci_low=-0.00521, ci_high=0.00598,
+                          stat=PairedStat(n=10, base_mean=2.98793, cand_mean=2.98833, delta=0.0004, ci_low=-0.00521, ci_high=0.00598,
                                     higher_is_better=False))
     comparison_file(run, CAND, "perplexity").write_text(comp.model_dump_json())
     res = CliRunner().invoke(app, ["report", str(run)])

@@ -14,7 +14,7 @@ from quantgate.base.errors import ConfigError
 from quantgate.cli.main import user_error
 from quantgate.gate.checks import evaluate
 from quantgate.gate.evidence import kv_cache_change
-from quantgate.gate.models import GateEvidence, KvCacheChange, RateEvidence, Stat
+from quantgate.gate.models import GateEvidence, KvCacheChange, RateEvidence, PairedStat
 from quantgate.gate.policy import GatePolicy
 from quantgate.plan.build import build_plan, load_planner_policy
 from quantgate.plan.knobs import ServingKnobs, knob_arg, knob_problems
@@ -203,7 +203,7 @@ def policy(recall: dict | None) -> GatePolicy:
                                       **({"recall": recall} if recall is not None else {})})
 
 
-RECALL_STAT = Stat(n=120, base=0.9, cand=0.9, delta=0.0, ci_low=-0.02, ci_high=0.02, higher_is_better=True)
+RECALL_STAT = PairedStat(n=120, base_mean=0.9, cand_mean=0.9, delta=0.0, ci_low=-0.02, ci_high=0.02, higher_is_better=True)
 KV = KvCacheChange(baseline="auto", candidate="fp8", file="ev.json")
 GATE = [
     # (policy recall section, KV change, recall evidence, decision, the recall check's outcome)

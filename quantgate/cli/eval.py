@@ -14,6 +14,7 @@ import typer
 from quantgate.base import progress as progress_lines
 from quantgate.base.errors import ConfigError
 from quantgate.base.fileio import resolve_api_key
+from quantgate.base.pairedstat import PairedStat
 from quantgate.evals.lmeval import run_lm_eval
 from quantgate.evals.lmeval_tasks import DEFAULT_INCLUDE, find_tasks
 from quantgate.evals.run import compare_dirs, run_eval
@@ -88,10 +89,11 @@ def compare_cmd(
     for col in ("metric", "category", "n", "base", "cand", "delta", "95% CI", "McNemar p"):
         table.add_column(col, justify="left" if col in ("metric", "category") else "right")
     for name, m in report["metrics"].items():
-        for cat, s in [("ALL", m["overall"]), *m["by_category"].items()]:
-            table.add_row(name if cat == "ALL" else "", cat, str(s["n"]), _fmt(s["base_mean"]), _fmt(s["cand_mean"]),
-                          _fmt(s["delta"], "+.3f"), f"[{_fmt(s['ci_low'], '+.3f')}, {_fmt(s['ci_high'], '+.3f')}]",
-                          _fmt(s.get("mcnemar_p"), ".3g"))
+        for cat, raw in [("ALL", m["overall"]), *m["by_category"].items()]:
+            s = PairedStat.model_validate(raw)
+            table.add_row(name if cat == "ALL" else "", cat, str(s.n), _fmt(s.base_mean), _fmt(s.cand_mean),
+                          _fmt(s.delta, "+.3f"), f"[{_fmt(s.ci_low, '+.3f')}, {_fmt(s.ci_high, '+.3f')}]",
+                          _fmt(s.mcnemar_p, ".3g"))
     console = Console()
     console.print(table)
     console.print(f"identical outputs: {_fmt(report['agreement']['overall'], '.1%')}; "

@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, NotRequired, Protocol, TypedDict
 
+from quantgate.base.pairedstat import PairedStat
 from quantgate.base.stats import harm_p_binary, harm_p_paired
 
 CACHE_KEY_VERSION = 1
@@ -29,31 +30,16 @@ class MetricInfo(Protocol):  # read-only: frozen models (MetricSpec) fit it
     def binary(self) -> bool: ...
 
 
-class PairedStats(TypedDict):
-    """paired_stats: means, delta and its bootstrap CI, spread of the drops; the harm p-value; binary: lost/gained."""
-    n: int
-    base_mean: float
-    cand_mean: float
-    delta: float
-    ci_low: float
-    ci_high: float
-    sd_diff: float
-    lost: NotRequired[int]
-    gained: NotRequired[int]
-    mcnemar_p: NotRequired[float]
-    p_harm: NotRequired[float]
-    discordance: NotRequired[float]
-
-
-class PooledStats(PairedStats):
-    metrics_used: dict[str, int]  # samples per metric
+# A paired statistic as the comparison file holds it: a quantgate.base.pairedstat.PairedStat's fields that
+# paired_stats set (`pooled` adds `metrics_used`, samples per metric, first); read back through that model.
+StatJSON = dict[str, object]
 
 
 class MetricReport(TypedDict):
     higher_is_better: bool
     binary: bool
-    overall: PairedStats
-    by_category: dict[str, PairedStats]
+    overall: StatJSON
+    by_category: dict[str, StatJSON]
 
 
 class OutputAgreementStats(TypedDict):
@@ -83,7 +69,7 @@ class SetReport(TypedDict):
     metrics: dict[str, MetricReport]
     regressions: list[FlipRow]
     gains: list[FlipRow]
-    pooled: PooledStats | None
+    pooled: StatJSON | None
     base: NotRequired[dict[str, str | None]]
     cand: NotRequired[dict[str, str | None]]
     evalset: NotRequired[dict[str, object]]
@@ -156,25 +142,31 @@ def _sd(xs: Sequence[float]) -> float:
 
 
 def paired_stats(pairs: Sequence[tuple[float, float]], info: MetricInfo, *, n_boot: int = 2000, seed: int = 0,
-                 level: float = 0.95) -> PairedStats:
+                 level: float = 0.95) -> PairedStat:
     """Means, delta, bootstrap CI of (cand - base), spread of the drops and the one-sided harm p-value of (base, cand)
-    pairs; for a binary metric also the samples lost and gained and the discordance."""
+    pairs; for a binary metric also the samples lost and gained and the discordance. Only these fields are set (a
+    comparison file holds them: `as_json`)."""
     base, cand = [p[0] for p in pairs], [p[1] for p in pairs]
     lo, hi = bootstrap_ci([c - b for b, c in pairs], n_boot=n_boot, seed=seed, level=level)
     sign = 1.0 if info.higher_is_better else -1.0
     drops = [sign * (b - c) for b, c in pairs]
-    out: PairedStats = {"n": len(pairs), "base_mean": _mean(base), "cand_mean": _mean(cand),
-           "delta": _mean(cand) - _mean(base) if pairs else math.nan, "ci_low": lo, "ci_high": hi,
-           "sd_diff": _sd(drops)}
+    figures: dict[str, Any] = {"n": len(pairs), "base_mean": _mean(base), "cand_mean": _mean(cand),
+                               "delta": _mean(cand) - _mean(base) if pairs else math.nan, "ci_low": lo, "ci_high": hi,
+                               "sd_diff": _sd(drops)}
     if info.binary:
         good = 1.0 if info.higher_is_better else 0.0
         b = sum(1 for x, y in pairs if x == good and y != good)  # lost by the candidate
         c = sum(1 for x, y in pairs if x != good and y == good)  # gained by the candidate
-        out.update({"lost": b, "gained": c, "mcnemar_p": mcnemar_exact(b, c), "p_harm": harm_p_binary(b, c),
-                    "discordance": (b + c) / len(pairs) if pairs else math.nan})
+        figures.update({"lost": b, "gained": c, "mcnemar_p": mcnemar_exact(b, c), "p_harm": harm_p_binary(b, c),
+                        "discordance": (b + c) / len(pairs) if pairs else math.nan})
     else:
-        out["p_harm"] = harm_p_paired(drops, seed=seed)
-    return out
+        figures["p_harm"] = harm_p_paired(drops, seed=seed)
+    return PairedStat(**figures)
+
+
+def as_json(stat: PairedStat) -> StatJSON:
+    """A statistic as a comparison file holds it: the fields that were set, NaN kept (a mean over no sample)."""
+    return stat.model_dump(exclude_unset=True)
 
 
 class _Binary:
@@ -183,7 +175,7 @@ class _Binary:
 
 
 def _pooled(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Sequence[str],
-            metrics: Mapping[str, MetricInfo], **kw: Any) -> PooledStats | None:
+            metrics: Mapping[str, MetricInfo], **kw: Any) -> StatJSON | None:
     """One binary, higher-is-better measure per sample (the first such metric in its scores), paired."""
     used: dict[str, int]
     pairs, used = [], {}
@@ -195,7 +187,7 @@ def _pooled(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Seque
             used[name] = used.get(name, 0) + 1
     if not pairs:
         return None
-    return {"metrics_used": used, **paired_stats(pairs, _Binary(), **kw)}
+    return {"metrics_used": used, **as_json(paired_stats(pairs, _Binary(), **kw))}
 
 
 def _flips(b_by: Mapping[str, Mapping], c_by: Mapping[str, Mapping], ids: Sequence[str], name: str, info: MetricInfo,
@@ -249,9 +241,9 @@ def compare_runs(
             return [(b_by[i]["scores"][name], c_by[i]["scores"][name]) for i in group
                     if name in b_by[i]["scores"] and name in c_by[i]["scores"]]
 
-        def stats(group: list[str], label: str, name: str = name, info: Any = info) -> PairedStats:
-            return paired_stats(pairs(group), info, n_boot=n_boot, level=level,
-                                 seed=seed + zlib.crc32(f"{name}/{label}".encode()))
+        def stats(group: list[str], label: str, name: str = name, info: Any = info) -> StatJSON:
+            return as_json(paired_stats(pairs(group), info, n_boot=n_boot, level=level,
+                                        seed=seed + zlib.crc32(f"{name}/{label}".encode())))
 
         overall = stats(ids, "*")
         if overall["n"] == 0:

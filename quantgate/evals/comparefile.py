@@ -1,8 +1,9 @@
 """The typed form of `compare/<candidate>.json`: {eval set: quantgate.evals.compare.compare_runs output}.
 
 Written by the release's compare step (quantgate.release.steps.compare_variants) as plain JSON; read back through
-`load_comparison` by the gate and the report. Values that compare_runs leaves undefined (a mean over no sample)
-are NaN in the file and stay NaN here; figures a writer may omit default to None. Extra keys are kept.
+`load_comparison` by the gate and the report. Each statistic is the one paired model (quantgate.base.pairedstat);
+values that compare_runs leaves undefined (a mean over no sample) are NaN in the file and stay NaN here; figures a
+writer may omit default to None. Extra keys are kept, except in a statistic.
 """
 
 from __future__ import annotations
@@ -12,30 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from quantgate.base.pairedstat import PairedStat, PooledStat
 from quantgate.base.typedfile import read_model
-
-
-class PairedStat(BaseModel):
-    """quantgate.evals.compare.paired_stats: means, delta and its CI, spread and harm p-value; binary: lost/gained."""
-    model_config = ConfigDict(extra="allow")
-
-    n: int = 0
-    base_mean: float | None = None
-    cand_mean: float | None = None
-    delta: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    sd_diff: float | None = None
-    p_harm: float | None = None
-    lost: int | None = None
-    gained: int | None = None
-    mcnemar_p: float | None = None
-    discordance: float | None = None
-
-
-class PooledStat(PairedStat):
-    """One binary measure per sample over the whole set; `metrics_used` counts the samples of each metric."""
-    metrics_used: dict[str, int] = Field(default_factory=dict)
 
 
 class MetricComparison(BaseModel):

@@ -35,11 +35,12 @@ from typing import Any
 from quantgate.base.runfiles import (COMPARE_DIR, DELTA, ERROR, EVIDENCE, FIDELITY_FLOOR, JUDGE_DIR, JUDGE_REPORT,
                                      MANIFEST, PAY_OFF, QUANTIZATION, REQUESTS, SUMMARY)
 from quantgate.base.errors import QuantgateError
+from quantgate.base.pairedstat import PairedStat
 from quantgate.base.runinfo import load_run_record
 from quantgate.base.stats import num as _num
 from quantgate.base.typedfile import RunFileError
 from quantgate.evals.compare import paired_stats
-from quantgate.evals.comparefile import Comparison, PairedStat, load_comparison
+from quantgate.evals.comparefile import Comparison, load_comparison
 from quantgate.evals.manifestfile import parse_manifest
 from quantgate.fidelity.record import load_fidelity_record
 from quantgate.gate import kinds
@@ -49,7 +50,7 @@ from quantgate.gate.failurefile import serving_failure, with_failure
 from quantgate.gate.fidelityevidence import fidelity_evidence
 from quantgate.gate.looks import spend
 from quantgate.gate.models import (Decision, Gap, GateEvidence, JudgeEvidence,
-                                   KvCacheChange, ParityEvidence, RateEvidence, Ratio, Stat)
+                                   KvCacheChange, ParityEvidence, RateEvidence, Ratio)
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizeratio import size_ratio
 from quantgate.gate.summaryfile import load_summary
@@ -76,10 +77,11 @@ def _read(path: Path) -> Any:
         raise _Bad(f"corrupt JSON in {path}: {exc.msg} at line {exc.lineno}") from None
 
 
-def _stat(d: PairedStat, higher: bool, file: Path, binary: bool = False) -> Stat:
-    return Stat(n=d.n, base=_num(d.base_mean), cand=_num(d.cand_mean), delta=_num(d.delta), ci_low=_num(d.ci_low),
-                ci_high=_num(d.ci_high), higher_is_better=higher, binary=binary, sd_diff=_num(d.sd_diff),
-                discordance=_num(d.discordance), p_harm=_num(d.p_harm), file=str(file))
+def _stat(d: PairedStat, higher: bool, file: Path, binary: bool = False) -> PairedStat:
+    """A comparison file's statistic as the gate reads it: a mean over no sample (NaN) as None, and what it is."""
+    return PairedStat(n=d.n, **{k: _num(getattr(d, k)) for k in ("base_mean", "cand_mean", "delta", "ci_low", "ci_high",
+                                                                  "sd_diff", "discordance", "p_harm")},
+                      higher_is_better=higher, binary=binary, file=str(file))
 
 
 def candidates(run: Path | str) -> list[str]:
@@ -214,13 +216,13 @@ def _recall(folder: Path, ev: dict) -> None:
         key = "" if measure == "recall" else "_exact"
         harm = paired_harm(pairs.get(measure) or [], binary=measure == "exact")
         base, cand, diff = (_num(getattr(whole, f"{side}{key}")) for side in ("base", "cand", "delta"))
-        ev["recall"][measure] = Stat(n=delta.n_paired, base=base, cand=cand, delta=diff, binary=measure == "exact",
-                                     file=str(path), **harm)
+        ev["recall"][measure] = PairedStat(n=delta.n_paired, base_mean=base, cand_mean=cand, delta=diff,
+                                           binary=measure == "exact", file=str(path), **harm)
     for key, at in sorted(pairs.items()):
         if key.startswith("recall@") and at:
             bm, cm = sum(x for x, _ in at) / len(at), sum(y for _, y in at) / len(at)
-            ev["recall_by_length"][key.removeprefix("recall@")] = Stat(
-                n=len(at), base=bm, cand=cm, delta=cm - bm, file=str(path), **paired_harm(at, binary=False))
+            ev["recall_by_length"][key.removeprefix("recall@")] = PairedStat(
+                n=len(at), base_mean=bm, cand_mean=cm, delta=cm - bm, file=str(path), **paired_harm(at, binary=False))
     if not pairs:
         _gap(ev, "recall", f"per-request records of the baseline ({base_dir}) or candidate ({folder}) are missing: "
              "no confidence interval", str(path))
@@ -241,7 +243,7 @@ def paired_harm(pairs: list[tuple[float, float]], binary: bool) -> dict[str, flo
     if not pairs:
         return {}
     st = paired_stats(pairs, _Measure(binary))
-    return {k: _num(st.get(k)) for k in ("ci_low", "ci_high", "sd_diff", "p_harm", "discordance")}
+    return {k: _num(getattr(st, k)) for k in ("ci_low", "ci_high", "sd_diff", "p_harm", "discordance")}
 
 
 def _recall_pairs(base: Path, cand: Path) -> dict[str, list[tuple[float, float]]]:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
+from quantgate.base.pairedstat import PairedStat
 from quantgate.fidelity.record import StreamLook
 from quantgate.perf.models import PayOffFigures
 
@@ -29,25 +30,6 @@ EXIT_CODES: dict[str, int] = {"PROMOTE": 0, "REJECT": 3, "INCONCLUSIVE": 4}
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class Stat(_Model):
-    """A paired comparison of the candidate with the baseline (means, delta = cand - base, CI of the delta), with
-    what the harm test needs: the spread of the paired drops, the discordance of a binary measure and the one-sided
-    p-value of "the candidate is worse"."""
-
-    n: int = Field(ge=0)
-    base: float | None = None
-    cand: float | None = None
-    delta: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    higher_is_better: bool = True
-    binary: bool = False
-    sd_diff: float | None = None
-    discordance: float | None = None
-    p_harm: float | None = None
-    file: str | None = None
 
 
 class Interval(_Model):
@@ -126,7 +108,7 @@ class KindComparison(_Model):
     baseline (quantgate.gate.kinds), written by the kind's `compare` in the release, read by the gate and the report."""
 
     kind: str
-    stat: Stat                                   # paired over `unit`s; delta = candidate - baseline
+    stat: PairedStat                             # paired over `unit`s; delta = candidate - baseline
     unit: str                                    # what one paired unit is ("passage")
     quantity: str = ""                           # what stat's means are ("mean NLL per token, lower is better")
     level: float = Field(0.95, gt=0, lt=1)       # the two-sided level of stat's interval
@@ -138,12 +120,12 @@ class GateEvidence(_Model):
 
     candidate: str
     scheme: str | None = None
-    metrics: dict[str, dict[str, Stat]] = Field(default_factory=dict, description="eval set -> metric -> overall")
-    categories: dict[str, dict[str, dict[str, Stat]]] = Field(default_factory=dict,
-                                                              description="eval set -> category -> metric")
-    pooled: dict[str, Stat] = Field(default_factory=dict, description="eval set -> one binary measure per sample")
-    recall: dict[str, Stat] = Field(default_factory=dict, description="'recall' and/or 'exact' -> overall")
-    recall_by_length: dict[str, Stat] = Field(default_factory=dict, description="context length -> recall there")
+    metrics: dict[str, dict[str, PairedStat]] = Field(default_factory=dict, description="eval set -> metric -> overall")
+    categories: dict[str, dict[str, dict[str, PairedStat]]] = Field(default_factory=dict,
+                                                                    description="eval set -> category -> metric")
+    pooled: dict[str, PairedStat] = Field(default_factory=dict, description="eval set -> one binary measure per sample")
+    recall: dict[str, PairedStat] = Field(default_factory=dict, description="'recall' and/or 'exact' -> overall")
+    recall_by_length: dict[str, PairedStat] = Field(default_factory=dict, description="context length -> recall there")
     fidelity: FidelityEvidence | None = None
     floor: FidelityEvidence | None = None
     stream: StreamLook | None = Field(None, description="the streaming look whose prefix `fidelity` holds, when one "

@@ -25,7 +25,8 @@ from typing import Literal, TypeGuard
 
 from quantgate.base.stats import holm, holm_level, mdd, mdd_binary, samples_for
 from quantgate.fidelity.record import POOLED
-from quantgate.gate.models import Bound, Check, FidelityEvidence, GateEvidence, Power, Stat
+from quantgate.base.pairedstat import PairedStat
+from quantgate.gate.models import Bound, Check, FidelityEvidence, GateEvidence, Power
 from quantgate.gate.policy import GatePolicy
 
 Kind = Literal["relative", "absolute"]
@@ -44,7 +45,7 @@ def missing(name: str, required: bool, reason: str, file: str | None, limit=None
                  evidence_file=file, reason=f"skipped (optional, no usable evidence): {reason}")
 
 
-def drop_of(stat: Stat, kind: Kind, bound: Bound) -> tuple[float | None, str | None]:
+def drop_of(stat: PairedStat, kind: Kind, bound: Bound) -> tuple[float | None, str | None]:
     """(drop, None) or (None, why it cannot be measured). Positive drop = the candidate is worse."""
     edge = (stat.ci_low if stat.higher_is_better else stat.ci_high) if bound == "ci" else stat.delta
     if not finite(edge):
@@ -52,18 +53,18 @@ def drop_of(stat: Stat, kind: Kind, bound: Bound) -> tuple[float | None, str | N
     drop = (-edge if stat.higher_is_better else edge) + 0.0  # + 0.0: no -0.0
     if kind == "absolute":
         return drop, None
-    if not finite(stat.base):
+    if not finite(stat.base_mean):
         return None, "no baseline mean for a relative limit"
-    if stat.base == 0:
+    if stat.base_mean == 0:
         return (0.0 if drop <= 0 else math.inf), None
-    return drop / abs(stat.base), None
+    return drop / abs(stat.base_mean), None
 
 
 @dataclass
 class TaskItem:
     """One task check before its outcome is known."""
     name: str
-    stat: Stat | None
+    stat: PairedStat | None
     kind: Kind
     limit: float
     bound: Bound
@@ -87,7 +88,7 @@ def _power(item: TaskItem, alpha: float, power: float) -> Power:
         m = mdd(s.sd_diff, s.n, alpha, power)
     else:
         m = None
-    scale = abs(s.base) if item.kind == "relative" and finite(s.base) and s.base else 1.0
+    scale = abs(s.base_mean) if item.kind == "relative" and finite(s.base_mean) and s.base_mean else 1.0
     m_units = m / scale if m is not None else None
     below = m_units is not None and m_units > item.limit
     needs = samples_for(item.limit * scale, s.sd_diff or 0.0, alpha, power, binary=s.binary and finite(s.discordance),
@@ -104,7 +105,8 @@ def _fmt(kind: Kind, x: float, signed: bool = True) -> str:
 def _task_check(item: TaskItem, drop: float, harmful: bool, pw: Power, proven: bool) -> Check:
     s = item.stat
     assert s is not None
-    base = f"baseline {s.base:.4g}, candidate {s.cand:.4g}, " if finite(s.base) and finite(s.cand) else ""
+    base = (f"baseline {s.base_mean:.4g}, candidate {s.cand_mean:.4g}, " if finite(s.base_mean) and finite(s.cand_mean)
+            else "")
     what = "drop at the CI's worst end" if item.bound == "ci" else "drop (point estimate)"
     head = f"{base}n={s.n}: {what} {_fmt(item.kind, drop)}"
     mdd_txt = f"detects drops >= {_fmt(item.kind, pw.mdd)} at {pw.power:.0%} power" if pw.mdd is not None else \

@@ -13,23 +13,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.fileio import write_json
+from quantgate.base.pairedstat import PairedStat
 from quantgate.base.runfiles import SUMMARY
 from quantgate.base.typedfile import read_model
 
 _OPEN = ConfigDict(extra="allow")
-
-
-class MetricRow(BaseModel):
-    """`<eval set>/<metric>` of a candidate's row: the overall paired figures (quantgate.evals.compare)."""
-    model_config = _OPEN
-
-    n: int | None = None
-    base_mean: float | None = None
-    cand_mean: float | None = None
-    delta: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    mcnemar_p: float | None = None
 
 
 class CandidateRow(BaseModel):
@@ -40,7 +28,7 @@ class CandidateRow(BaseModel):
     scheme: str | None = None
     size_bytes: int | None = None
     size_ratio: float | None = None
-    metrics: dict[str, MetricRow] = Field(default_factory=dict)
+    metrics: dict[str, PairedStat] = Field(default_factory=dict)  # `<eval set>/<metric>`: its headline()
     regressions: int | None = None
     agreement: dict[str, float | None] = Field(default_factory=dict)
     failure: str | None = None

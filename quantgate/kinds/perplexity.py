@@ -31,7 +31,8 @@ from quantgate.base.paths import EVAL_SETS
 from quantgate.fidelity.bounds import t_quantile
 from quantgate.fidelity.run import build_sequences, is_complete, load_dump, score_sequences
 from quantgate.gate.kinds import KindComparison, KindPolicy, comparison_file, missing
-from quantgate.gate.models import Check, Gap, Stat
+from quantgate.base.pairedstat import PairedStat
+from quantgate.gate.models import Check, Gap
 from quantgate.kinds import register
 from quantgate.release.early import EarlyDecision
 from quantgate.release.measurements import Recorded, VariantJob
@@ -111,8 +112,8 @@ class Perplexity:
         """<run>/<candidate>/perplexity.json: the paired per-passage NLL difference and each side's perplexity."""
         if NAME in base.kinds and NAME in cand.kinds:
             stat = paired_nll(_nll(base.kinds[NAME]), _nll(cand.kinds[NAME]))
-            figures = {} if stat.base is None or stat.cand is None else \
-                {"baseline_perplexity": math.exp(stat.base), "candidate_perplexity": math.exp(stat.cand)}
+            figures = {} if stat.base_mean is None or stat.cand_mean is None else \
+                {"baseline_perplexity": math.exp(stat.base_mean), "candidate_perplexity": math.exp(stat.cand_mean)}
             path = comparison_file(run, cand.variant.name, NAME)
             out = KindComparison(kind=NAME, stat=stat.model_copy(update={"file": str(path)}),
                                  unit="passage", level=LEVEL, figures=figures,
@@ -125,21 +126,21 @@ def _nll(folder: Path) -> dict[str, float]:
     return {i: -sum(s.lp) / len(s.lp) for i, s in load_dump(folder).items() if s.lp}
 
 
-def paired_nll(base: Mapping[str, float], cand: Mapping[str, float], level: float = LEVEL) -> Stat:
+def paired_nll(base: Mapping[str, float], cand: Mapping[str, float], level: float = LEVEL) -> PairedStat:
     """The candidate's NLL minus the baseline's, paired by passage: the mean, its t interval at `level`."""
     ids = sorted(set(base) & set(cand))
     diffs = [cand[i] - base[i] for i in ids]
     n = len(diffs)
     if n == 0:
-        return Stat(n=0, higher_is_better=False)
+        return PairedStat(n=0, higher_is_better=False)
     mean = sum(diffs) / n
     b, c = sum(base[i] for i in ids) / n, sum(cand[i] for i in ids) / n
     if n < 2:
-        return Stat(n=n, base=b, cand=c, delta=mean, higher_is_better=False)
+        return PairedStat(n=n, base_mean=b, cand_mean=c, delta=mean, higher_is_better=False)
     sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
     half = t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)
-    return Stat(n=n, base=b, cand=c, delta=mean, ci_low=mean - half, ci_high=mean + half, higher_is_better=False,
-                sd_diff=sd)
+    return PairedStat(n=n, base_mean=b, cand_mean=c, delta=mean, ci_low=mean - half, ci_high=mean + half,
+                      higher_is_better=False, sd_diff=sd)
 
 
 class PerplexityGate:

@@ -267,11 +267,8 @@ def _rungs(spec: ReleaseSpec, decisions: list) -> list[dict]:
 
 def _summary_row(base: Evidence, cand: Evidence, comparison: Comparison) -> SummaryRow:
     sets = comparison.root
-    metrics: dict[str, dict[str, float | None]] = {}
-    for set_name, report in sets.items():
-        for metric, m in report.metrics.items():
-            metrics[f"{set_name}/{metric}"] = {k: getattr(m.overall, k) for k in ("n", "base_mean", "cand_mean", "delta",
-                                                                                   "ci_low", "ci_high", "mcnemar_p")}
+    metrics = {f"{set_name}/{metric}": m.overall.headline() for set_name, report in sets.items()
+               for metric, m in report.metrics.items()}
     return {
         "scheme": cand.variant.scheme,
         "size_bytes": cand.variant.size_bytes,

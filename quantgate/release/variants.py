@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quantgate.base.runfiles import CHECKPOINT, EVIDENCE, PLAN, QUANTIZATION
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import log_tail, write_json
+from quantgate.base.pairedstat import PairedStat
 from quantgate.base.paths import results_dir
 from quantgate.base.typedfile import read_migrated
 from quantgate.gate.failurefile import CANDIDATE_ERROR, CandidateError
@@ -312,7 +313,7 @@ class SummaryRow(TypedDict, total=False):
     scheme: str | None
     size_bytes: int | None
     size_ratio: float | None
-    metrics: dict[str, dict[str, float | None]]
+    metrics: dict[str, PairedStat]
     regressions: int
     agreement: dict[str, float | None]
     failure: str

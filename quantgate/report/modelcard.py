@@ -44,6 +44,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
+from quantgate.base.pairedstat import PairedStat
 from quantgate.base.paths import REPO
 from quantgate.base.runfiles import COMPARE_DIR, DECISION, EVIDENCE, PAY_OFF, PLAN, QUANTIZATION, SUMMARY
 from quantgate.evals.comparefile import load_comparison
@@ -76,15 +77,6 @@ class CardCheck(_Model):
     reason: str = ""
 
 
-class CardScore(_Model):
-    n: int | None = None
-    base_mean: float | None = None
-    cand_mean: float | None = None
-    delta: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-
-
 class Serving(_Model):
     argv: list[str]
     env: dict[str, str] = Field(default_factory=dict)
@@ -102,7 +94,7 @@ class CardInputs(_Model):
     needs: str | None = None
     policy: str | None = None
     checks: list[CardCheck] = Field(default_factory=list)
-    scores: dict[str, CardScore] = Field(default_factory=dict)
+    scores: dict[str, PairedStat] = Field(default_factory=dict)  # `<eval set>/<metric>`: its headline()
     size_ratio: float | None = None
     recipe_file: str | None = None
     recipe_text: str | None = None
@@ -328,13 +320,13 @@ def _typed(load: Callable[[Path], Any], path: Path) -> Any:
         return None
 
 
-def _scores_from(run: Path, candidate: str) -> dict[str, CardScore]:
+def _scores_from(run: Path, candidate: str) -> dict[str, PairedStat]:
     summary = _typed(load_summary, run / SUMMARY)
     row = summary.candidates.get(candidate) if summary else None
     if row is not None and row.metrics:
-        return {k: CardScore(**{f: getattr(v, f) for f in CardScore.model_fields}) for k, v in row.metrics.items()}
+        return {k: v.headline() for k, v in row.metrics.items()}
     cmp_ = _typed(load_comparison, run / COMPARE_DIR / f"{candidate}.json")
-    return {f"{set_name}/{metric}": CardScore(**{f: getattr(m.overall, f) for f in CardScore.model_fields})
+    return {f"{set_name}/{metric}": m.overall.headline()
             for set_name, report in (cmp_.root if cmp_ else {}).items() for metric, m in report.metrics.items()}
 
 
