@@ -4,13 +4,14 @@ in decision.json, summary.json and the report when some schemes are never tried.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from _gate_fixtures import make_run
 
 from quantgate.evals.comparefile import Comparison, load_comparison
 from quantgate.gate.summaryfile import as_json, write_summary
-from quantgate.release.ladder import describe, next_rung, rungs
+from quantgate.release.ladder import after, describe, next_rung, rungs
 
 S = ["fp8-dynamic", "int8-w8a8", "w4a16-gptq"]
 
@@ -129,3 +130,32 @@ def test_widen_grows_samples_only_for_inconclusive_candidates_within_the_budget(
     assert (w2.eval.limit, w2.fidelity.limit) == (200, 150)
     assert widen(w2, undecided) is None  # the budget is spent: the decision stands
     assert widen(spec.model_copy(update={"adaptive": None}), undecided) is None
+
+
+class _Job:
+    """A finished job of the flow as `_next_at_verdict` reads it: its state, and its candidate's evidence."""
+
+    def __init__(self, name: str, decided: str | None, completed: bool = True):
+        self.ev = SimpleNamespace(variant=SimpleNamespace(name=name), decided=decided)
+        self.state = SimpleNamespace(is_completed=lambda: completed)
+        self.waited = False
+
+    def wait(self):
+        self.waited = True
+
+    def result(self):
+        assert self.waited, "read before the job ended"
+        return self.ev
+
+
+def test_a_rung_rejected_early_starts_the_next_at_its_verdict_and_no_other_ends_so():
+    from quantgate.release.flow import _next_at_verdict
+
+    spec = SimpleNamespace(schemes=S, candidates=[])
+    assert [after(S, s) for s in S] == ["int8-w8a8", "w4a16-gptq", None] and after(S, "other") is None
+    early = "fidelity:kl:multilingual: 99.5% lower bound 0.031 > 0.02"
+    assert _next_at_verdict(spec, _Job("fp8-dynamic", early)) == "int8-w8a8"
+    assert _next_at_verdict(spec, _Job("w4a16-gptq", early)) is None  # the last rung: nothing follows
+    # not decided early: the gate decides after the measurement, and the ladder goes on from its decision
+    assert _next_at_verdict(spec, _Job("fp8-dynamic", None)) is None
+    assert _next_at_verdict(spec, _Job("fp8-dynamic", early, completed=False)) is None  # failed: the flow reports it

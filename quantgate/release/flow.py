@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -39,14 +40,15 @@ from quantgate.fidelity import run as fidelity_run, sampling
 from quantgate.evals.comparefile import Comparison
 from quantgate.gate.models import Decision
 from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, Summary, as_json, write_summary
-from quantgate.release import fidelity_step, judge_cache, outcome, schedule
+from quantgate.release import fidelity_step, judge_cache, ladder, outcome, schedule
 from quantgate.release.executors import remote
 from quantgate.spec import familycheck, warn as spec_warnings
 from quantgate.publishing import publish as publishing, webhook
 from quantgate.release.adaptive import fidelity_looks, widen
 from quantgate.spec.autoschemes import at_flow_start
+from quantgate.spec.external import candidate_names
 from quantgate.release.early import Verdicts
-from quantgate.release.perf_window import perf_window
+from quantgate.release.perf_window import keep_window, perf_window
 from quantgate.release import steps as rel
 from quantgate.release.runrecord import recording_status, timed
 from quantgate.spec.resolve import load_spec
@@ -227,19 +229,38 @@ def _measure(pool: schedule.SlotPool, model_dir: Path, base: rel.MeasureRequest,
     s, run = base.spec, base.run
     base_job = serve_and_evaluate.submit(base, pool=pool) if baseline else None
     verdicts = base.verdicts
-    candidates = [quantize.submit(s, model_dir, c, run, pool, verdicts) if isinstance(c, str) else c
-                  for c in candidates]
     after = [base_job] if base_job is not None and pool.width == 1 and base.variant.endpoint is None else None
-    jobs = [serve_and_evaluate.submit(  # type: ignore[call-overload]  # Task.submit's overloads omit wait_for
-        rel.MeasureRequest(s, c, run, parity=False, tokenizer=model_dir, reference=reference, verdicts=verdicts),
-        pool=pool,
-        baseline_failed=_failed(base_job), wait_for=after) for c in candidates]
-    base_ev = base_job.result() if base_job is not None else None
+
+    def start(c: str | rel.Variant) -> PrefectFuture:  # a scheme is quantized first: Prefect hands the job its Variant
+        variant: Any = quantize.submit(s, model_dir, c, run, pool, verdicts) if isinstance(c, str) else c
+        return serve_and_evaluate.submit(  # type: ignore[call-overload]  # Task.submit's overloads omit wait_for
+            rel.MeasureRequest(s, variant, run, parity=False, tokenizer=model_dir, reference=reference,
+                               verdicts=verdicts),
+            pool=pool, baseline_failed=_failed(base_job), wait_for=after)
+    jobs, coming = [start(c) for c in candidates], []
+    try:  # a ladder's next rung starts at its last rung's early REJECT, beside the baseline's remaining measurement
+        while s.ladder and s.decide_early and (nxt := _next_at_verdict(s, jobs[-1])) is not None:
+            rung = nxt if nxt in s.schemes else rel.external_variant(s, nxt, model_dir, run)
+            pool.announce(*(named := _slot_jobs(pool, None, [rung])))
+            coming += named
+            jobs.append(start(rung))
+        base_ev = base_job.result() if base_job is not None else None
+    finally:
+        pool.withdraw(*coming)
     if base_ev is not None and not base_ev.evals_as_planned(reference):
         raise QuantgateError(f"the baseline's eval folders {base_ev.evals} are not the planned {reference}: the "
                              "candidates scored other answers", where="quantgate.release.flow measure",
                              fix="a bug: the slot's cache key changed between planning and serving; report it")
     return base_ev, [j.result() for j in jobs]
+
+
+def _next_at_verdict(s: ReleaseSpec, job: PrefectFuture) -> str | None:
+    """The rung after `job`'s candidate once it ended REJECTed early by fidelity; None otherwise (it failed, or its
+    gate decides after the measurement: the ladder then goes on from the gate's decisions)."""
+    job.wait()
+    if not job.state.is_completed() or not (ev := job.result()).decided:
+        return None
+    return ladder.after(candidate_names(s), ev.variant.name)
 
 
 # Prefect's flow decorator types task_runner as TaskRunner[PrefectFuture]; ThreadPoolTaskRunner's futures are a
@@ -264,33 +285,15 @@ def release(spec: str = "releases/demo.yaml", run_id: str | None = None, executo
     return state
 
 
-def _say_before_work(s: ReleaseSpec, logger) -> None:
-    """The checks the spec's eval sets cannot feed, the limits its sizes cannot prove, the own categories checked."""
-    subsets = spec_warnings.eval_subsets(s)  # read once for every kind of warning
-    for check in spec_warnings.feed_warnings(s, subsets):
-        logger.warning(f"unfed check: {check}")
-    for warning in spec_warnings.sizing_warnings(s, subsets):
-        logger.warning(f"sample size: {warning}")
-    if (own := spec_warnings.own_categories(s, subsets)) is not None:
-        logger.info(own)
-
-
-def _model_on_disk(s: ReleaseSpec, model_dir: Path, run: Path, logger) -> ReleaseSpec:
-    """What the model's own files decide, before any quantization: the support matrix for its family (refused or
-    warned), and `schemes: auto` ranked with its real size."""
-    familycheck.at_flow_start(s, model_dir, log=logger.warning)
-    return at_flow_start(s, model_dir, run, log=logger.info)
-
-
 def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
-    """The release in its run folder: model, quantize, measure, compare, judge, gate (and widen), promote, publish,
-    report, notify."""
+    """The release in its run folder: model, quantize, measure, compare, judge, gate, promote, publish, report."""
     logger = get_run_logger()
-    _say_before_work(s, logger)
+    spec_warnings.say_before_work(s, logger.warning, logger.info)
     for note in s.machine_notes:  # `hardware: auto` and skip_unsupported: what was decided for this machine, and why
         logger.warning(note)
     model_dir = prepare_model(s, run)
-    s = _model_on_disk(s, model_dir, run, logger)  # `schemes: auto`: ranked with the model's size
+    familycheck.at_flow_start(s, model_dir, log=logger.warning)  # the support matrix for the model's family
+    s = at_flow_start(s, model_dir, run, log=logger.info)  # `schemes: auto` ranked with the model's real size
     on_pools = s.executor.kind == "pools"  # each child flow run takes its slot on its worker's host instead
     pool = schedule.release_pool(s, model_dir, log=(lambda _: None) if on_pools else logger.info)
     schedule.preload_libraries()  # before any job thread imports them
@@ -312,7 +315,7 @@ def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
                 logger.warning(f"judge step failed: {judged.message}")
         if in_window(s):  # after every other measurement of this rung, the judge's included
             probed |= speed_window(s, run, pool, base_ev, evidence)
-            _keep_window([base_ev, *evidence], probed)
+            keep_window([base_ev, *evidence], probed)
         variants |= {c.variant.name: c.variant for c in evidence}
         cand_ev += evidence
         decisions = gate(s, run, list(variants), looks)
@@ -331,7 +334,7 @@ def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
                                     [variants[n] for n in undecided])
             assert base_ev is not None
             comparisons |= {c.variant.name: compare(base_ev, c, run) for c in redo}
-            _keep_window([base_ev, *redo], probed)  # their speed was probed in the window: not again
+            keep_window([base_ev, *redo], probed)  # their speed was probed in the window: not again
             cand_ev = [c for c in cand_ev if c.variant.name not in undecided] + redo
             decisions = gate(s, run, list(variants), looks)
     rel.record_decisions(s, run, decisions)  # decision.json (and its JUnit XML): the last look's, written once
@@ -342,15 +345,6 @@ def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
     summary = rel.finish_run(s, run, base_ev, [(c, comparisons[c.variant.name]) for c in cand_ev], decisions, promotions)
     outcome.create_artifacts(s.name, run, decisions)  # the report's link and the checks' table
     return conclude(s, run, summary, published, outcome.headline(summary.decision or "", decisions), not_promoted)
-
-
-def _keep_window(evidence: list[rel.Evidence], probed: Mapping[str, Path]) -> None:
-    """Each variant's evidence points at its pooled probe of the speed window (`probed`), in memory and in its
-    evidence.json; a variant measured again for more samples keeps the window's (speed does not depend on them)."""
-    for e in evidence:
-        if probed.get(e.variant.name) not in (None, e.perf):
-            e.perf = probed[e.variant.name]
-            e.write()
 
 
 def _promote(s: ReleaseSpec, run: Path, decisions: list[Decision], variants: dict[str, rel.Variant]

@@ -2,8 +2,9 @@
 
 With `ladder: true` a spec's `schemes` is a preference order: the first scheme is quantized, evaluated, judged and
 gated; only when it is not promoted (REJECT or INCONCLUSIVE) is the next one tried, and the release stops at the
-first PROMOTE. Without a
-ladder every scheme is one rung, tried at once (the release's default).
+first PROMOTE. A rung whose candidate is REJECTed early by fidelity (`decide_early`) starts the next one at that
+verdict, beside the baseline's remaining measurement. Without a ladder every scheme is one rung, tried at once (the
+release's default).
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ def next_rung(schemes: Sequence[str], decided: Mapping[str, str], ladder: bool) 
     if any(d == PROMOTE for d in decided.values()):
         return []
     return untried[:1]
+
+
+def after(schemes: Sequence[str], name: str) -> str | None:
+    """The rung after `name` in ladder order (None after the last): what starts as soon as `name` is REJECTed early."""
+    later = list(schemes[list(schemes).index(name) + 1:]) if name in schemes else []
+    return later[0] if later else None
 
 
 def rungs(schemes: Sequence[str], decided: Mapping[str, str], reasons: Mapping[str, Sequence[str]] | None = None

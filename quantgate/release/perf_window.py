@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -116,6 +117,15 @@ def perf_window(spec: ReleaseSpec, run: Path, pool: SlotPool, base: Evidence, ca
     window.ended, window.seconds = _now(), round(time.perf_counter() - t0, 1)
     write_json(folder / "window.json", asdict(window))
     return _write_ratios(run, base, probed, results, window, log)
+
+
+def keep_window(evidence: list[Evidence], probed: Mapping[str, Path]) -> None:
+    """Each variant's evidence points at its pooled probe of the speed window (`probed`), in memory and in its
+    evidence.json; a variant measured again for more samples keeps the window's (speed does not depend on them)."""
+    for e in evidence:
+        if probed.get(e.variant.name) not in (None, e.perf):
+            e.perf = probed[e.variant.name]
+            e.write()
 
 
 def _run(spec: ReleaseSpec, pool: SlotPool, variants: dict[str, Evidence], shared: _Probing, window: Window,

@@ -5,7 +5,7 @@ and the checks that the eval sets cannot feed or feed too thinly to judge (quant
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from quantgate.evals.dataset import Sample, load_evalset, stratified_subset
@@ -56,6 +56,18 @@ def feed_warnings(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None
 def own_categories(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None = None) -> str | None:
     """The line that lists the checks of the sets' own categories (policy `own_categories`), or None."""
     return own_checks_line(*_feed(spec, subsets))
+
+
+def say_before_work(spec: ReleaseSpec, warn: Callable[[str], None], info: Callable[[str], None]) -> None:
+    """At the start of a release: the checks its eval sets cannot feed, the limits its sizes cannot prove (`warn`),
+    and the own categories checked (`info`); the eval sets read once for all three."""
+    subsets = eval_subsets(spec)
+    for check in feed_warnings(spec, subsets):
+        warn(f"unfed check: {check}")
+    for warning in sizing_warnings(spec, subsets):
+        warn(f"sample size: {warning}")
+    if (own := own_categories(spec, subsets)) is not None:
+        info(own)
 
 
 def _feed(spec: ReleaseSpec, subsets: Mapping[Path, list[Sample]] | None) -> tuple[GatePolicy, Feed]:
