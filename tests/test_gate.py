@@ -6,6 +6,7 @@ import copy
 import math
 
 import pytest
+import yaml
 
 from quantgate.base.errors import ConfigError
 from quantgate.base.paths import RELEASES
@@ -406,3 +407,25 @@ def test_sizing_command_prints_the_recall_checks_detectable_drop_per_needle_coun
     assert f"{at[120].mdd:.1%}" in rows[120] and f"{at[60].mdd:.1%}" in rows[60]
     assert at[120].mdd < at[60].mdd  # twice the needles detect a smaller drop
     assert "design effect 1.5" in r.output and f"about {at[60].needs} needles" in r.output
+
+
+def test_a_policy_is_validated_once_per_content_and_each_caller_gets_its_own_copy(tmp_path, monkeypatch):
+    """A release asks for its policy many times (warnings, streaming looks, judge, gate): the file is validated
+    once per content; a caller that changes its copy changes no other's, and an edited file is read anew."""
+    from quantgate.base import yamlconfig
+    from quantgate.gate import policy as policy_module
+
+    path = tmp_path / "p.yaml"
+    path.write_text((RELEASES / "policies" / "default.yaml").read_text())
+    validated = []
+    real = policy_module.load_model
+    monkeypatch.setattr(policy_module, "load_model", lambda *a, **k: validated.append(a[0]) or real(*a, **k))
+    first, second = load_policy(path), load_policy(path)
+    assert len(validated) == 1 and first == second and first is not second
+    first.min_samples = 999
+    assert load_policy(path).min_samples != 999
+    edited = yaml.safe_load(path.read_text())
+    edited["min_samples"] = 7
+    path.write_text(yaml.safe_dump(edited))
+    assert load_policy(path).min_samples == 7 and len(validated) == 2
+    assert yamlconfig.load_model is real  # only this module's name was wrapped

@@ -31,6 +31,7 @@ task checks' harm tests share their false-alarm budget (quantgate.gate.statistic
 
 from __future__ import annotations
 
+import hashlib
 import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -368,14 +369,28 @@ def enabled_checks(policy: GatePolicy) -> list[str]:
     return [n for n in CHECK_SECTIONS if getattr(policy, n)]
 
 
+_VALIDATED: dict[tuple[str, str], GatePolicy] = {}  # (resolved path, sha256 of its bytes) -> the policy
+
+
 def load_policy(path: Path | str = DEFAULT_POLICY) -> GatePolicy:
     """Read and validate a policy file; errors name the file, line and field. A policy that enables no check
-    is refused: it could never reject a candidate."""
+    is refused: it could never reject a candidate.
+
+    Validated once per content: a release asks for its policy at its start, in its warnings, at every streaming look,
+    in the judge and at the gate; each gets its own copy of the one validated, and a file edited since is read anew."""
     path = Path(path)
+    try:
+        key = (str(path.resolve()), hashlib.sha256(path.read_bytes()).hexdigest())
+    except OSError:
+        key = None  # load_model names the file that cannot be read
+    if key is not None and key in _VALIDATED:
+        return _VALIDATED[key].model_copy(deep=True)
     policy = load_model(path, GatePolicy)
     if not enabled_checks(policy):
         _, lines = read_yaml(path)
         raise ConfigError(f"the policy enables no check: none of the check fields {', '.join(CHECK_SECTIONS)} is "
                           "set, so it could never reject a candidate", where=f"{path}:{lines.get((), 1)}",
                           fix="add a check section, e.g. `error_rate: {max: 0.02}` (see releases/policies/default.yaml)")
+    if key is not None:
+        _VALIDATED[key] = policy.model_copy(deep=True)
     return policy
