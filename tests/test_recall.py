@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from quantgate.cli.recall import recall
 from quantgate.recall import haystack as hs, needle as nd
-from quantgate.recall.client import queues
+from quantgate.recall.client import cost, queues
 from quantgate.recall import score as recall_score
 from quantgate.recall.resultfile import RecallCells, RecallDelta, load_recall_cells, load_recall_delta
 from quantgate.recall.run import is_complete, jobs_of, load_filler, load_needle_data, read_jsonl, run_recall
@@ -110,6 +110,27 @@ def test_each_haystacks_other_questions_wait_until_its_first_is_answered(kit, tm
     cost = out.cost
     assert (cost["haystacks"], cost["requests"], cost["needles"], cost["cells"]) == (4, 12, 12, 12)
     assert cost["run"]["answered"] == 12 and cost["run"]["prefix_cache_hit_rate"] is None  # the fake has no /metrics
+
+
+def test_progress_counts_a_haystacks_prompt_once_in_tokens_so_the_first_eta_is_not_a_count_of_requests(kit, tmp_path):
+    """The grid's progress line is in prompt+sampled tokens: a haystack's first request carries its whole prompt,
+    the others their own tail (with the prefix cached), each its sampled tokens; the total is that work, not the
+    request count, whose first ETA waited for the long first requests ("ETA 46.5 min" at 2 of 120 needles, "4.9 min"
+    30 s later, in a demo ladder's log)."""
+    from quantgate.base import progress
+
+    prompts = turns(kit)
+    jobs = jobs_of(prompts)
+    ready, waiting = queues(jobs, done=set())
+    work = sum(cost(j) for j in ready) + sum(cost(j) for js in waiting.values() for j in js)
+    assert work < sum(j.prompt_tokens for j in jobs)  # each haystack's prompt once, not once per question
+    lines: list[str] = []
+    with FakeServer(delay_s=0.01) as server, progress.reporting("baseline: recall", log=lines.append, every_s=0.0):
+        out = run_recall(prompts, tmp_path / "r", endpoint=server.url, model="fake-model", api_key=None, grid={},
+                         concurrency=8)
+    assert out.status == "complete"
+    assert lines and all(" prompt+sampled tokens" in x for x in lines), lines
+    assert lines[-1].startswith(f"baseline: recall: {work}/{work} prompt+sampled tokens (100%)"), lines[-1]
 
 
 def test_together_scores_every_needle_of_one_answer_on_its_own(kit, tmp_path):
