@@ -21,7 +21,8 @@ What was skipped and why goes into the candidate's evidence.json (`skipped`), th
 The baseline beside them (`Verdicts`): its own eval sets, recall grid and perf probe are only ever compared with a
 candidate's. When every candidate of the release has its REJECT decided before the baseline reaches them, they
 can change no decision of this release, and the baseline skips them too (its evidence.json says why; the next
-release that needs them measures them). Not in a ladder, whose next rung may need them.
+release that needs them measures them). In a ladder the rungs still to come count as candidates: the baseline skips
+them only once the last rung is decided too (quantgate.release.flow starts each rung at its predecessor's REJECT).
 """
 
 from __future__ import annotations

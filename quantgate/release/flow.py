@@ -202,10 +202,11 @@ def measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path,
                   for c in candidates]
     coming = _slot_jobs(pool, base if baseline else None, candidates)
     pool.announce(*coming)  # no slot is lent to a variant's extra server while these still have to take theirs
-    # The candidates' early verdicts, for a baseline measured beside them (not one slot: it goes first there) and
-    # not in a ladder (a later rung may need what the baseline would skip)
-    verdicts = (Verdicts([c if isinstance(c, str) else c.name for c in candidates])
-                if baseline and not s.ladder and s.decide_early and s.fidelity and pool.width > 1 else None)
+    # The candidates' early verdicts, for a baseline measured beside them (not one slot: it goes first there); in a
+    # ladder every rung from this one on is a candidate: the baseline skips only once the last is decided too
+    names = [c if isinstance(c, str) else c.name for c in candidates]
+    verdicts = (Verdicts(candidate_names(s)[candidate_names(s).index(names[0]):] if s.ladder else names)
+                if baseline and s.decide_early and s.fidelity and pool.width > 1 else None)
     try:
         return _measure(pool, model_dir, rel.MeasureRequest(s, base, run, parity=True, verdicts=verdicts), reference,
                         candidates, baseline)
@@ -237,13 +238,17 @@ def _measure(pool: schedule.SlotPool, model_dir: Path, base: rel.MeasureRequest,
             rel.MeasureRequest(s, variant, run, parity=False, tokenizer=model_dir, reference=reference,
                                verdicts=verdicts),
             pool=pool, baseline_failed=_failed(base_job), wait_for=after)
-    jobs, coming = [start(c) for c in candidates], []
+    jobs, started = [start(c) for c in candidates], {c if isinstance(c, str) else c.name for c in candidates}
+    coming: list[str] = []
     try:  # a ladder's next rung starts at its last rung's early REJECT, beside the baseline's remaining measurement
         while s.ladder and s.decide_early and (nxt := _next_at_verdict(s, jobs[-1])) is not None:
             rung = nxt if nxt in s.schemes else rel.external_variant(s, nxt, model_dir, run)
             pool.announce(*(named := _slot_jobs(pool, None, [rung])))
-            coming += named
+            coming, started = coming + named, started | {nxt}
             jobs.append(start(rung))
+        if verdicts is not None:  # the rungs this measurement does not start: the gate decides their predecessor first
+            for later in verdicts.candidates - started:
+                verdicts.settle(later)
         base_ev = base_job.result() if base_job is not None else None
     finally:
         pool.withdraw(*coming)
