@@ -12,7 +12,6 @@ The evidence (`GateEvidence`) is built from a run folder by `quantgate.gate.evid
 
 from __future__ import annotations
 
-from quantgate.base.pairedstat import PairedStat
 from quantgate.gate import kinds
 from quantgate.fidelity.record import StreamLook
 from quantgate.gate.models import Check, Decision, GateEvidence, Look, OperatingCharacteristics
@@ -20,7 +19,7 @@ from quantgate.gate.payoff import applied_workload, pay_off_checks
 from quantgate.gate.policy import DropLimit, GatePolicy, own_metric
 from quantgate.gate.statistical import TaskItem, drop_of, fidelity_checks, finite, missing, task_checks
 
-__all__ = ["Check", "Decision", "GateEvidence", "PairedStat", "drop_of", "evaluate"]
+__all__ = ["Check", "Decision", "GateEvidence", "drop_of", "evaluate"]
 
 
 def _gap(ev: GateEvidence, slot: str, default: str) -> tuple[str, str | None]:

@@ -204,8 +204,8 @@ def measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path,
     pool.announce(*coming)  # no slot is lent to a variant's extra server while these still have to take theirs
     # The candidates' early verdicts, for a baseline measured beside them (not one slot: it goes first there); in a
     # ladder every rung from this one on is a candidate: the baseline skips only once the last is decided too
-    names = [c if isinstance(c, str) else c.name for c in candidates]
-    verdicts = (Verdicts(candidate_names(s)[candidate_names(s).index(names[0]):] if s.ladder else names)
+    names, rungs = [c if isinstance(c, str) else c.name for c in candidates], candidate_names(s)
+    verdicts = (Verdicts(rungs[rungs.index(names[0]):] if s.ladder else names)
                 if baseline and s.decide_early and s.fidelity and pool.width > 1 else None)
     try:
         return _measure(pool, model_dir, rel.MeasureRequest(s, base, run, parity=True, verdicts=verdicts), reference,

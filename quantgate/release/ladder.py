@@ -26,8 +26,9 @@ def next_rung(schemes: Sequence[str], decided: Mapping[str, str], ladder: bool) 
 
 def after(schemes: Sequence[str], name: str) -> str | None:
     """The rung after `name` in ladder order (None after the last): what starts as soon as `name` is REJECTed early."""
-    later = list(schemes[list(schemes).index(name) + 1:]) if name in schemes else []
-    return later[0] if later else None
+    order = list(schemes)
+    i = order.index(name) + 1 if name in order else len(order)
+    return order[i] if i < len(order) else None
 
 
 def rungs(schemes: Sequence[str], decided: Mapping[str, str], reasons: Mapping[str, Sequence[str]] | None = None

@@ -178,7 +178,8 @@ def _kinds(view: RunView, name: str) -> list[dict]:
         view.files.append(kinds.comparison_file(view.folder, name, kind))
         s = comp.stat
         rows.append({"kind": kind, "quantity": comp.quantity, "unit": comp.unit, "n": s.n, "base": s.base_mean,
-                     "cand": s.cand_mean, "delta": s.delta, "ci_low": s.ci_low, "ci_high": s.ci_high, "level": comp.level, "figures": comp.figures})
+                     "cand": s.cand_mean, "delta": s.delta, "ci_low": s.ci_low, "ci_high": s.ci_high,
+                     "level": comp.level, "figures": comp.figures})
     return rows
 
 
