@@ -27,6 +27,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.procguard import SHM_EVERY_S
 from quantgate.base.procs import TAG_VAR, guarded, leftovers, listening, shm_held, tag_env, tagged, verify_gone
 from quantgate.evals.client import ClientConfig, Request, read_results, run
+from quantgate.plan.commands import ONE_PROCESS
 from quantgate.spec.resolve import load_spec
 from quantgate.release.variants import Variant, make_server, server_config
 from quantgate.serving import server as server_mod
@@ -553,9 +554,12 @@ def test_a_hung_engine_is_named_by_the_watchdog(demo_model, tmp_path):
     """SIGSTOP the engine core under load: no token for stall_timeout_s while requests are in flight, so the
     watchdog stops the server, the waiting client fails at once, and raise_if_dead names the server. The server is
     the release's (release.variants.server_config), its limit the spec's serving.stall_timeout_s. Its engine,
-    killed, cannot unlink its shared memory: the stop removes it from /dev/shm."""
+    killed, cannot unlink its shared memory: the stop removes it from /dev/shm. A one-worker server runs its worker
+    in the engine's process and holds no /dev/shm file (quantgate.plan.commands.ONE_PROCESS): this one is served with
+    a worker process of its own, as every multi-worker plan is, so that it does."""
     variant = Variant(name="demo", path=demo_model, content_hash="x", size_bytes=1)
     cfg = server_config(_spec(tmp_path, "serving: {stall_timeout_s: 20}\n"), variant, tmp_path / "demo")
+    cfg = cfg.model_copy(update={"env": {**cfg.env, ONE_PROCESS: "1"}})
     errors: list[BaseException] = []
     with VLLMServer(cfg, log_path=tmp_path / "server.log") as srv:
         tag, pid = srv.tag[TAG_VAR], srv.proc.pid

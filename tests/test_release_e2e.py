@@ -167,7 +167,8 @@ def test_release_flow_produces_evidence_for_every_variant(workspace, receiver):
     # quantizes it first, and the baseline may be done before it is)
     if schedule.release_pool(load_spec(spec), resolve_model("demo"), log=lambda _: None).width == 2 and quantized["reused"]:
         assert b["slot"] != c["slot"] and min(b["end"], c["end"]) > max(b["start"], c["start"]), serve
-        # each server's OpenMP compute threads bound to its own core (vLLM logs the binding it made)
+        # each server's OpenMP compute threads bound to its own core: the binding line of its log (a one-worker
+        # server runs in one process, bound by quantgate; tests/test_serving_plans.py reads the live threads)
         bound = [re.findall(r"core ids=\[([\d, ]+)\]", (run / v / "server.log").read_text()) for v in ("baseline", FIRST)]
         assert all(len(ids) == 1 for ids in bound) and bound[0] != bound[1], bound
     else:  # one server at a time on a slot

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from pathlib import Path
 
 import httpx
 import psutil
@@ -35,6 +37,41 @@ def test_pipeline_parallel_plan_is_served_and_answers(demo_model, tmp_path):
         assert "Paris" in resp.json()["choices"][0]["message"]["content"]
         log = (tmp_path / "pp.log").read_text()
         assert "--pipeline-parallel-size 2" in log.splitlines()[0]
+
+
+def _threads(proc: psutil.Process) -> list[tuple[str, str, int]]:
+    """(name, allowed cores, CPU ticks) of each thread of `proc`, read from /proc."""
+    out = []
+    for task in Path(f"/proc/{proc.pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            allowed = next(ln.split()[1] for ln in (task / "status").read_text().splitlines()
+                           if ln.startswith("Cpus_allowed_list:"))
+            stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out.append(((task / "comm").read_text().strip(), allowed, int(stat[11]) + int(stat[12])))
+    return out
+
+
+@pytest.mark.slow
+def test_a_one_worker_cpu_plan_is_served_in_one_process_its_threads_on_the_slots_core(demo_model, tmp_path):
+    """A one-worker CPU plan on the last core (as a release's second slot binds it): the engine process runs the
+    model itself, no worker process is spawned, every thread of the engine is allowed that core only (the OpenMP
+    binding quantgate set: vLLM binds only a worker process it spawns), and the answer is right."""
+    plan = build_plan(demo_model, "x86-cpu", context=2048, concurrency=4, replicas=2)
+    assert plan.layout.devices == 1 and all(r.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" for r in plan.replica_plans)
+    assert any(d.choice.startswith("one process") for d in plan.decisions)
+    core = max(os.sched_getaffinity(0))
+    cfg = config_from_plan(plan, demo_model, "demo")
+    cfg = cfg.model_copy(update={"env": {**cfg.env, "VLLM_CPU_OMP_THREADS_BIND": str(core)}})
+    with VLLMServer(cfg, log_path=tmp_path / "one.log") as srv:
+        resp = chat(srv, "demo")
+        assert resp.status_code == 200 and "Paris" in resp.json()["choices"][0]["message"]["content"], resp.text
+        tree = psutil.Process(srv.proc.pid).children(recursive=True)
+        names = [p.name() for p in tree]
+        assert not any("Worker" in n for n in names), names
+        (engine,) = [p for p in tree if "EngineCor" in p.name()]
+        threads = _threads(engine)
+        assert sum(t for _, _, t in threads) > 0 and {a for _, a, _ in threads} == {str(core)}, threads
+    assert f"OMP_PLACES={{{core}}}" in (tmp_path / "one.log").read_text()
 
 
 @pytest.mark.slow

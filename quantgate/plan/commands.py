@@ -9,6 +9,10 @@ from quantgate.plan.models import (Capacity, Layout, MultiNode, NodeCommand, Pla
                                    PlanRequest, Replica)
 from quantgate.target.modelshape import gib
 
+# "0" in a one-worker CPU server's environment: vLLM runs the worker inside its engine process instead of spawning a
+# process for it (quantgate.serving.server binds that process's OpenMP threads, as vLLM binds a worker process's)
+ONE_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
 
 def cpu_env(lay: Layout, cap: Capacity, req: PlanRequest, policy: PlannerPolicy) -> tuple[int, str]:
     """VLLM_CPU_KVCACHE_SPACE per worker: the KV the target needs (whole GiB), within the worker's budget."""
@@ -96,8 +100,10 @@ def replica_plans(lay: Layout, cap: Capacity, replicas: int, gpus: int, req: Pla
         nodes = sorted({d // gpus for d in devs})
         per_node = [[d for d in devs if d // gpus == n] for n in nodes]
         if len(nodes) == 1:
-            out.append(Replica(index=r, nodes=nodes, devices=[d % gpus for d in devs],
-                               env=_node_env(devs, gpus, req, policy, kv_gib)))
+            env = _node_env(devs, gpus, req, policy, kv_gib)
+            if req.hardware.kind == "cpu" and lay.devices == 1:
+                env[ONE_PROCESS] = "0"
+            out.append(Replica(index=r, nodes=nodes, devices=[d % gpus for d in devs], env=env))
         else:
             mn = multi_node(lay, per_node, gpus, req, policy, args, kv_gib)
             out.append(Replica(index=r, nodes=nodes, devices=[d % gpus for d in per_node[0]], env={}, multi_node=mn))

@@ -291,6 +291,12 @@ def _cpu_settings(lay: Layout, cap: Capacity, req: PlanRequest, policy: PlannerP
                                      numbers={"kv_gib_per_worker": kv_gib}))
     if lay.pp > 1 or lay.dp > 1:
         args["--distributed-executor-backend"] = "mp"
+    if lay.devices == 1:
+        decisions.append(PlannerDecision(
+            topic="cpu", choice="one process: VLLM_ENABLE_V1_MULTIPROCESSING=0",
+            reason="one worker needs no process of its own: the demo model's server was ready in 17.2 s instead of "
+                   "22.4 s on one core, at the same throughput (docs/measurements.md, 'One-process CPU servers'); "
+                   "its OpenMP threads are bound to the slot's cores as vLLM binds a worker process's"))
     if serve_dtype_factor(lay, req, policy) != 1.0:
         args["--dtype"] = policy.cpu_dtype
         decisions.append(PlannerDecision(topic="cpu", choice=f"--dtype {policy.cpu_dtype}",

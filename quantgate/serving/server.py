@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -28,6 +29,8 @@ from quantgate.base import http
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import child_env, log_tail
 from quantgate.base.procs import TAG_VAR, group_members, guarded, leftovers, remove_shm, shm_held, tag_env, verify_gone
+from quantgate.plan.commands import ONE_PROCESS
+from quantgate.plan.slots import BIND, cores_of
 from quantgate.serving.env import LAUNCHER, serve_python
 from quantgate.serving.logcause import log_cause
 from quantgate.serving.watchdog import STALL_S, Watchdog
@@ -113,14 +116,29 @@ def spawn(python: Path, command: list[str], env: dict[str, str], log_path: Path,
 
     `prefix` wraps the launch (e.g. `ip netns exec NS`, which execs in place, so the guard's parent stays us)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full = child_env({**env, "PYTHONUNBUFFERED": "1"}, keep=SERVE_ENV_KEEP)
+    omp = one_process_binding(env)
+    full = child_env({**env, **omp, "PYTHONUNBUFFERED": "1"}, keep=SERVE_ENV_KEEP)
     with open(log_path, "ab") as log:
         log.write(f"$ {' '.join(command)}\n".encode())
+        if omp:
+            log.write(f"# one process ({ONE_PROCESS}=0), its OpenMP threads bound by quantgate: "
+                      f"{' '.join(f'{k}={v}' for k, v in omp.items())} (core ids={cores_of(env[BIND])})\n".encode())
         log.flush()
         # own session: Ctrl-C in the terminal reaches us, and we stop the server tree ourselves
         return subprocess.Popen([*(prefix or []), *guarded([str(python), str(LAUNCHER), *command[1:]], python=python)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full,
                                 start_new_session=True)
+
+
+def one_process_binding(env: dict[str, str]) -> dict[str, str]:
+    """The OpenMP variables that bind a one-process CPU server's compute threads (`env` has VLLM_ENABLE_V1_MULTIPROCESSING=0
+    and one core group in VLLM_CPU_OMP_THREADS_BIND): one thread per core, each on its own core. vLLM sets these
+    itself only in a worker process it spawns, and OpenMP reads them when the process starts. {} otherwise."""
+    bind = env.get(BIND, "")
+    if env.get(ONE_PROCESS) != "0" or not re.fullmatch(r"[\d,-]+", bind):  # not one group of core ids ('auto', '0|1')
+        return {}
+    cores = cores_of(bind)
+    return {"OMP_NUM_THREADS": str(len(cores)), "OMP_PLACES": ",".join(f"{{{c}}}" for c in cores), "OMP_PROC_BIND": "close"}
 
 
 def stop_group(proc: subprocess.Popen) -> None:
