@@ -37,7 +37,7 @@ def failure(run: Path, name: str, phase: str = "start") -> rel.Evidence:
     log = run / name / "server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("\n".join(LOG) + "\n")
-    server = VLLMServer(ServerConfig(model=run / "ckpt", name=name, args=["--dtype", "bfloat16"]),
+    server = VLLMServer(ServerConfig(model=run / "ckpt", name=name, args=["--dtype", "bfloat16"], dtype="bfloat16"),
                         log_path=log)  # never started
     cause = QuantgateError(f"vLLM server for {run / 'ckpt'} exited with code 1 while starting; last log lines:\n"
                            + "\n".join(LOG), where=str(log))
@@ -51,7 +51,7 @@ def test_a_failed_candidate_is_rejected_with_its_reason_and_the_other_is_still_g
     err = json.loads((run / "int8-w8a8" / CANDIDATE_ERROR).read_text())
     assert err["phase"] == "start" and err["log_tail"][-1] == LOG[-1] and err["server_log"].endswith("server.log")
     assert ev.failure == err["error"] and ev.failure.startswith("the vLLM server of int8-w8a8 could not start: ")
-    assert ev.dtype == "bfloat16"  # the activation dtype its server was started with, read from its command
+    assert ev.dtype == "bfloat16"  # the activation dtype its server was started with, its config's value
     decisions, path = gate_run(run, POLICY, ["w4a16-gptq", "int8-w8a8"])
     by = {d.candidate: d for d in decisions}
     assert by["w4a16-gptq"].decision == "PROMOTE" and by["int8-w8a8"].decision == "REJECT"

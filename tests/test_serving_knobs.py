@@ -289,3 +289,16 @@ def test_run_folder_kv_change_reaches_the_gate(tmp_path, cand_kv, outcome):
     recall = next(c for c in d.checks if c.name.startswith("recall"))
     assert recall.outcome == outcome
     assert (d.decision == "INCONCLUSIVE") == (outcome == "inconclusive")
+
+
+def test_a_servers_dtype_is_a_value_set_beside_its_flag():
+    """The activation dtype a server runs in is its config's `dtype`, set where its --dtype is (the plan's, or the
+    spec's serving.dtype over it): the release reads that value, not the command line back."""
+    from quantgate.serving.server import config_from_plan
+
+    cpu = build_plan(DEMO, "x86-cpu", context=2048, concurrency=4, replicas=2)
+    planned, over = config_from_plan(cpu, Path("/m"), "b"), config_from_plan(cpu, Path("/m"), "b", dtype="bfloat16")
+    assert (planned.dtype, planned.args[planned.args.index("--dtype") + 1]) == ("float32", "float32")
+    assert (over.dtype, over.args[over.args.index("--dtype") + 1]) == ("bfloat16", "bfloat16")
+    gpu = config_from_plan(build_plan(M8B, "h100", context=8192, concurrency=8), Path("/m"), "g")
+    assert gpu.dtype is None and "--dtype" not in gpu.args

@@ -165,7 +165,7 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
         lending = (Lending(lender, replica_starter(job.spec, variant, job.folder), pinned)
                    if lender is not None and _lends(slot, lender, variant) else None)
         runner = StepRunner(steps, name=variant.name, lending=lending, log=log)
-        dtype = _arg(config.args, "--dtype", "auto")
+        dtype = config.dtype or "auto"
         # on a CPU the parity reference is computed while the server starts
         reference = parity_reference(variant, dtype, gpus_of(config)) if need_parity else None
         with runner, server as srv:
@@ -188,7 +188,7 @@ def _measure_cached(job: VariantJob, config, *, parity: bool,
     ev = Evidence(variant=variant, folder=job.folder, cache=job.cache, serve_command=server.command,
                   parity=parity_record.model_dump(exclude_unset=True) if parity_record else None,  # the file's keys
                   node_commands=getattr(server, "commands", []),
-                  dtype=_arg(config.args, "--dtype", None), served=served, skipped=dict(skipped),
+                  dtype=config.dtype, served=served, skipped=dict(skipped),
                   **measurements.recorded(folders, skipped),
                   decided=early.reason if early is not None else None,
                   not_applicable=not_applicable(variant, baseline=job.baseline))
@@ -226,10 +226,6 @@ def _dumps_ready(reference_ready: Callable[..., object] | None) -> Callable[[], 
     """The flow's wait for the baseline's fidelity dumps (its `reference_ready(dumps=True)`); None: the caller
     measured the baseline first (nothing to wait for)."""
     return None if reference_ready is None else (lambda: reference_ready(dumps=True))
-
-
-def _arg(args: list[str], flag: str, default: str | None) -> str | None:
-    return args[args.index(flag) + 1] if flag in args else default
 
 
 def compare_variants(baseline: Evidence, candidate: Evidence, run: Path) -> Comparison:

@@ -249,6 +249,7 @@ class ServingFailure(QuantgateError):
         super().__init__(cause.message, where=cause.where, fix=cause.fix)
         self.phase, self.log_path = phase, Path(server.log_path)
         self.command, self.commands = list(server.command), list(getattr(server, "commands", []))
+        self.dtype: str | None = server.config.dtype  # the activation dtype it was started with
 
 
 class WatchedServer:
@@ -300,9 +301,8 @@ def failed_evidence(variant: Variant, folder: Path, cache: Path, exc: ServingFai
                           server_log=str(exc.log_path), log_tail=log_tail(exc.log_path, 40).splitlines(),
                           root_cause=log_cause(exc.log_path) if exc.log_path else None).write(folder)
     log(f"{variant.name}: FAILED, recorded in {path}: {reason}")
-    dtype = exc.command[exc.command.index("--dtype") + 1] if "--dtype" in exc.command[:-1] else None  # as served
     ev = Evidence(variant=variant, folder=folder, cache=cache, serve_command=exc.command, node_commands=exc.commands,
-                  dtype=dtype, served=True, failure=reason)
+                  dtype=exc.dtype, served=True, failure=reason)
     ev.write()
     return ev
 

@@ -45,6 +45,7 @@ class EndpointConfig(BaseModel):
     python: Path | None = Field(None, description="serving interpreter for vLLM's benchmark client (perf probe)")
     args: list[str] = Field(default_factory=list, description="none: quantgate passes the endpoint no arguments")
     env: dict[str, str] = Field(default_factory=dict)
+    dtype: None = Field(None, description="unknown: the endpoint is served elsewhere")
 
 
 def env_api_key(config: EndpointConfig) -> str | None:

@@ -37,7 +37,7 @@ from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base.fileio import child_env, log_tail
 from quantgate.base.procs import TAG_VAR, tag_env
 from quantgate.serving.env import serve_python
-from quantgate.serving.server import (free_port, is_ready, plan_args, port_holder, port_is_free, report_leftovers, spawn,
+from quantgate.serving.server import (free_port, is_ready, plan_args, port_holder, port_is_free, report_leftovers, served_dtype, spawn,
                                       stop_group, wait_port_free)
 from quantgate.serving.watchdog import STALL_S, Watchdog
 
@@ -69,6 +69,8 @@ class MultiNodeConfig(BaseModel):
     port: int | None = Field(None, description="the head's API port; None: a free one")
     nodes: list[NodeSpec]
     args: list[str] = Field(default_factory=list, description="engine flags every node shares (cache keys, reports)")
+    dtype: str | None = Field(None, description="the activation dtype it serves in (its --dtype), as a value; None: "
+                                                "what vLLM picks from the checkpoint")
     python: Path | None = None
     startup_timeout_s: float = 900.0
     join_timeout_s: float = 300.0
@@ -119,7 +121,7 @@ def multinode_config_from_plan(plan, model: Path, name: str, *, replica: int = 0
             argv = set_flag(argv, "--dtype", dtype)
         nodes.append(NodeSpec(rank=n.node_rank, role=n.role, argv=argv + list(extra_args or []), env=dict(n.env)))
     return MultiNodeConfig(model=model, name=name, nodes=nodes, args=plan_args(plan, dtype) + list(extra_args or []),
-                           python=python, startup_timeout_s=startup_timeout_s, join_timeout_s=join_timeout_s)
+                           dtype=served_dtype(plan, dtype), python=python, startup_timeout_s=startup_timeout_s, join_timeout_s=join_timeout_s)
 
 
 def probe(addr: str, port: int, prefix: list[str] | None = None, timeout_s: float = 2.0) -> str | None:

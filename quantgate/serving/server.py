@@ -51,6 +51,8 @@ class ServerConfig(BaseModel):
     port: int | None = Field(None, description="None: pick a free port")
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    dtype: str | None = Field(None, description="the activation dtype it serves in (its --dtype), as a value; None: "
+                                                "what vLLM picks from the checkpoint")
     python: Path | None = Field(None, description="serving interpreter; None: see quantgate.serving.env")
     startup_timeout_s: float = 600.0
     stall_timeout_s: float | None = Field(STALL_S, description="stop the server and name it when requests are in flight "
@@ -312,7 +314,14 @@ def config_from_plan(plan, model: Path, name: str, *, replica: int = 0, dtype: s
     if rep.multi_node is not None:
         raise QuantgateError(f"replica {replica} spans {len(rep.nodes)} nodes", fix="serve it with the multi-node manager")
     return ServerConfig(model=model, name=name, args=plan_args(plan, dtype) + list(extra_args or []), env=dict(rep.env),
-                        python=python, startup_timeout_s=startup_timeout_s, stall_timeout_s=stall_timeout_s)
+                        dtype=served_dtype(plan, dtype), python=python, startup_timeout_s=startup_timeout_s,
+                        stall_timeout_s=stall_timeout_s)
+
+
+def served_dtype(plan, dtype: str | None = None) -> str | None:
+    """The activation dtype a server of the plan runs in: `dtype` (an override) or the plan's --dtype."""
+    planned = plan.vllm_args.get("--dtype")
+    return dtype or (str(planned) if planned is not None else None)
 
 
 def plan_args(plan, dtype: str | None = None) -> list[str]:
