@@ -46,8 +46,9 @@ Scenarios (per scheme family, each with its own limits in the policy):
   both also under the policy with per-category fidelity off (pooled only), where the pooled bound alone decides;
 - fidelity at each context length: fidelity.context_prompts haystack prompts per recall length, the category
   context:<length>, with the same spread; long-2x: context:4096 at 2x the KL limit, all else at 0.4x;
-  recall-halved-at-4k: the recall of the longest length (a third of the grid) halves, all else fine (the per-length
-  recall checks' harm tests see it); long-2x+recall-halved: both;
+  recall-halved-at-<length>: the recall at one context length (a third of the grid) halves, all else fine (the
+  per-length recall checks' harm tests see it), one scenario per length; long-2x+recall-halved: both, at the
+  longest; --recall-samples N judges a grid of N haystacks per kind and length instead of the spec's;
 - numbers-later-1.4x (looks [150, 300], [75, 150, 300], or the default fidelity.limit of 120 at one look): an
   ordered set. arithmetic_numbers sits exactly at its KL limit on average, but its first half of ids (file order) at
   0.6x and its later half at 1.4x; the other categories at 0.5x. Each look reads the subset the release draws
@@ -134,6 +135,7 @@ def recall_grid(spec: Path = RELEASES / "demo.yaml") -> tuple[int, int, list[int
 
 
 HAYSTACKS, NEEDLES_PER_HAYSTACK, LENGTHS = recall_grid()
+RECALL_KINDS = len(yaml.safe_load((RELEASES / "demo.yaml").read_text(encoding="utf-8"))["recall"]["kinds"])
 CONTEXT = [f"context:{n}" for n in LENGTHS]  # fidelity at each recall length (fidelity.context_prompts each)
 
 
@@ -180,7 +182,7 @@ class Scenario:
     cat_metric: str | None = None  # that category's metric loses cat_drop (relative) as well
     cat_drop: float = 0.0
     adaptive: bool = False       # INCONCLUSIVE at 120 fidelity samples -> a second look at 240
-    long_recall_halved: bool = False  # the recall of the longest length (a third of the grid) halves
+    halved_at: int | None = None  # the recall at this context length (a third of the grid) halves
     later: float | None = None   # `category` ordered: its later half (file order) at `later` x the limit, its first
                                  # half at (2 - later) x: the category's mean at the limit, its first ids below it
     looks: tuple[int, ...] | None = None  # the fidelity sample of each look (fidelity.limit and adaptive), drawn by
@@ -202,10 +204,10 @@ SCENARIOS = [Scenario("lossless-2%", 0.02), Scenario("lossless-5%", 0.05), Scena
                       cat_metric="chrf", cat_drop=0.10),
              Scenario("numbers-2x", 0.05, kl_factor=0.3, category="arithmetic_numbers", cat_kl_factor=2.0),
              Scenario("at-limit", 0.05, kl_factor=1.0), Scenario("at-limit+adaptive", 0.05, kl_factor=1.0, adaptive=True),
-             Scenario("recall-halved-at-4k", 0.05, kl_factor=0.4, long_recall_halved=True),
+             *[Scenario(f"recall-halved-at-{n}", 0.05, kl_factor=0.4, halved_at=n) for n in LENGTHS],
              Scenario("long-2x", 0.05, kl_factor=0.4, category=f"context:{max(LENGTHS)}", cat_kl_factor=2.0),
              Scenario("long-2x+recall-halved", 0.05, kl_factor=0.4, category=f"context:{max(LENGTHS)}",
-                      cat_kl_factor=2.0, long_recall_halved=True),
+                      cat_kl_factor=2.0, halved_at=max(LENGTHS)),
              *[Scenario(f"numbers-later-1.4x{tag}", 0.05, kl_factor=0.5, category="arithmetic_numbers",
                         cat_kl_factor=1.0, later=1.4, looks=looks) for tag, looks in ORDERED_LOOKS.items()],
              Scenario("pooled-at-limit, haystacks 0.5x, looks [75, 150, 300]", 0.05, context_kl=0.5,
@@ -262,14 +264,14 @@ def simulate_recall(rng: np.random.Generator, sc: Scenario) -> tuple[PairedStat,
     pairs, by_length = [], defaultdict(list)
     for h in range(HAYSTACKS):
         rate = float(rng.beta(a, b_))
-        longest = h >= HAYSTACKS - HAYSTACKS // 3  # the last third of the grid: its longest length
+        length = LENGTHS[h * len(LENGTHS) // HAYSTACKS]  # the grid is ordered by length, a third at each
         for _ in range(NEEDLES_PER_HAYSTACK):
             b = float(rng.random() < rate)
             c = _candidate_recall(rng, b, sc)
-            if longest and sc.long_recall_halved and c == 1.0 and rng.random() < 0.5:
+            if length == sc.halved_at and c == 1.0 and rng.random() < 0.5:
                 c = 0.0
             pairs.append((b, c))
-            by_length[LENGTHS[h * len(LENGTHS) // HAYSTACKS]].append((b, c))
+            by_length[length].append((b, c))
     return _stat(pairs), {str(n): _stat(at) for n, at in sorted(by_length.items())}
 
 
@@ -579,8 +581,8 @@ TARGETS = [  # (what, scenarios (the worst of them counts), at least / at most, 
     ("P(PROMOTE | fidelity at 2x the limit)", ["kl-2x-limit"], "<=", 0.05),
     ("P(PROMOTE | one category at >= 2x its limit, pooled KL under the limit)",
      ["numbers-2.5x", "multilingual-2.5x", "numbers-2x"], "<=", 0.10),
-    ("P(PROMOTE | the longest length at 2x the limit, or its recall halved)",
-     ["long-2x", "recall-halved-at-4k", "long-2x+recall-halved"], "<=", 0.10),
+    ("P(PROMOTE | the longest length at 2x the limit, or the recall at one length halved)",
+     ["long-2x", *[f"recall-halved-at-{n}" for n in LENGTHS], "long-2x+recall-halved"], "<=", 0.10),
     *[(f"P(PROMOTE | fidelity exactly at the limit, {v})", [v], "<=", 0.05)
       for name in sorted(AT_LIMIT) for v in (name, f"{name} (pooled only)")],
     *[(f"P(PROMOTE | at the limit, on the subsets a release draws: {v})", [v], "<=", 0.05) for v in AT_LIMIT_SUBSETS],
@@ -627,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the per-sample figures of a run's fidelity file (no text) as a shape file, and exit")
     ap.add_argument("--fidelity-cv", type=float, default=FIDELITY_CV, help="per-sample KL spread (gamma CV)")
     ap.add_argument("--scenario", nargs="+", help="only these scenarios (names as printed)")
+    ap.add_argument("--recall-samples", type=int, help="haystacks per recall kind and length instead of the spec's "
+                                                       "`recall.samples` (the grid the recall checks judge)")
     ap.add_argument("--context-prompts", type=int, help="haystack prompts per context length instead of the spec's "
                     "fidelity.context_prompts (what a larger demo would buy)")
     ap.add_argument("--context-new-tokens", type=int, help="tokens sampled after each haystack instead of the spec's "
@@ -648,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         globals()["REWEIGHT"] = False
     if args.stream:
         globals()["STREAM"] = True
+    if args.recall_samples:
+        globals()["HAYSTACKS"] = len(LENGTHS) * RECALL_KINDS * args.recall_samples
     scenarios = [sc for sc in SCENARIOS if not args.scenario or sc.name in args.scenario]
     policy = load_policy(args.policy)
     met_all = True

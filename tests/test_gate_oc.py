@@ -49,7 +49,7 @@ def test_damage_in_one_slice_and_a_candidate_at_its_limit_over_two_looks_are_not
     """Damage confined to one category or to the longest context, and fidelity exactly at its limit judged over the
     demo's two looks (each at its share of alpha; the pooled bound alone too): the gate's targets hold."""
     trials = 20
-    names = {"numbers-2x", "long-2x", "recall-halved-at-4k", "at-limit+adaptive"}
+    names = {"numbers-2x", "long-2x", "recall-halved-at-2048", "at-limit+adaptive"}
     counts, _ = oc.run(load_policy(RELEASES / "policies" / "default.yaml"), "demo", ["int8"],
                        [s for s in oc.SCENARIOS if s.name in names], trials, seed=11)
     rows = oc.targets(counts, trials, ["int8"])
