@@ -306,8 +306,8 @@ def test_a_servers_dtype_is_a_value_set_beside_its_flag():
 
 def test_only_a_one_worker_cpu_plan_runs_in_one_process_bound_by_openmps_variables():
     """A one-worker CPU replica runs in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0) and the serving manager binds
-    it by OpenMP's variables, from the slot's VLLM_CPU_OMP_THREADS_BIND; a PP plan (ranks split by '|') and a GPU
-    plan keep vLLM's worker processes and its own binding."""
+    it by OpenMP's variables to the slot's one core (VLLM_CPU_OMP_THREADS_BIND); on a slot of more cores, a PP plan
+    (ranks split by '|') and a GPU plan, vLLM's worker processes and its own binding stay."""
     from quantgate.plan.commands import ONE_PROCESS
     from quantgate.plan.slots import BIND
     from quantgate.serving.server import one_process_binding
@@ -319,6 +319,6 @@ def test_only_a_one_worker_cpu_plan_runs_in_one_process_bound_by_openmps_variabl
     assert all(ONE_PROCESS not in r.env for p in (pp, gpu) for r in p.replica_plans)
     one = {**split.replica_plans[1].env, BIND: "1"}
     assert one_process_binding(one) == {"OMP_NUM_THREADS": "1", "OMP_PLACES": "{1}", "OMP_PROC_BIND": "close"}
-    assert one_process_binding({**one, BIND: "2-3"})["OMP_PLACES"] == "{2},{3}"
+    assert one_process_binding({**one, BIND: "2-3"}) == {ONE_PROCESS: "1"}  # more cores: vLLM's worker process
     assert one_process_binding({**one, BIND: "0|1"}) == one_process_binding({**one, BIND: "auto"}) == {}
     assert one_process_binding(pp.replica_plans[0].env) == {}

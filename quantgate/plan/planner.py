@@ -294,9 +294,10 @@ def _cpu_settings(lay: Layout, cap: Capacity, req: PlanRequest, policy: PlannerP
     if lay.devices == 1:
         decisions.append(PlannerDecision(
             topic="cpu", choice="one process: VLLM_ENABLE_V1_MULTIPROCESSING=0",
-            reason="one worker needs no process of its own: the demo model's server was ready in 17.2 s instead of "
-                   "22.4 s on one core, at the same throughput (docs/measurements.md, 'One-process CPU servers'); "
-                   "its OpenMP threads are bound to the slot's cores as vLLM binds a worker process's"))
+            reason="one worker on one core needs no process of its own: the demo model's server was ready in 17.2 s "
+                   "instead of 22.4 s, at the same throughput (docs/measurements.md, 'One-process CPU servers'); "
+                   "quantgate binds its OpenMP thread as vLLM binds a worker process's. Served on more cores (a "
+                   "lone variant's slot), it keeps the worker process: 0.65x the throughput in one process there"))
     if serve_dtype_factor(lay, req, policy) != 1.0:
         args["--dtype"] = policy.cpu_dtype
         decisions.append(PlannerDecision(topic="cpu", choice=f"--dtype {policy.cpu_dtype}",

@@ -122,8 +122,10 @@ def spawn(python: Path, command: list[str], env: dict[str, str], log_path: Path,
     full = child_env({**env, **omp, "PYTHONUNBUFFERED": "1"}, keep=SERVE_ENV_KEEP)
     with open(log_path, "ab") as log:
         log.write(f"$ {' '.join(command)}\n".encode())
-        if omp:
-            log.write(f"# one process ({ONE_PROCESS}=0), its OpenMP threads bound by quantgate: "
+        if omp.get(ONE_PROCESS) == "1":
+            log.write(f"# a worker process of its own ({ONE_PROCESS}=1): its cores are {env[BIND]}\n".encode())
+        elif omp:
+            log.write(f"# one process ({ONE_PROCESS}=0), its OpenMP thread bound by quantgate: "
                       f"{' '.join(f'{k}={v}' for k, v in omp.items())} (core ids={cores_of(env[BIND])})\n".encode())
         log.flush()
         # own session: Ctrl-C in the terminal reaches us, and we stop the server tree ourselves
@@ -133,14 +135,19 @@ def spawn(python: Path, command: list[str], env: dict[str, str], log_path: Path,
 
 
 def one_process_binding(env: dict[str, str]) -> dict[str, str]:
-    """The OpenMP variables that bind a one-process CPU server's compute threads (`env` has VLLM_ENABLE_V1_MULTIPROCESSING=0
-    and one core group in VLLM_CPU_OMP_THREADS_BIND): one thread per core, each on its own core. vLLM sets these
-    itself only in a worker process it spawns, and OpenMP reads them when the process starts. {} otherwise."""
+    """What a one-worker CPU server (`env` has VLLM_ENABLE_V1_MULTIPROCESSING=0 and one core group in
+    VLLM_CPU_OMP_THREADS_BIND) adds to its environment. On one core: the OpenMP variables that bind its compute
+    thread there (vLLM sets them only in a worker process it spawns; OpenMP reads them when a process starts). On
+    more cores: the worker process of its own again, because in one process the API server's thread is bound to
+    the first core beside the compute team's, which cost 0.65x the throughput on 2 cores (docs/measurements.md).
+    {} for every other server."""
     bind = env.get(BIND, "")
     if env.get(ONE_PROCESS) != "0" or not re.fullmatch(r"[\d,-]+", bind):  # not one group of core ids ('auto', '0|1')
         return {}
     cores = cores_of(bind)
-    return {"OMP_NUM_THREADS": str(len(cores)), "OMP_PLACES": ",".join(f"{{{c}}}" for c in cores), "OMP_PROC_BIND": "close"}
+    if len(cores) > 1:
+        return {ONE_PROCESS: "1"}
+    return {"OMP_NUM_THREADS": "1", "OMP_PLACES": f"{{{cores[0]}}}", "OMP_PROC_BIND": "close"}
 
 
 def stop_group(proc: subprocess.Popen) -> None:
