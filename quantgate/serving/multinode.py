@@ -37,8 +37,8 @@ from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base.fileio import child_env, log_tail
 from quantgate.base.procs import TAG_VAR, tag_env
 from quantgate.serving.env import serve_python
-from quantgate.serving.server import (free_port, is_ready, plan_args, port_holder, port_is_free, report_leftovers, served_dtype, spawn,
-                                      stop_group, wait_port_free)
+from quantgate.serving.server import (free_port, is_ready, plan_args, port_holder, port_is_free, report_leftovers,
+                                      served_dtype, spawn, stop_group, wait_port_free)
 from quantgate.serving.watchdog import STALL_S, Watchdog
 
 JOINED = re.compile(r"\brank (\d+) in world size (\d+) is assigned as")
@@ -121,7 +121,8 @@ def multinode_config_from_plan(plan, model: Path, name: str, *, replica: int = 0
             argv = set_flag(argv, "--dtype", dtype)
         nodes.append(NodeSpec(rank=n.node_rank, role=n.role, argv=argv + list(extra_args or []), env=dict(n.env)))
     return MultiNodeConfig(model=model, name=name, nodes=nodes, args=plan_args(plan, dtype) + list(extra_args or []),
-                           dtype=served_dtype(plan, dtype), python=python, startup_timeout_s=startup_timeout_s, join_timeout_s=join_timeout_s)
+                           dtype=served_dtype(plan, dtype), python=python, startup_timeout_s=startup_timeout_s,
+                           join_timeout_s=join_timeout_s)
 
 
 def probe(addr: str, port: int, prefix: list[str] | None = None, timeout_s: float = 2.0) -> str | None:
