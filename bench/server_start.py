@@ -4,7 +4,8 @@ and throughput, alternated in the same run.
     .venv/bin/python bench/server_start.py [--reps 3] [--requests 32] [--tokens 96]
 
 Both servers are the planner's for the demo model on one core (the last one: a release's second slot; --bind
-takes others, e.g. 0-1 for a lone server on both cores of a 2-core machine), started
+takes others, e.g. 0-1 for a lone server on both cores of a 2-core machine; there the serving manager keeps the
+worker process for both kinds since c3148a4, so `one` is `two`: run it at 8e67aad to see one process there), started
 by quantgate's serving manager. `one` is the plan as it is (VLLM_ENABLE_V1_MULTIPROCESSING=0: the worker runs in
 the engine's process, its OpenMP threads bound by quantgate); `two` is the same plan with the variable set to 1,
 vLLM's default (the engine process spawns a worker process and binds its threads). Each rep starts each kind once,
