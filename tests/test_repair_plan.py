@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quantgate.quantize.repair import POOLED, layer_gains, order_by, predict, slice_kl, smallest_repair, spearman
+from quantgate.quantize.preflight import matches
+from quantgate.quantize.repair import (POOLED, choose, layer_gains, layer_patterns, order_by, order_for, predict,
+                                       ranking_prompts, slice_kl, smallest_repair, spearman, within_budget)
 
 CATS = ["a", "a", "b", "b"]
 TOKENS = np.array([10.0, 30.0, 20.0, 20.0])
@@ -68,3 +70,61 @@ def test_spearman_is_the_correlation_of_ranks_ties_averaged():
     ties = spearman(np.array([1.0, 1, 2, 3]), np.array([1.0, 2, 3, 4]))
     assert ties == pytest.approx(np.corrcoef([0.5, 0.5, 2, 3], [0, 1, 2, 3])[0, 1])
     assert np.isnan(spearman(np.ones(5), np.arange(5.0)))
+
+
+# The release's repair rung measures the top-k sets instead of adding gains (quantgate.release.repair_step).
+
+def test_layers_are_ordered_by_the_share_of_each_failing_limit_they_remove():
+    _, gains = _case()
+    # a's limit is half b's: layer 2's 0.030 of a (1.5 limits) outranks layer 0's 0.004 + 0.010 of a and b (0.45)
+    assert order_for(gains, {"a": 0.02, "b": 0.04}) == [2, 0, 1]
+    assert order_for(gains, {"b": 0.02}) == [0, 2, 1]  # only b fails: b's gains alone
+
+
+def test_the_budget_bounds_the_sizes_tried_by_count_and_bytes():
+    order, extra = [2, 0, 1, 3, 4], [10, 10, 30, 10, 10]
+    assert within_budget(order, extra, 100, max_kept=8, max_size_ratio=None) == [1, 2, 3, 4]  # 5 layers: 5 not in SIZES
+    assert within_budget(order, extra, 100, max_kept=2, max_size_ratio=None) == [1, 2]
+    # the first layer kept (2) adds 30 bytes: 1.3x; with 0 as well 1.4x
+    assert within_budget(order, extra, 100, max_kept=8, max_size_ratio=1.35) == [1]
+    assert within_budget(order, extra, 100, max_kept=8, max_size_ratio=1.2) == []
+
+
+def test_the_fewest_layers_measured_within_the_margin_are_chosen_else_the_largest_tried():
+    order, lim = [4, 1, 0, 2], {POOLED: 0.02, "m": 0.02}
+    measured = {1: {POOLED: 0.013, "m": 0.030}, 2: {POOLED: 0.012, "m": 0.0139}, 4: {POOLED: 0.010, "m": 0.011}}
+    got = choose(measured, order, lim, [1, 2, 4], margin=0.7)
+    assert got is not None and got.keep == [4, 1] and got.passes and got.measured["m"] == 0.0139
+    strict = choose(measured, order, lim, [1, 2, 4], margin=0.5)  # 0.011 > 0.010: none passes, the largest is tried
+    assert strict is not None and strict.keep == [4, 1, 0, 2] and not strict.passes
+    assert choose({}, order, lim, [], margin=0.7) is None
+    with pytest.raises(ValueError):
+        choose(measured, order, lim, [1], margin=0)
+
+
+def test_ranking_prompts_are_the_first_sampled_of_each_slice_in_the_stream_order():
+    order = ["a3", "b1", "a1", "c1", "a2", "b2", "a4"]  # the stream: seeded, fixed before any value is seen
+    category = {p: p[0] for p in order}
+    got = ranking_prompts(order, category, set(order), ["a", "b", "d"], 2)
+    assert got == {"a": ["a3", "a1"], "b": ["b1", "b2"], "d": []}  # c: not a slice to rank on
+    # a stopped sampling that has not reached a1 yet: the next one of a in the stream instead
+    assert ranking_prompts(order, category, set(order) - {"a1"}, ["a"], 2) == {"a": ["a3", "a2"]}
+
+
+def test_kept_layers_become_ignore_prefixes_that_match_that_layer_only():
+    names = ["model.layers.1.mlp.up_proj", "model.layers.12.self_attn.q_proj", "lm_head"]
+    pats = layer_patterns([1, 12], names)
+    assert pats == [r"re:model\.layers\.1\.", r"re:model\.layers\.12\."]
+    assert matches("model.layers.1.mlp.up_proj", pats[0]) and not matches("model.layers.12.self_attn.q_proj", pats[0])
+    with pytest.raises(ValueError, match=r"\[3\]"):
+        layer_patterns([3], names)
+
+
+def test_the_chosen_set_must_also_leave_room_in_top1_agreement():
+    order, lim = [4, 1, 0, 2], {POOLED: 0.02}
+    measured = {1: {POOLED: 0.010}, 2: {POOLED: 0.009}, 4: {POOLED: 0.008}}
+    agree = {1: {POOLED: 0.94, "m": 0.90}, 2: {POOLED: 0.96, "m": 0.945}, 4: {POOLED: 0.97, "m": 0.96}}
+    # min 0.93 in m: at margin 0.7, at most 0.049 disagreement: 0.945 is not enough (0.055), 0.96 is
+    got = choose(measured, order, lim, [1, 2, 4], 0.7, agree, {POOLED: 0.93, "m": 0.93})
+    assert got is not None and got.keep == [4, 1, 0, 2] and got.passes
+    assert choose(measured, order, lim, [1, 2, 4], 0.7).keep == [4]  # KL alone: one layer

@@ -13,6 +13,12 @@ Summing assumes the gains add up, and on the demo's INT8 candidate they do not: 
 layer quantized, and they overlap, so the sum overstated a 7-layer repair about twice (predicted pooled KL 0.0062,
 measured 0.0112 on held-out sequences: bench/repair_sensitivity.py, docs/repair.md). Its plan is a starting point
 to measure, not a result.
+
+The release's repair rung (quantgate.release.repair_step) therefore measures instead of adding:
+
+    order = order_for(gains, limits)             # by the share of each failing slice's limit a layer removes
+    sizes = within_budget(order, extra, base_bytes, max_kept, max_ratio)   # how many may be kept
+    pick = choose(measured, order, limits, sizes, margin)   # measured: k -> slice KL with order[:k] kept together
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ POOLED = "pooled"
 
 
 def slice_kl(kl_sums: np.ndarray, tokens: np.ndarray, categories: list[str]) -> dict[str, float]:
-    """Ratio-of-sums KL per category and pooled, as the gate reads it."""
+    """Ratio-of-sums KL per category and pooled, as the gate reads it (of agreeing positions: the top-1 agreement)."""
     kl_sums, tokens = np.asarray(kl_sums, dtype=np.float64), np.asarray(tokens, dtype=np.float64)
     if tokens.sum() <= 0:
         raise ValueError("no scored tokens")
@@ -100,3 +106,92 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     if ra.std() == 0 or rb.std() == 0:
         return float("nan")
     return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def order_for(gains: dict[str, np.ndarray], limits: dict[str, float]) -> list[int]:
+    """Layers by the KL they remove from the slices in `limits` (the failing ones), each slice's gain as a share of
+    its limit, summed: a layer that helps the worst slice a little counts as much as one that helps a slice with
+    twice its limit twice as much."""
+    score = sum((np.asarray(gains[s], dtype=np.float64) / lim for s, lim in limits.items() if s in gains),
+                start=np.zeros(len(next(iter(gains.values())))))
+    return order_by(score)
+
+
+SIZES = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+
+
+def within_budget(order: list[int], extra_bytes: list[int], candidate_bytes: int, max_kept: int,
+                  max_size_ratio: float | None) -> list[int]:
+    """The numbers of layers to try keeping (from SIZES, at most `max_kept` and the model's layers) whose top layers
+    in `order` add at most (max_size_ratio - 1) x the candidate's bytes; None: no size budget."""
+    out = []
+    for k in SIZES:
+        if k > min(max_kept, len(order)):
+            break
+        added = sum(extra_bytes[i] for i in order[:k])
+        if max_size_ratio is not None and candidate_bytes + added > max_size_ratio * candidate_bytes:
+            break
+        out.append(k)
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The repair chosen: the layers kept, each slice's KL measured with them kept together, and whether every
+    limited slice came out within `margin` x its limit (False: the largest repair the budget allows, which did
+    not; the gate still decides it)."""
+    keep: list[int]
+    measured: dict[str, float]
+    passes: bool
+
+
+def choose(measured: dict[int, dict[str, float]], order: list[int], limits: dict[str, float], sizes: list[int],
+           margin: float, agree: dict[int, dict[str, float]] | None = None,
+           min_agree: dict[str, float] | None = None) -> Choice | None:
+    """The fewest layers (k in `sizes`) whose measured KL, kept together, is within `margin` x the limit in every
+    slice of `limits`, and whose top-1 agreement (`agree`) leaves at most `margin` x the disagreement each slice of
+    `min_agree` allows; else the largest k measured (passes=False); None when nothing was measured."""
+    if not 0 < margin <= 1:
+        raise ValueError(f"margin must be in (0, 1], got {margin}")
+    tried = [k for k in sizes if k in measured]
+
+    def within(k: int) -> bool:
+        kl_ok = all(measured[k].get(s, 0.0) <= margin * lim for s, lim in limits.items())
+        return kl_ok and all(1 - (agree or {}).get(k, {}).get(s, 1.0) <= margin * (1 - m)
+                             for s, m in (min_agree or {}).items())
+    for k in tried:
+        if within(k):
+            return Choice(keep=order[:k], measured=measured[k], passes=True)
+    if not tried:
+        return None
+    return Choice(keep=order[:tried[-1]], measured=measured[tried[-1]], passes=False)
+
+
+def ranking_prompts(order: list[str], category: dict[str, str], sampled: set[str], slices: list[str],
+                    per_slice: int) -> dict[str, list[str]]:
+    """The first `per_slice` prompt ids of each slice in the stream `order` (a seeded random order within each slice,
+    fixed before any value is seen: quantgate.fidelity.stream) among those `sampled`: the prompts that rank the
+    layers, the same in every run whatever share of the sample a stopped sampling reached, and held out of the
+    repaired candidate's fidelity sample."""
+    out: dict[str, list[str]] = {s: [] for s in slices}
+    for head in order:
+        mine = out.get(category.get(head, ""))
+        if mine is not None and len(mine) < per_slice and head in sampled:
+            mine.append(head)
+    return out
+
+
+def layer_patterns(layers: list[int], linear_names: list[str]) -> list[str]:
+    """llmcompressor `ignore` entries that keep decoder layers `layers` at 16 bits: one `re:` prefix per layer, read
+    from the model's own Linear names (`model.layers.3.mlp.up_proj` -> `re:model\\.layers\\.3\\.`)."""
+    import re
+
+    prefixes: dict[int, str] = {}
+    for name in linear_names:
+        m = re.match(r"^(.*\.layers\.)(\d+)\.", name)
+        if m:
+            prefixes.setdefault(int(m.group(2)), m.group(1) + m.group(2) + ".")
+    missing = [i for i in layers if i not in prefixes]
+    if missing:
+        raise ValueError(f"no Linear layer named like <...>.layers.<i>. for decoder layers {missing}")
+    return ["re:" + re.escape(prefixes[i]) for i in layers]

@@ -50,6 +50,7 @@ class Measured:
     categories: list[str]
     tokens: np.ndarray
     kl: dict[str, np.ndarray] = field(default_factory=dict)
+    agree: dict[str, np.ndarray] = field(default_factory=dict)  # per sample: positions where both argmaxes agree
     proxy: dict[str, np.ndarray] = field(default_factory=dict)
     layers: int = 0
 
@@ -116,19 +117,21 @@ class Pair:
                                  fix=f"the candidate has {n_layers} decoder layers")
         names = ["all"] + [f"keep:{i}" for i in restore] + list(keep or {})
         out.kl = {name: np.zeros(len(seqs)) for name in names}
+        out.agree = {name: np.zeros(len(seqs)) for name in names}
         if proxy:
             out.proxy = {"abs": np.zeros(n_layers), "rel": np.zeros(n_layers)}
         for start in range(0, len(order), batch):
             part = [seqs[i] for i in order[start:start + batch]]
             sums = self._batch(part, restore, keep or {}, out.proxy if proxy else None)
-            for name, per in sums.items():
+            for name, (per, agree) in sums.items():
                 out.kl[name][order[start:start + batch]] = per
+                out.agree[name][order[start:start + batch]] = agree
             if progress is not None:
                 progress(min(start + batch, len(order)), len(order))
         return out
 
     def _batch(self, part: list[Scored], restore: list[int], keep: dict[str, list[int]],
-               proxy: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+               proxy: dict[str, np.ndarray] | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         import torch
 
         width = max(len(s.ids) for s in part)
@@ -144,10 +147,13 @@ class Pair:
             base_lp = torch.log_softmax(self._base_pass(x, mask, scored, proxy).double(), dim=-1)
             inputs, kwargs = self._cand_inputs(x, mask)
 
-            def kl(hidden) -> np.ndarray:  # per sample: the sum of exact KL(P_base || P_cand) at its positions
+            def kl(hidden) -> tuple[np.ndarray, np.ndarray]:  # per sample: the sum of exact KL(P_base || P_cand)
+                # at its positions, and the positions where both models' most likely tokens agree (the gate's top-1)
                 cand_lp = torch.log_softmax(self.cand_head(self.cand_norm(hidden)[scored]).double(), dim=-1)
                 per_position = (base_lp.exp() * (base_lp - cand_lp)).sum(dim=-1).numpy()
-                return np.bincount(rows, weights=per_position, minlength=len(part))
+                same = (base_lp.argmax(dim=-1) == cand_lp.argmax(dim=-1)).double().numpy()
+                return (np.bincount(rows, weights=per_position, minlength=len(part)),
+                        np.bincount(rows, weights=same, minlength=len(part)))
 
             out = {"all": kl(inputs[-1])}
             for name, layers in keep.items():  # the layers below the first one kept are the candidate's as they were
