@@ -10,7 +10,7 @@ import pytest
 from quantgate.base.errors import QuantgateError
 from quantgate.fidelity.core import SampleFidelity
 from quantgate.gate.fidelityevidence import fidelity_evidence
-from quantgate.gate.looks import plan, shares, spend
+from quantgate.gate.looks import plan, repair_split, shares, spend
 from quantgate.base.paths import RELEASES
 from quantgate.spec.resolve import load_spec
 
@@ -76,3 +76,64 @@ def test_two_looks_at_their_shares_keep_the_false_promote_rate(tmp_path):
         full += any(fidelity_evidence(samples[:n], 0.90, None).kl.high <= limit for n in (120, 240))
     assert spent / trials <= 0.05 + 0.04  # 0.05 plus about 2.3 standard errors of 150 trials
     assert full >= spent
+
+
+def test_a_repair_is_one_more_look_the_scheme_and_its_repair_split_alpha():
+    first, second = repair_split(0.05, 0.5)
+    assert (first.index, first.of, first.alpha, first.spent) == (1, 2, 0.025, 0.025)
+    assert (second.index, second.alpha, second.spent, second.shares) == (2, 0.025, 0.05, [0.025, 0.025])
+    assert first.growth == second.growth == 1.0  # each judges a whole sample: no interim reweighting
+    assert repair_split(0.05, 0.2)[1].alpha == pytest.approx(0.01)
+    with pytest.raises(QuantgateError, match="share"):
+        repair_split(0.05, 1.0)
+
+
+def test_the_release_plans_the_split_for_every_scheme_and_its_repair():
+    from quantgate.release.repair_step import looks
+
+    spec = load_spec(RELEASES / "demo-repair.yaml")
+    got = looks(spec, ["int8-w8a8", "int8-w8a8-repaired", "elsewhere"])
+    assert {k: v.alpha for k, v in got.items()} == {"int8-w8a8": 0.025, "int8-w8a8-repaired": 0.025}
+    assert looks(load_spec(RELEASES / "demo.yaml"), ["int8-w8a8"]) == {}  # no repair: the plain look
+
+
+def test_a_scheme_at_its_limit_and_a_repair_at_its_limit_together_promote_at_most_alpha():
+    """Two candidates exactly at the KL limit (the worst case for a repair: it removed nothing), each 'promoted'
+    when its upper bound is within the limit. At the split shares the chance that either is promoted stays within
+    alpha; both at the full alpha, it nearly doubles. 200 trials: the test can fail either way."""
+    rng, limit, trials = np.random.default_rng(5), 0.02, 200
+    first, second = repair_split(0.05, 0.5)
+    split = full = 0
+    for _ in range(trials):
+        a, b = _at_limit(rng, 200, limit), _at_limit(rng, 200, limit)
+        split += (fidelity_evidence(a, 1 - 2 * first.alpha, None).kl.high <= limit
+                  or fidelity_evidence(b, 1 - 2 * second.alpha, None).kl.high <= limit)
+        full += (fidelity_evidence(a, 0.90, None).kl.high <= limit or fidelity_evidence(b, 0.90, None).kl.high <= limit)
+    assert split / trials <= 0.05 + 0.035  # 0.05 plus about 2.3 standard errors of 200 trials
+    assert full > split
+
+
+def test_a_repaired_candidates_decision_says_what_it_keeps_and_its_share_of_alpha(tmp_path):
+    from _gate_fixtures import make_run
+
+    from quantgate.gate.evidence import decide_run
+    from quantgate.gate.models import KeptLayer
+    from quantgate.gate.repairfile import LayerRanking, RepairRecord
+
+    run = make_run(tmp_path, "w4a16-gptq")  # the defaults: a candidate the default policy promotes
+    policy = RELEASES / "policies" / "default.yaml"
+    plain = decide_run(run, policy, ["w4a16-gptq"])[0]
+    assert plain.repair is None and plain.look is None
+    kept = [KeptLayer(layer=0, modules=r"re:model\.layers\.0\.", removes={"pooled": 0.004}, added_bytes=10)]
+    RepairRecord(candidate="w4a16-gptq", repairs="w4a16-gptq-first", scheme="w4a16-gptq", failing={"pooled": 0.05},
+                 kept=kept, min_top1={}, measured={"pooled": 0.01}, measured_top1={}, passes=True, margin=0.7,
+                 added_size=0.025, alpha=0.025,
+                 ranking=LayerRanking(prompts=["p1", "p2"], per_slice=1, sequences=4, scored_tokens=100,
+                                      before={"pooled": 0.06}, before_top1={}, gains={"pooled": [0.004]}, order=[0],
+                                      tried={1: {"pooled": 0.01}}, tried_top1={1: {}}, truth_s=1.0, sets_s=1.0)
+                 ).write(run / "w4a16-gptq")
+    d = decide_run(run, policy, ["w4a16-gptq"], split={"w4a16-gptq": repair_split(0.05, 0.5)[1]})[0]
+    assert d.repair is not None and d.repair.repairs == "w4a16-gptq-first" and d.repair.kept == kept
+    assert d.repair.held_out == 2 and d.repair.alpha == 0.025
+    assert d.look is not None and (d.look.index, d.look.of, d.look.alpha) == (2, 2, 0.025)
+    assert "judged at alpha 0.025" in d.operating.note and d.decision == plain.decision

@@ -67,6 +67,7 @@ ERROR = "error.json"
 QUANTIZATION = "quantization.json"
 PROMOTION = "promotion.json"
 CHECKPOINT = "checkpoint.json"
+REPAIR = "repair.json"
 COMPARE_DIR = "compare"
 JUDGE_DIR = "judge"
 # result folders (eval, recall, judge, perf, parity)

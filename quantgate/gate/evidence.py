@@ -49,7 +49,8 @@ from quantgate.gate.decisionfile import policy_ref, write_decision
 from quantgate.gate.failurefile import serving_failure, with_failure
 from quantgate.gate.fidelityevidence import fidelity_evidence
 from quantgate.gate.looks import spend
-from quantgate.gate.models import (Decision, Gap, GateEvidence, JudgeEvidence,
+from quantgate.gate.repairfile import repair_note
+from quantgate.gate.models import (Decision, Gap, GateEvidence, JudgeEvidence, Look,
                                    KvCacheChange, ParityEvidence, RateEvidence, Ratio)
 from quantgate.gate.policy import load_policy
 from quantgate.gate.sizeratio import size_ratio
@@ -360,13 +361,16 @@ def gate_run(run: Path | str, policy_path: Path | str, candidate_names: list[str
 def decide_run(run: Path | str, policy_path: Path | str, candidate_names: list[str] | None = None, *,
                pay_off: Mapping[str, Mapping] | None = None, recall_dirs: Mapping[str, Path | str] | None = None,
                judge_reports: Mapping[str, Path | str] | None = None,
-               looks: tuple[list[int], int] | None = None) -> list[Decision]:
+               looks: tuple[list[int], int] | None = None,
+               split: Mapping[str, Look] | None = None) -> list[Decision]:
     """Load the policy and gate each candidate of the run (default: `candidates(run)`); nothing is written.
 
     Per candidate, optional: `pay_off` {"throughput_ratio": float, ...} from the performance probe, the recall
     folder and the judge report when they are not at the default places (see `collect`). `looks`: (the fidelity
     sample sizes planned at each look, this look's size) of a sequential design: the fidelity bounds are judged at
-    this look's share of the policy's alpha (quantgate.gate.looks); None: one look at the full alpha.
+    this look's share of the policy's alpha (quantgate.gate.looks); None: one look at the full alpha. `split`:
+    candidate -> its look when a repair rung splits the alpha (quantgate.gate.looks.repair_split); a repaired
+    candidate's decision says what it keeps (quantgate.gate.repairfile).
     Raises ConfigError for a bad policy and QuantgateError when the run has no candidate to gate."""
     policy = load_policy(policy_path)
     run = Path(run)
@@ -377,11 +381,15 @@ def decide_run(run: Path | str, policy_path: Path | str, candidate_names: list[s
         raise QuantgateError("no candidate to gate: the run has no compare/<candidate>.json", where=str(run),
                              fix="name the candidates to gate, or finish the release's compare step first")
     ref: dict[str, str | int] = {"name": policy.name, "version": policy.version, **policy_ref(policy_path)}
-    look = spend(policy.fidelity.alpha, *looks) if looks is not None and policy.fidelity else None
-    level = 1 - 2 * (look.alpha if look else policy.fidelity.alpha) if policy.fidelity else 0.90
-    decisions = [evaluate(policy, collect(run, name, pay_off=(pay_off or {}).get(name),
-                                          recall_dir=(recall_dirs or {}).get(name),
-                                          judge_report=(judge_reports or {}).get(name), fidelity_level=level,
-                                          fidelity_growth=look.growth if look else 1.0),
-                          ref, look=look) for name in names]
-    return [with_failure(d, failed) if (failed := serving_failure(run, d.candidate)) else d for d in decisions]
+    planned = spend(policy.fidelity.alpha, *looks) if looks is not None and policy.fidelity else None
+    decisions = []
+    for name in names:
+        look = (split or {}).get(name, planned) if policy.fidelity else None
+        level = 1 - 2 * (look.alpha if look else policy.fidelity.alpha) if policy.fidelity else 0.90
+        d = evaluate(policy, collect(run, name, pay_off=(pay_off or {}).get(name), recall_dir=(recall_dirs or {}).get(name),
+                                     judge_report=(judge_reports or {}).get(name), fidelity_level=level,
+                                     fidelity_growth=look.growth if look else 1.0), ref, look=look)
+        if (note := repair_note(run, name)) is not None:
+            d = d.model_copy(update={"repair": note})
+        decisions.append(with_failure(d, failed) if (failed := serving_failure(run, name)) else d)
+    return decisions

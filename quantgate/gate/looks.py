@@ -52,4 +52,16 @@ def spend(alpha: float, planned: list[int], n: int) -> Look:
                 planned=looks, shares=[round(x, 10) for x in parts])
 
 
-__all__ = ["plan", "shares", "spend"]
+def repair_split(alpha: float, share: float) -> tuple[Look, Look]:
+    """A repair rung is one more look at the same question (is this scheme within the limits?): the rejected
+    candidate is judged at (1 - share) x alpha and its repair at share x alpha, planned before either, so that the
+    two together promote a candidate at its limit at most alpha of the time (the union bound, as above). Returns
+    (the candidate's look, the repair's look)."""
+    if not 0 < share < 1:
+        raise QuantgateError(f"a repair's share of alpha must be in (0, 1), got {share}", where="gate looks")
+    parts = [round(alpha * (1 - share), 10), round(alpha * share, 10)]
+    return (Look(index=1, of=2, alpha=parts[0], spent=parts[0], shares=parts),
+            Look(index=2, of=2, alpha=parts[1], spent=round(alpha, 10), shares=parts))
+
+
+__all__ = ["plan", "repair_split", "shares", "spend"]

@@ -211,6 +211,25 @@ class Look(_Model):
         return self.planned[-1] / self.planned[self.index - 1] if self.planned else 1.0
 
 
+class KeptLayer(_Model):
+    """A decoder layer a repair keeps at 16 bits: its `ignore` pattern, the KL it removed alone from each failing
+    slice on the ranking prompts, and the bytes it adds."""
+    layer: int
+    modules: str
+    removes: dict[str, float]
+    added_bytes: int
+
+
+class RepairNote(_Model):
+    """A repaired candidate's decision says what it keeps and why (quantgate.gate.repairfile)."""
+    repairs: str = Field(description="the candidate REJECTed by fidelity that this one repairs")
+    kept: list[KeptLayer]
+    added_size: float = Field(description="bytes the kept layers add, as a share of the rejected candidate's")
+    held_out: int = Field(description="prompts that ranked the layers, left out of this candidate's fidelity sample")
+    alpha: float = Field(description="this candidate's share of the policy's fidelity alpha")
+    file: str
+
+
 class Decision(_Model):
     schema_version: int = SCHEMA
     decision: Verdict
@@ -227,6 +246,7 @@ class Decision(_Model):
                               "fidelity level it spent")
     stream: StreamLook | None = Field(None, description="the streaming look that decided this REJECT: prompts read of "
                                       "the full sample, per slice, its alpha and the time from the release's start")
+    repair: RepairNote | None = Field(None, description="a repaired candidate: the layers it keeps at 16 bits, and why")
 
     @property
     def promoted(self) -> bool:
