@@ -5,13 +5,18 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 PYTEST_ARGS ?= --durations=20
 
-.PHONY: demo test lint setup lmeval mlflow s3 model browser docs docs-env clean-envs release-time gpu-wheels gpu-check
+.PHONY: demo demo-repair test lint setup lmeval mlflow s3 model browser docs docs-env clean-envs release-time gpu-wheels gpu-check
 
 # A release that runs to a REJECT (3) or INCONCLUSIVE (4) decision is a result for the demo, not a failure.
 # `.venv` is this checkout's own environment (scripts/setup.sh setup_checkout_env), so its python imports this
 # checkout; PYTHONPATH says so once more for a `.venv` left from an older setup (a link to the shared environment).
 demo: setup model
 	PYTHONPATH=$(CURDIR) $(PY) -m quantgate.cli.main release releases/demo.yaml; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ] || [ $$rc -eq 4 ]
+
+# The demo with a repair rung (docs/repair.md): the INT8 candidate's REJECT, then INT8 again with the layers that cost
+# the most KL kept at 16 bits, gated with the same policy. After `make demo` its first rung comes from the cache.
+demo-repair: setup model
+	PYTHONPATH=$(CURDIR) $(PY) -m quantgate.cli.main release releases/demo-repair.yaml; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ] || [ $$rc -eq 4 ]
 
 # How long the demo takes from cached environments and model, where the time goes, re-run and added-candidate costs,
 # the time to verdict against a full release (decide_early: false) and a ladder of two rungs (about 30 min on 2 cores).

@@ -149,7 +149,7 @@ class _Job:
 
 
 def test_a_rung_rejected_early_starts_the_next_at_its_verdict_and_no_other_ends_so():
-    from quantgate.release.flow import _next_at_verdict
+    from quantgate.release.rungjobs import next_at_verdict as _next_at_verdict
 
     spec = SimpleNamespace(schemes=S, candidates=[])
     assert [after(S, s) for s in S] == ["int8-w8a8", "w4a16-gptq", None] and after(S, "other") is None

@@ -57,6 +57,12 @@ def test_hardware_id_is_case_insensitive(tmp_path):
         (("model: demo\n", "model: demo\neval_sets: [nowhere.jsonl]\n"), 4, "eval_sets", "file not found"),
         (("version: 1", "version: 2"), 1, "version", "1"),
         (("model: demo\n", "model: demo\nlicense: Apache 2.0\n"), 4, "license", "lower case without spaces (apache-2.0"),
+        (("schemes: [w4a16-gptq]", "schemes: [w4a16-gptq]\nrepair: {}\nadaptive: {max_fidelity_samples: 300}"), 7,
+         "repair", "`adaptive` is set"),
+        (("schemes: [w4a16-gptq]", "schemes: [w4a16-gptq]\nfidelity: null\nrepair: {max_kept: 4}"), 8, "repair",
+         "fidelity is null"),
+        (("schemes: [w4a16-gptq]", "schemes: [w4a16-gptq]\nrepair: {max_size_ratio: 0.9}"), 7, "repair.max_size_ratio",
+         "greater than 1"),
     ],
 )
 def test_errors_name_file_line_and_field(tmp_path, edit, line, field, words):

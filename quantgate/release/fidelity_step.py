@@ -39,7 +39,7 @@ from typing import TypedDict
 from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base import progress
 from quantgate.base.fileio import lock
-from quantgate.base.runfiles import MANIFEST
+from quantgate.base.runfiles import MANIFEST, REPAIR
 from quantgate.base.subsets import DRAW as SUBSET_DRAW, RULE as SUBSET_RULE, SEED as SUBSET_SEED, order
 from quantgate.base.http import Retry
 from quantgate.evals.dataset import load_evalset, stratified_subset
@@ -49,6 +49,7 @@ from quantgate.fidelity.core import CONTEXT_PREFIX, SampleFidelity, merge_draws,
 from quantgate.fidelity.stream import DRAW, floor_ids, stream_order
 from quantgate.fidelity.parts import finished_lines, merge_parts, part, part_dir, seed, stream_dir
 from quantgate.fidelity.record import FidelityRecord, SubsetDraw, load_fidelity_record
+from quantgate.gate.repairfile import load_repair
 from quantgate.fidelity.run import (DUMP, Sequence, append_scores, compare_dumps, is_complete,
                                     read_lines, score_sequences)
 from quantgate.recall.run import build_checked_grid, load_needle_data
@@ -80,6 +81,13 @@ def samples_dir(spec: ReleaseSpec, reference: Mapping[str, Path]) -> Path:
                            setting="fidelity", fix="list eval_sets, or set fidelity: null")
     base_cache = next(iter(reference.values())).parent.parent
     return base_cache / "fidelity" / f"{_key(spec, reference)}-samples"
+
+
+def samples_beside(dumps: Mapping[str, Path]) -> Path:
+    """The baseline's samples folder, from its dump folders (evidence.json's `fidelity`): the same key, beside them
+    (what a release whose eval sets were skipped still has)."""
+    main = Path(dumps["main"])
+    return main.with_name(main.name.removesuffix("-main") + "-samples")
 
 
 def dump_dirs(cache: Path, spec: ReleaseSpec, reference: Mapping[str, Path], baseline: bool) -> dict[str, Path]:
@@ -371,10 +379,19 @@ def compare(run: Path, base_dirs: Mapping[str, Path], cand_name: str, cand_dirs:
     out, base, cand = run / "fidelity", base_dirs["main"], cand_dirs["main"]
     if decided_at_look(out / f"{cand_name}.json") and not (is_complete(base, None) and is_complete(cand, None)):
         return  # its REJECT was decided at a streaming look: that look's record is the evidence
-    _write(out / f"{cand_name}.json", {"baseline": str(base), "candidate": str(cand)}, lambda: compare_dumps(base, cand))
+    drop = held_out(run, cand_name)
+    _write(out / f"{cand_name}.json", {"baseline": str(base), "candidate": str(cand)},
+           lambda: [s for s in compare_dumps(base, cand) if s.id.split(DRAW, 1)[0] not in drop])
     if "alt" in base_dirs:
         alt = base_dirs["alt"]
         _write(out / "floor.json", {"baseline": str(base), "alt": str(alt)}, lambda: compare_dumps(base, alt, subset=True))
 
 
-__all__ = ["baseline_dumps", "compare", "done", "dump_dirs", "measure", "sample", "samples_dir"]
+def held_out(run: Path, candidate: str) -> set[str]:
+    """The prompt ids a repaired candidate's fidelity sample leaves out: those that chose the layers it keeps
+    (<run>/<candidate>/repair.json, quantgate.release.repair_step); empty for any other candidate."""
+    path = run / candidate / REPAIR
+    return set(load_repair(path).ranking.prompts) if path.is_file() else set()
+
+
+__all__ = ["baseline_dumps", "compare", "samples_beside", "done", "dump_dirs", "held_out", "measure", "sample", "samples_dir"]

@@ -40,7 +40,7 @@ from quantgate.fidelity import run as fidelity_run, sampling
 from quantgate.evals.comparefile import Comparison
 from quantgate.gate.models import Decision
 from quantgate.gate.summaryfile import NotifyRecord, PublishRecord, Summary, as_json, write_summary
-from quantgate.release import fidelity_step, judge_cache, ladder, outcome, schedule
+from quantgate.release import fidelity_step, judge_cache, outcome, repair_step, rungjobs, schedule
 from quantgate.release.executors import remote
 from quantgate.spec import familycheck, warn as spec_warnings
 from quantgate.publishing import publish as publishing, webhook
@@ -48,6 +48,7 @@ from quantgate.release.adaptive import fidelity_looks, widen
 from quantgate.spec.autoschemes import at_flow_start
 from quantgate.spec.external import candidate_names
 from quantgate.release.early import Verdicts
+from quantgate.release.variants import RepairRung
 from quantgate.release.perf_window import keep_window, perf_window
 from quantgate.release import steps as rel
 from quantgate.release.runrecord import recording_status, timed
@@ -65,20 +66,34 @@ def prepare_model(spec: ReleaseSpec, run: Path) -> Path:
 
 
 @task(cache_policy=NO_CACHE)
-def quantize(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path, pool: schedule.SlotPool,
+def quantize(spec: ReleaseSpec, model_dir: Path, what: str | RepairRung, run: Path, pool: schedule.SlotPool,
              verdicts: Verdicts | None = None) -> rel.Variant:
-    """llmcompressor in a child process, pinned to a CPU slot; an artifact with the same inputs is reused."""
+    """llmcompressor in a child process, pinned to a CPU slot; an artifact with the same inputs is reused. `what`: a
+    scheme, or a repair of one (the scheme with the layers it keeps left out: quantgate.release.repair_step)."""
     log = get_run_logger().info
+    name = what if isinstance(what, str) else what.name
     try:
-        with pool.take_for_quantize(f"quantize {scheme}", then=scheme) as slot, schedule.pinned(slot), \
-                timed(run, f"quantize {scheme}") as row:
+        with pool.take_for_quantize(f"quantize {name}", then=name) as slot, schedule.pinned(slot), \
+                timed(run, f"quantize {name}") as row:
             row.slot = slot.label if slot else None
-            return rel.quantize_variant(spec, model_dir, scheme, run, log=log)
+            return rel.quantize_variant(spec, model_dir, what, run, log=log)
     except BaseException:
-        pool.withdraw(f"quantize {scheme}", scheme)  # its server will not come: lend its slot to the others
+        pool.withdraw(f"quantize {name}", name)  # its server will not come: lend its slot to the others
         if verdicts is not None:
-            verdicts.settle(scheme)  # nor its early verdict
+            verdicts.settle(name)  # nor its early verdict
         raise
+
+
+@task(cache_policy=NO_CACHE)
+def repair(spec: ReleaseSpec, run: Path, model_dir: Path, baseline: rel.Evidence | None, decisions: list[Decision],
+           variants: dict[str, rel.Variant]) -> list[RepairRung]:
+    """The repair rung once the schemes are decided (quantgate.release.repair_step): the first scheme REJECTed by
+    fidelity, again with the layers that cost the most KL kept at 16 bits; [] when there is none to repair."""
+    pick = repair_step.to_repair(spec, decisions, variants)
+    if pick is None or baseline is None:
+        return []
+    with timed(run, f"rank layers of {pick[1].name}"):
+        return [repair_step.plan(spec, run, model_dir, baseline, pick, get_run_logger().info)]
 
 
 # log_prints off: dill (under `datasets`) disassembles functions with print() into a captured stdout, which
@@ -121,11 +136,6 @@ def serve_and_evaluate(req: rel.MeasureRequest, pool: schedule.SlotPool,
                 req.verdicts.settle(variant.name)
         row.served, row.slot = ev.served, slot.label if slot else None
         return ev
-
-
-def _failed(job: PrefectFuture | None) -> Callable[[], bool]:
-    """Whether a job ended without success, asked later (a future passed as a task argument would be waited for)."""
-    return lambda: job is not None and job.state.is_final() and not job.state.is_completed()
 
 
 @task(cache_policy=NO_CACHE)
@@ -200,29 +210,18 @@ def measure(s: ReleaseSpec, run: Path, pool: schedule.SlotPool, model_dir: Path,
     reference = rel.planned_evals(s, base, run, pool.sample)  # first: it also asks vLLM its version, once
     candidates = [c if not isinstance(c, str) or c in s.schemes else rel.external_variant(s, c, model_dir, run)
                   for c in candidates]
-    coming = _slot_jobs(pool, base if baseline else None, candidates)
+    coming = rungjobs.slot_jobs(pool, base if baseline else None, candidates)
     pool.announce(*coming)  # no slot is lent to a variant's extra server while these still have to take theirs
     # The candidates' early verdicts, for a baseline measured beside them (not one slot: it goes first there); in a
     # ladder every rung from this one on is a candidate: the baseline skips only once the last is decided too
     names, rungs = [c if isinstance(c, str) else c.name for c in candidates], candidate_names(s)
-    verdicts = (Verdicts(rungs[rungs.index(names[0]):] if s.ladder else names)
+    verdicts = (Verdicts(rungs[rungs.index(names[0]):] if s.ladder and names[0] in rungs else names)
                 if baseline and s.decide_early and s.fidelity and pool.width > 1 else None)
     try:
         return _measure(pool, model_dir, rel.MeasureRequest(s, base, run, parity=True, verdicts=verdicts), reference,
                         candidates, baseline)
     finally:
         pool.withdraw(*coming)
-
-
-def _slot_jobs(pool: schedule.SlotPool, base: rel.Variant | None, candidates: list) -> list[str]:
-    """The pool jobs (names as they take their slots) that measuring these variants will start."""
-    jobs = [base.name] if base is not None and base.endpoint is None else []
-    for c in candidates:
-        if isinstance(c, str):  # a scheme: its quantization (on a CPU slot only), then its server
-            jobs += [f"quantize {c}", c] if pool.kind == "cpu" else [c]
-        elif c.endpoint is None:
-            jobs.append(c.name)
-    return jobs
 
 
 def _measure(pool: schedule.SlotPool, model_dir: Path, base: rel.MeasureRequest, reference: Mapping[str, Path],
@@ -232,18 +231,19 @@ def _measure(pool: schedule.SlotPool, model_dir: Path, base: rel.MeasureRequest,
     verdicts = base.verdicts
     after = [base_job] if base_job is not None and pool.width == 1 and base.variant.endpoint is None else None
 
-    def start(c: str | rel.Variant) -> PrefectFuture:  # a scheme is quantized first: Prefect hands the job its Variant
-        variant: Any = quantize.submit(s, model_dir, c, run, pool, verdicts) if isinstance(c, str) else c
+    def start(c: str | RepairRung | rel.Variant) -> PrefectFuture:  # a scheme is quantized first: Prefect hands
+        variant: Any = quantize.submit(s, model_dir, c, run, pool, verdicts) if isinstance(c, (str, RepairRung)) \
+            else c  # the job its Variant
         return serve_and_evaluate.submit(  # type: ignore[call-overload]  # Task.submit's overloads omit wait_for
             rel.MeasureRequest(s, variant, run, parity=False, tokenizer=model_dir, reference=reference,
                                verdicts=verdicts),
-            pool=pool, baseline_failed=_failed(base_job), wait_for=after)
+            pool=pool, baseline_failed=rungjobs.failed(base_job), wait_for=after)
     jobs, started = [start(c) for c in candidates], {c if isinstance(c, str) else c.name for c in candidates}
     coming: list[str] = []
     try:  # a ladder's next rung starts at its last rung's early REJECT, beside the baseline's remaining measurement
-        while s.ladder and s.decide_early and (nxt := _next_at_verdict(s, jobs[-1])) is not None:
+        while s.ladder and s.decide_early and (nxt := rungjobs.next_at_verdict(s, jobs[-1])) is not None:
             rung = nxt if nxt in s.schemes else rel.external_variant(s, nxt, model_dir, run)
-            pool.announce(*(named := _slot_jobs(pool, None, [rung])))
+            pool.announce(*(named := rungjobs.slot_jobs(pool, None, [rung])))
             coming, started = coming + named, started | {nxt}
             jobs.append(start(rung))
         if verdicts is not None:  # the rungs this measurement does not start: the gate decides their predecessor first
@@ -257,15 +257,6 @@ def _measure(pool: schedule.SlotPool, model_dir: Path, base: rel.MeasureRequest,
                              "candidates scored other answers", where="quantgate.release.flow measure",
                              fix="a bug: the slot's cache key changed between planning and serving; report it")
     return base_ev, [j.result() for j in jobs]
-
-
-def _next_at_verdict(s: ReleaseSpec, job: PrefectFuture) -> str | None:
-    """The rung after `job`'s candidate once it ended REJECTed early by fidelity; None otherwise (it failed, or its
-    gate decides after the measurement: the ladder then goes on from the gate's decisions)."""
-    job.wait()
-    if not job.state.is_completed() or not (ev := job.result()).decided:
-        return None
-    return ladder.after(candidate_names(s), ev.variant.name)
 
 
 # Prefect's flow decorator types task_runner as TaskRunner[PrefectFuture]; ThreadPoolTaskRunner's futures are a
@@ -299,19 +290,19 @@ def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
     model_dir = prepare_model(s, run)
     familycheck.at_flow_start(s, model_dir, log=logger.warning)  # the support matrix for the model's family
     s = at_flow_start(s, model_dir, run, log=logger.info)  # `schemes: auto` ranked with the model's real size
-    on_pools = s.executor.kind == "pools"  # each child flow run takes its slot on its worker's host instead
-    pool = schedule.release_pool(s, model_dir, log=(lambda _: None) if on_pools else logger.info)
+    pool = schedule.release_pool(s, model_dir, log=(lambda _: None) if s.executor.kind == "pools" else logger.info)
     schedule.preload_libraries()  # before any job thread imports them
     looks = fidelity_looks(s)  # planned before the first look: each look spends its share of the fidelity alpha
     base_ev: rel.Evidence | None = None
     variants: dict[str, rel.Variant] = {}
-    cand_ev: list[rel.Evidence] = []
-    comparisons: dict[str, Comparison] = {}
+    cand_ev, comparisons = list[rel.Evidence](), dict[str, Comparison]()
     decisions: list[Decision] = []
     probed: dict[str, Path] = {}  # variant -> its pooled probe of the speed window
-    while rung := rel.next_schemes(s, decisions):
-        measured_base, evidence = measure(s, run, pool, model_dir, rung, baseline=base_ev is None)
-        base_ev = base_ev or measured_base
+    while rung := rel.next_schemes(s, decisions) or (repair(s, run, model_dir, base_ev, decisions, variants)
+                                                      if s.repair else []):
+        again = base_ev is None or isinstance(rung[0], RepairRung) and bool(base_ev.skipped)  # a repair: what the
+        measured_base, evidence = measure(s, run, pool, model_dir, rung, baseline=again)  # baseline skipped, resumed
+        base_ev = measured_base or base_ev
         assert base_ev is not None  # the first rung measures the baseline (or its job raised)
         comparisons |= {c.variant.name: compare(base_ev, c, run) for c in evidence}
         if s.judge is not None:

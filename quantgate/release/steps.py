@@ -45,7 +45,7 @@ from quantgate.release.judge_step import api_key, failure, judge_candidates
 from quantgate.publishing.publish import check_env
 from quantgate.spec.external import candidate_names
 from quantgate.release.ladder import describe, next_rung, rungs
-from quantgate.release import measurements
+from quantgate.release import measurements, repair_step
 from quantgate.release.measure import check_parity, gpus_of, parity_reference, replica_starter
 from quantgate.release.measurements import MeasureRequest, VariantJob
 from quantgate.release.replicas import Lender, Lending, StepRunner
@@ -281,7 +281,7 @@ def gate(spec: ReleaseSpec, run: Path, candidates: list[str], looks: list[int] |
     last look's, once). `looks`: the fidelity sizes planned at flow start (fidelity_looks); this look is the spec's
     current size."""
     plan = (looks, fidelity_size(spec)) if looks and spec.fidelity is not None else None
-    return decide_run(run, policy_path(spec), candidates, looks=plan)
+    return decide_run(run, policy_path(spec), candidates, looks=plan, split=repair_step.looks(spec, candidates))
 
 
 def record_decisions(spec: ReleaseSpec, run: Path, decisions: list[Decision]) -> Path:

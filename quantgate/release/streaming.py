@@ -48,7 +48,8 @@ class StreamJudge:
         self.reference = early.reference
         self.samples = fidelity_step.samples_dir(self.spec, self.reference)
         prompts, _ = fidelity_step.sampled_prompts(self.spec, tokenizer)
-        self.order = stream_ids(prompts)
+        held = fidelity_step.held_out(self.run, early.variant.name)  # a repair's ranking prompts: not its evidence
+        self.order = [h for h in stream_ids(prompts) if h not in held]
         self.draws: dict[str, list[str]] = {}
         self.category: dict[str, str] = {}
         for p in prompts:

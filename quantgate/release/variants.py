@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Literal, TypedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +27,7 @@ from quantgate.base.typedfile import read_migrated
 from quantgate.gate.failurefile import CANDIDATE_ERROR, CandidateError
 from quantgate.plan.build import build_plan
 from quantgate.plan.slots import Slot, slots
+from quantgate.quantize.recipes import RecipeOverrides
 from quantgate.quantize.run import QuantizeRequest, quantize
 from quantgate.spec.external import CandidateSpec, EndpointRef, external
 from quantgate.release.secrets import endpoint_api_key
@@ -111,23 +113,40 @@ def baseline_variant(model_dir: Path) -> Variant:
     return Variant(name="baseline", path=model_dir, content_hash=checkpoint_hash(model_dir), size_bytes=size_bytes(model_dir))
 
 
-def quantize_variant(spec: ReleaseSpec, model_dir: Path, scheme: str, run: Path, log: Log = print) -> Variant:
-    """The scheme's checkpoint in results/checkpoints/<base hash12>-<scheme>-<key12>: named by the full quantization
-    key (recipe, overrides, calibration, library versions, base hash), reused when the key matches and never
-    overwritten, so a checkpoint that was evaluated (and promoted) keeps its weights whatever a later release does."""
-    result = quantize(quantize_request(spec, model_dir, scheme), log=log)
-    result.manifest.write_run_copy(run / scheme / QUANTIZATION, reused=result.reused)
-    return Variant(name=scheme, path=result.out, scheme=scheme, content_hash=checkpoint_hash(result.out),
+@dataclass(frozen=True)
+class RepairRung:
+    """A scheme quantized again with decoder layers kept at 16 bits (`ignore` patterns added to its recipe), measured
+    and gated as `name` (quantgate.release.repair_step chooses them)."""
+    name: str
+    scheme: str
+    ignore: list[str]
+    repairs: str
+
+
+def quantize_variant(spec: ReleaseSpec, model_dir: Path, what: str | RepairRung, run: Path, log: Log = print
+                     ) -> Variant:
+    """The scheme's checkpoint (`what`: a scheme id, or a repair of one) in results/checkpoints/<base hash12>-<name>-
+    <key12>: named by the full quantization key (recipe, overrides, calibration, library versions, base hash),
+    reused when the key matches and never overwritten, so a checkpoint that was evaluated (and promoted) keeps its
+    weights whatever a later release does."""
+    name, scheme = (what, what) if isinstance(what, str) else (what.name, what.scheme)
+    result = quantize(quantize_request(spec, model_dir, what), log=log)
+    result.manifest.write_run_copy(run / name / QUANTIZATION, reused=result.reused)
+    return Variant(name=name, path=result.out, scheme=scheme, content_hash=checkpoint_hash(result.out),
                    size_bytes=size_bytes(result.out), quantization=result.manifest.dump(), origin="quantized")
 
 
-def quantize_request(spec: ReleaseSpec, model_dir: Path, scheme: str) -> QuantizeRequest:
-    """What quantize_variant asks llmcompressor for: its checkpoint lands in results/checkpoints/<base hash12>-<scheme>-
-    <key12> (quantgate.quantize.run.keyed_folder with the plan's key)."""
-    prefix = results_dir() / "checkpoints" / f"{checkpoint_hash(model_dir)[:12]}-{scheme}"
+def quantize_request(spec: ReleaseSpec, model_dir: Path, what: str | RepairRung) -> QuantizeRequest:
+    """What quantize_variant asks llmcompressor for: its checkpoint lands in results/checkpoints/<base hash12>-<name>-
+    <key12> (quantgate.quantize.run.keyed_folder with the plan's key); a repair's `ignore` added to the spec's."""
+    name, scheme = (what, what) if isinstance(what, str) else (what.name, what.scheme)
+    prefix = results_dir() / "checkpoints" / f"{checkpoint_hash(model_dir)[:12]}-{name}"
+    overrides = spec.quantization.overrides.get(scheme) or RecipeOverrides()
+    if not isinstance(what, str):
+        keep = [k for k in what.ignore if k not in overrides.ignore]
+        overrides = overrides.model_copy(update={"ignore": [*overrides.ignore, *keep]})
     return QuantizeRequest(model=model_dir, scheme=scheme, out=prefix, name_by_key=True, hardware=spec.hardware,
-                           overrides=spec.quantization.overrides.get(scheme, {}),
-                           calibration=spec.quantization.calibration)
+                           overrides=overrides, calibration=spec.quantization.calibration)
 
 
 def endpoint_variant(name: str, ref: EndpointRef, model_dir: Path, scheme: str | None = None) -> Variant:

@@ -61,7 +61,7 @@ from quantgate.spec import kinds
 from quantgate.spec.external import CandidateSpec, EndpointRef, folder_problem
 from quantgate.publishing.publish import NotifySpec, PublishTarget
 from quantgate.spec.sections import (AdaptiveSpec, EvalSpec, ExecutorSpec, FidelitySpec, JudgeSpec, PerfSpec,
-                                             QuantizationSpec, RecallSpec, ServingSpec, resolve_path)
+                                             QuantizationSpec, RecallSpec, RepairSpec, ServingSpec, resolve_path)
 from quantgate.target.catalogue import load_catalogue
 from quantgate.target.hardware import AUTO, get_profile
 
@@ -119,6 +119,8 @@ class ReleaseSpec(BaseModel):
     measure: dict[str, SerializeAsAny[kinds.KindSpec]] = Field(default_factory=dict, description="registered "
                                                                "measurement kinds (quantgate/kinds/) -> their section")
     adaptive: AdaptiveSpec | None = Field(None, description="more samples for INCONCLUSIVE candidates; null: none")
+    repair: RepairSpec | None = Field(None, description="after a REJECT by fidelity, the scheme again with its most "
+                                      "sensitive layers kept at 16 bits, gated like any candidate; null: none")
     publish: list[PublishTarget] = Field(default_factory=list, description="where every PROMOTE entry is copied after promotion")
     notify: list[NotifySpec] = Field(default_factory=list, description="webhooks told of the decision after the gate")
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec, description="where variants are served: this host "
@@ -304,6 +306,24 @@ class ReleaseSpec(BaseModel):
                                   f"{max(self.recall.lengths)} + {f.context_new_tokens} sampled tokens = {need} do not "
                                   f"fit context {self.context}: lower fidelity.context_new_tokens, raise `context`, or "
                                   "set fidelity.context_prompts: 0")
+        return self
+
+
+    @model_validator(mode="after")
+    def _repair_can_run(self) -> ReleaseSpec:
+        """A repair ranks on the baseline's fidelity samples and splits the fidelity alpha with its scheme's own gate:
+        it needs fidelity, and neither the adaptive design's looks nor work pools (which it does not plan for yet). It
+        repairs quantized schemes only: `candidates` (checkpoints made elsewhere, endpoints) are gated as they are."""
+        if self.repair is None:
+            return self
+        why = ("fidelity is null: a repair ranks layers on the baseline's fidelity samples; set `fidelity`"
+               if self.fidelity is None else
+               "`adaptive` is set: a repair's alpha is not planned with the adaptive design's looks; drop one of them"
+               if self.adaptive is not None else
+               "executor.kind is pools: the repair rung runs on this host only; drop `repair` or use the local executor"
+               if self.executor.kind != "local" else None)
+        if why:
+            raise field_error(("repair",), why)
         return self
 
 

@@ -106,6 +106,26 @@ class AdaptiveSpec(BaseModel):
     rounds: int = Field(1, ge=1, le=5, description="times to widen and decide again")
 
 
+class RepairSpec(BaseModel):
+    """The repair rung: after the gate REJECTs a quantized scheme by fidelity, rank its decoder layers by the KL they
+    cost the failing slices (on the baseline's own sampled continuations of a few prompts per slice, in
+    transformers on the CPU), keep the fewest at 16 bits that bring those slices within `margin` x their limits
+    together, quantize again and gate that candidate with the same policy (docs/repair.md)."""
+    model_config = ConfigDict(extra="forbid")
+
+    max_kept: int = Field(8, ge=1, description="decoder layers kept at 16 bits, at most")
+    max_size_ratio: float | None = Field(1.25, gt=1, description="the repaired checkpoint at most this many times the "
+                                         "rejected one's bytes (the kept layers' weights at 16 bits); null: no bound")
+    rank_prompts: int = Field(3, ge=1, le=50, description="prompts per slice that rank the layers (every draw of each, "
+                              "the first in the stream order); they are held out of the repaired candidate's fidelity "
+                              "sample")
+    margin: float = Field(0.7, gt=0, le=1, description="the layers kept together must bring each failing slice's KL "
+                          "on the ranking prompts within margin x its limit (room for the gate's upper bound)")
+    alpha_share: float = Field(0.5, gt=0, lt=1, description="the repaired candidate's share of the policy's fidelity "
+                               "alpha; every quantized scheme is gated at the rest, so that a scheme and its repair "
+                               "together promote a candidate at its limit at most alpha of the time")
+
+
 class ExecutorSpec(BaseModel):
     """Where a release serves and measures its variants (quantgate.pools.executor). `local`: on this host's slots.
     `pools`: one Prefect child flow run per variant on the work pool named for it, results shared through `store`."""
