@@ -49,6 +49,7 @@ from quantgate.base.paths import REPO
 from quantgate.base.runfiles import COMPARE_DIR, DECISION, EVIDENCE, PAY_OFF, PLAN, QUANTIZATION, SUMMARY
 from quantgate.evals.comparefile import load_comparison
 from quantgate.base.runinfo import load_run_record
+from quantgate.gate.models import RepairNote
 from quantgate.gate.summaryfile import load_summary
 from quantgate.quantize.manifest import QuantManifest, read_quantization
 from quantgate.perf.payofffile import load_pay_off
@@ -111,6 +112,7 @@ class CardInputs(_Model):
     license_name: str | None = None   # with `license: other`, the name and link the baseline's card gives
     license_link: str | None = None
     speed: dict[str, Any] | None = None  # report.sections.pay_off of the candidate's pay_off.json
+    repair: RepairNote | None = None  # a repaired candidate: the layers it keeps at 16 bits (its decision's)
 
 
 # --- pure ---------------------------------------------------------------------------------------------------------
@@ -169,6 +171,12 @@ def _quantization(c: CardInputs) -> list[str]:
     out = [f"- scheme: `{c.scheme or 'unknown'}`" + (f" (family {c.family})" if c.family else "")]
     if c.size_ratio is not None:
         out.append(f"- weights: {c.size_ratio:.3g}x the baseline's size on disk")
+    if c.repair is not None:
+        r = c.repair
+        out.append(f"- kept at 16 bits: decoder layers {', '.join(str(k.layer) for k in r.kept)} (+{r.added_size:.1%} "
+                   f"bytes), a repair of `{r.repairs}` after the gate rejected it by fidelity; each removed the most KL "
+                   "from the failing slices on the baseline's own sampled answers: "
+                   + ", ".join(f"`{k.modules}`" for k in r.kept))
     cal = c.calibration
     out.append("- calibration: " + (f"{cal.get('samples')} samples x {cal.get('max_seq_length')} tokens from "
                                     f"`{cal.get('source')}` (seed {cal.get('seed')}, sha256 {str(cal.get('sha256'))[:12]})"
@@ -361,4 +369,5 @@ def card_inputs(run: Path | str | None, candidate: str, *, model: str, version: 
                       versions=versions, serving=serving,
                       hardware=spec.get("hardware"), workload=spec.get("workload"), run=run.name if run else None,
                       sha256=sha256, speed=pay_off(_typed(load_pay_off, folder / PAY_OFF) if folder else None),
+                      repair=RepairNote.model_validate(d["repair"]) if d.get("repair") else None,
                       **baseline_facts(base, spec))

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from quantgate.gate import kinds
-from quantgate.base.runfiles import REPORT_HTML
+from quantgate.base.runfiles import REPAIR, REPORT_HTML
+from quantgate.gate.repairfile import load_repair
 from quantgate.report import charts, sections
 from quantgate.report.runview import (BASELINE, Candidate, ReportGap, RunView, load_run, outcome_of, shorten,
                                       size_ratio, skipped_steps)
@@ -163,6 +164,7 @@ def _candidate(view: RunView, c: Candidate, link: Links, floor: dict | None) -> 
     out["human"] = _section(view, f"{c.name}: human review", lambda: _human(c))
     out["recall"] = _section(view, f"{c.name}: recall", lambda: _recall(c))
     out["kinds"] = _section(view, f"{c.name}: measurements", lambda: _kinds(view, c.name)) or []
+    out["repair"] = _section(view, f"{c.name}: repair", lambda: _repair(view, c.name))
     out["perf"] = _section(view, f"{c.name}: performance", lambda: _perf(view, c)) or \
         {"size_ratio": None, "ratios": {}, "concurrency": None, "quant": None}
     out["skipped"] = list(c.skipped)
@@ -181,6 +183,29 @@ def _kinds(view: RunView, name: str) -> list[dict]:
                      "cand": s.cand_mean, "delta": s.delta, "ci_low": s.ci_low, "ci_high": s.ci_high,
                      "level": comp.level, "figures": comp.figures})
     return rows
+
+
+def _repair(view: RunView, name: str) -> dict | None:
+    """A repaired candidate's repair.json (quantgate.gate.repairfile): what it keeps and why, the ranking's head, and
+    each set of layers tried together; None for any other candidate."""
+    path = view.folder / name / REPAIR
+    if not path.is_file():
+        return None
+    view.files.append(path)
+    r = load_repair(path)
+    slices = list(r.failing)
+    head = r.ranking.order[:len(r.kept) + 6]  # the kept layers and the next ones the ranking names
+    kept = {k.layer for k in r.kept}
+    return {"repairs": r.repairs, "kept": [k.model_dump() for k in r.kept], "slices": slices, "limits": r.failing,
+            "added_size": r.added_size, "margin": r.margin, "passes": r.passes, "alpha": r.alpha,
+            "prompts": len(r.ranking.prompts), "per_slice": r.ranking.per_slice, "sequences": r.ranking.sequences,
+            "tokens": r.ranking.scored_tokens, "seconds": r.ranking.truth_s + r.ranking.sets_s,
+            "before": r.ranking.before, "before_top1": r.ranking.before_top1, "min_top1": r.min_top1,
+            "measured": r.measured,
+            "ranking": [{"layer": i, "kept": i in kept, "gains": {s: r.ranking.gains[s][i] for s in slices}}
+                        for i in head],
+            "tried": [{"k": k, "kl": kl, "top1": r.ranking.tried_top1.get(k, {}), "chosen": k == len(r.kept)}
+                      for k, kl in sorted(r.ranking.tried.items())]}
 
 
 def _list(x: Any) -> list:
