@@ -404,3 +404,41 @@ def test_a_kl_interval_is_never_below_zero():
     assert sections.interval({"mean": -1e-8, "low": -0.002, "high": 0.003}, "kl") == \
         {"mean": 0.0, "low": 0.0, "high": 0.003, "level": None}
     assert sections.interval({"mean": -0.001, "low": -0.002, "high": 0.003}, "dnll")["low"] == -0.002
+
+
+def test_a_repaired_candidate_shows_what_it_keeps_in_the_report_and_its_card(run):
+    from quantgate.gate.models import KeptLayer
+    from quantgate.gate.repairfile import LayerRanking, RepairRecord
+    from quantgate.report.modelcard import card_inputs, render_card
+
+    kept = [KeptLayer(layer=i, modules=rf"re:model\.layers\.{i}\.", removes={"pooled": g, "multilingual": 2 * g},
+                      added_bytes=3_500_000) for i, g in ((0, 0.004), (29, 0.0025))]
+    rec = RepairRecord(candidate=CAND, repairs="int8-w8a8", scheme="int8-w8a8",
+                       failing={"pooled": 0.02, "multilingual": 0.02}, kept=kept, min_top1={"multilingual": 0.93},
+                       measured={"pooled": 0.011, "multilingual": 0.013}, measured_top1={"multilingual": 0.951},
+                       passes=True, margin=0.7, added_size=0.043, alpha=0.025,
+                       ranking=LayerRanking(prompts=["a", "b", "c"], per_slice=3, sequences=6, scored_tokens=300,
+                                            before={"pooled": 0.025, "multilingual": 0.045},
+                                            before_top1={"multilingual": 0.86},
+                                            gains={"pooled": [0.004] + [0.0] * 28 + [0.0025],
+                                                   "multilingual": [0.008] + [0.0] * 28 + [0.005]},
+                                            order=[0, 29] + list(range(1, 29)),
+                                            tried={1: {"pooled": 0.015, "multilingual": 0.03},
+                                                   2: {"pooled": 0.011, "multilingual": 0.013}},
+                                            tried_top1={1: {"multilingual": 0.9}, 2: {"multilingual": 0.951}},
+                                            truth_s=80.0, sets_s=30.0))
+    rec.write(run / CAND)
+    doc = json.loads((run / "decision.json").read_text())
+    doc["candidates"][CAND]["repair"] = rec.note(run / CAND / "repair.json").model_dump(mode="json")
+    (run / "decision.json").write_text(json.dumps(doc))
+    html_path, md_path = write_report(run)
+    text = re.sub(r"<[^>]+>", " ", html_path.read_text())
+    text = re.sub(r"\s+", " ", unescape(text))
+    assert "Repair of int8-w8a8: layers kept at 16 bits" in text
+    assert "A repair of int8-w8a8: decoder layers 0, 29 kept at 16 bits (+4.3% bytes" in text
+    assert r"re:model\.layers\.29\." in text and "top 2 (chosen)" in text and "95.1%" in text
+    assert "3 prompts (3 per slice, 6 sequences, 300 scored tokens" in text and "alpha 0.025" in text
+    assert "A repair of int8-w8a8: decoder layers 0, 29 kept at 16 bits" in md_path.read_text()
+    card = render_card(card_inputs(run, CAND, model="demo", version="v1", decision=doc["candidates"][CAND]))
+    assert "kept at 16 bits: decoder layers 0, 29 (+4.3% bytes), a repair of `int8-w8a8`" in card
+    assert r"`re:model\.layers\.0\.`" in card
