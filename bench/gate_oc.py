@@ -111,8 +111,9 @@ from quantgate.gate import stream
 from quantgate.gate.checks import evaluate  # noqa: E402
 from quantgate.gate.evidence import comparison_evidence, paired_harm  # noqa: E402
 from quantgate.gate.fidelityevidence import fidelity_evidence  # noqa: E402
-from quantgate.gate.looks import spend  # noqa: E402
-from quantgate.gate.models import Decision, GateEvidence, ParityEvidence, RateEvidence, Ratio, PairedStat  # noqa: E402
+from quantgate.gate.looks import repair_split, spend  # noqa: E402
+from quantgate.gate.models import (Decision, GateEvidence, Look, ParityEvidence, RateEvidence, Ratio,  # noqa: E402
+                                   PairedStat)
 from quantgate.perf.models import PayOffFigures  # noqa: E402
 from quantgate.gate.policy import GatePolicy, load_policy  # noqa: E402
 from quantgate.gate.statistical import fidelity_checks
@@ -456,7 +457,8 @@ def _miss_of(sc: Scenario, max_miss: float) -> dict[str, float]:
 
 
 def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: str, policy: GatePolicy,
-          metrics: dict) -> Decision:
+          metrics: dict, split: Look | None = None) -> Decision:
+    """One simulated release of `sc`; `split`: the look of a scheme or its repair (--repair), judged at its share."""
     base, cand = simulate_runs(rng, samples, sc)
     cmp_ = compare_runs(base, cand, metrics, n_boot=1000, seed=int(rng.integers(1 << 30)))
     ev: dict = {"candidate": family, "scheme": FAMILY_SCHEME[family], "metrics": {}, "categories": {}, "pooled": {},
@@ -487,7 +489,7 @@ def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: s
         if early is not None:
             return early
     for n in plan:  # each look on the subset of n eval prompts the release draws, at its share of alpha
-        look = spend(f.alpha, plan, n) if f and sequential else None
+        look = spend(f.alpha, plan, n) if f and sequential else split if f else None
         level = 1 - 2 * (look.alpha if look else f.alpha) if f else 0.90
         fid = [by_id[it["id"]] for it in DRAW(items, n)]
         evidence = GateEvidence(**ev, **fixed, floor=fidelity_evidence(floor, level, None),
@@ -497,6 +499,20 @@ def trial(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: s
         if d.decision != "INCONCLUSIVE":
             break
     return d
+
+
+REPAIR: float | None = None  # --repair SHARE: the repair rung's share of the fidelity alpha
+
+
+def repaired(rng: np.random.Generator, samples: list[dict], sc: Scenario, family: str, policy: GatePolicy,
+             metrics: dict) -> str:
+    """A scheme at its limit judged at its part of the split alpha, and when it is not promoted its repair, a second
+    candidate at the limit (the worst case: keeping layers at 16 bits removed nothing), at the repair's share
+    (quantgate.gate.looks.repair_split): PROMOTE when either is."""
+    assert REPAIR is not None and policy.fidelity is not None
+    first, second = repair_split(policy.fidelity.alpha, REPAIR)
+    d = trial(rng, samples, sc, family, policy, metrics, split=first)
+    return d.decision if d.promoted else trial(rng, samples, sc, family, policy, metrics, split=second).decision
 
 
 def _plan(sc: Scenario) -> list[int]:
@@ -567,6 +583,10 @@ def run(policy: GatePolicy, shape: str, families: list[str], scenarios: list[Sce
                     d2 = trial(rng, samples, sc, family, pooled_only, metrics)
                     counts[(family, f"{sc.name} (pooled only)")][d2.decision] += 1
                     note((family, f"{sc.name} (pooled only)"), sc, d2)
+                if REPAIR and sc.name == "at-limit" and policy.fidelity:  # a scheme, then its repair, both at the limit
+                    for pol, tag in ((policy, ""), (pooled_only, " (pooled only)")):
+                        counts[(family, f"at-limit, then a repair at the limit{tag}")][
+                            repaired(rng, samples, sc, family, pol, metrics)] += 1
                 if sc.name == "lossless-5%":
                     for c in d.checks:
                         if c.power and c.power.mdd is not None:
@@ -586,6 +606,8 @@ TARGETS = [  # (what, scenarios (the worst of them counts), at least / at most, 
     *[(f"P(PROMOTE | fidelity exactly at the limit, {v})", [v], "<=", 0.05)
       for name in sorted(AT_LIMIT) for v in (name, f"{name} (pooled only)")],
     *[(f"P(PROMOTE | at the limit, on the subsets a release draws: {v})", [v], "<=", 0.05) for v in AT_LIMIT_SUBSETS],
+    *[(f"P(PROMOTE | a scheme and its repair both at the limit{tag})", [f"at-limit, then a repair at the limit{tag}"],
+       "<=", 0.05) for tag in ("", " (pooled only)")],
     ("P(PROMOTE | 10% accuracy drop, fidelity at floor)", ["drop-10%"], "<=", 0.10),
     ("P(PROMOTE | 10% drop on binary metrics only, fidelity at floor)", ["drop-10%-binary"], "<=", 0.10),
 ]
@@ -629,6 +651,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the per-sample figures of a run's fidelity file (no text) as a shape file, and exit")
     ap.add_argument("--fidelity-cv", type=float, default=FIDELITY_CV, help="per-sample KL spread (gamma CV)")
     ap.add_argument("--scenario", nargs="+", help="only these scenarios (names as printed)")
+    ap.add_argument("--repair", type=float, metavar="SHARE", help="with the at-limit scenario: also a release with a "
+                    "repair rung (quantgate.release.repair_step), the scheme and its repair both at the limit, the "
+                    "repair judged at SHARE of the fidelity alpha and the scheme at the rest")
     ap.add_argument("--recall-samples", type=int, help="haystacks per recall kind and length instead of the spec's "
                                                        "`recall.samples` (the grid the recall checks judge)")
     ap.add_argument("--context-prompts", type=int, help="haystack prompts per context length instead of the spec's "
@@ -652,6 +677,8 @@ def main(argv: list[str] | None = None) -> int:
         globals()["REWEIGHT"] = False
     if args.stream:
         globals()["STREAM"] = True
+    if args.repair:
+        globals()["REPAIR"] = args.repair
     if args.recall_samples:
         globals()["HAYSTACKS"] = len(LENGTHS) * RECALL_KINDS * args.recall_samples
     scenarios = [sc for sc in SCENARIOS if not args.scenario or sc.name in args.scenario]

@@ -14,11 +14,14 @@ ids) and the INT8 W8A8 checkpoint that release quantized; by default the newest 
    candidate with decoder layer l the baseline's), and the proxy pass alone (each layer's output error on the
    baseline's own input). Both timed.
 3. Spearman's rank correlation of each proxy with the truth's pooled gains.
-   With --small N, the truth again from N other sequences per slice: does a smaller set find the same layers?
+   With --small N, the truth again from N other sequences per slice: does a smaller set find the same layers? Its
+   order by the release's rule (quantgate.quantize.repair.order_for: each slice's gain as a share of its limit) is
+   one more ranking below, as the release's repair rung ranks on a few prompts per slice.
 4. The frontier on the held-out set: keep the top-k layers of each ranking (k = 0..--max-kept) and measure the
-   pooled and worst-slice KL, with the size the kept layers add, against the default policy's INT8 limits (0.02
-   per category and pooled; context slices x2); and the smallest repair quantgate.quantize.repair predicts from the
-   ranking set against what it measures on the held-out set.
+   pooled and worst-slice KL and the lowest slice's top-1 agreement, with the size the kept layers add, against
+   the default policy's INT8 limits (KL 0.02 per category and pooled, context slices x2; top-1 at least 0.93); and
+   the smallest repair quantgate.quantize.repair predicts from the ranking set against what it measures on the
+   held-out set.
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from quantgate.base.paths import results_dir  # noqa: E402
-from quantgate.quantize.repair import (POOLED, layer_gains, order_by, slice_kl,  # noqa: E402
+from quantgate.quantize.repair import (POOLED, layer_gains, order_by, order_for, slice_kl,  # noqa: E402
                                        smallest_repair, spearman)
 from quantgate.quantize.sensitivity import Pair, Scored, read_samples  # noqa: E402
 from quantgate.target.catalogue import ensure_demo_model  # noqa: E402
 
-INT8_MAX_KL, CONTEXT_FACTOR = 0.02, 2.0  # releases/policies/default.yaml: fidelity.families.int8, context_factor
+INT8_MAX_KL, INT8_MIN_TOP1, CONTEXT_FACTOR = 0.02, 0.93, 2.0  # releases/policies/default.yaml: fidelity.families
+# .int8 and context_factor
 
 
 def newest(pattern: str, what: str) -> Path:
@@ -101,13 +105,14 @@ def main() -> int:
     ap.add_argument("--hold", type=int, default=16, help="sequences per slice held out to check the repair")
     ap.add_argument("--max-kept", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-proxy", action="store_true", help="leave the one-pass proxies out of the held-out frontier")
     ap.add_argument("--small", type=int, default=0,
                     help="also rank from this many other sequences per slice (after the ranking and held-out ones)")
     ap.add_argument("--slices", default="arithmetic_numbers,factual_qa,instruction_format,multilingual,proper_nouns,"
                                         "summarization,context:512")
     a = ap.parse_args()
     samples = a.samples or newest("cache/variants/*/fidelity/*-samples/samples.jsonl", "fidelity samples")
-    cand = a.candidate or newest("checkpoints/*-int8-w8a8-*", "INT8 W8A8 checkpoint")
+    cand = a.candidate or newest("checkpoints/*-int8-w8a8-[0-9a-f]*", "INT8 W8A8 checkpoint")  # not a repaired one
     base = ensure_demo_model()
     slices = a.slices.split(",")
     seqs = read_samples(samples)
@@ -130,7 +135,7 @@ def main() -> int:
         print("truth, KL removed per layer (pooled): " + " ".join(f"{i}:{g:+.4f}" for i, g in
                                                                   enumerate(gains[POOLED])))
         orders = {"truth": order_by(gains[POOLED])}
-        for name, score in proxy.items():
+        for name, score in ({} if a.no_proxy else proxy).items():
             rho = spearman(score, gains[POOLED])
             orders[f"proxy-{name}"] = order_by(score)
             print(f"proxy {name}: Spearman {rho:+.3f} with the truth; its top 8 {orders[f'proxy-{name}'][:8]}, "
@@ -146,24 +151,28 @@ def main() -> int:
             g = layer_gains(m.kl, m.tokens, m.categories, m.layers)[POOLED]
             print(f"truth from {len(few)} other sequences ({int(m.tokens.sum())} tokens) in {time.perf_counter() - t0:.0f} s: "
                   f"Spearman {spearman(g, gains[POOLED]):+.3f} with the ranking set's; its top 8 {order_by(g)[:8]}")
+            small = layer_gains(m.kl, m.tokens, m.categories, m.layers)  # the release's rule on the small set
+            orders[f"small-{a.small}"] = order_for(small, {s: lim[s] for s in small if s in lim})
         extra, int8_bytes = layer_bytes(base)
-        ks = [k for k in (1, 2, 3, 4, 6, 8, 12) if k <= a.max_kept]
+        ks = [k for k in (1, 2, 3, 4, 6, 8, 12, 16, 20, 24) if k <= a.max_kept]
         keep_sets = {f"{o}:{k}": orders[o][:k] for o in orders for k in ks}
         t0 = time.perf_counter()
         check = pair.measure(held, keep=keep_sets)
         check_s = time.perf_counter() - t0
     print(f"\nheld-out set: {len(held)} sequences ({int(check.tokens.sum())} tokens), {len(keep_sets)} repairs in "
           f"{check_s:.0f} s; limits: pooled and categories {INT8_MAX_KL}, context x{CONTEXT_FACTOR:g}")
-    print(f"{'ranking':<12} {'k':>2} {'kept':<28} {'+size':>6} {'pooled':>7} {'worst slice':>26} {'passes':>6}")
-    rows = [("(none)", 0, [], check.kl["all"])] + [(o, k, orders[o][:k], check.kl[f"{o}:{k}"]) for o in orders
-                                                  for k in ks]
-    for o, k, kept, sums in rows:
-        kl = slice_kl(sums, check.tokens, check.categories)
+    print(f"{'ranking':<12} {'k':>2} {'+size':>6} {'pooled':>7} {'worst slice KL':>26} {'worst top-1':>26} "
+          f"{'passes':>6}  kept")
+    rows = [("(none)", 0, [], "all")] + [(o, k, orders[o][:k], f"{o}:{k}") for o in orders for k in ks]
+    for o, k, kept, name in rows:
+        kl = slice_kl(check.kl[name], check.tokens, check.categories)
+        top1 = slice_kl(check.agree[name], check.tokens, check.categories)
         worst = max((s for s in kl if s != POOLED), key=lambda s: kl[s] / lim[s])
+        low = min((s for s in top1 if s != POOLED), key=lambda s: top1[s])
         size = sum(extra[i] for i in kept) / int8_bytes
-        ok = all(kl[s] <= lim[s] for s in lim if s in kl)
-        print(f"{o:<12} {k:>2} {str(kept):<28} {size:>+6.1%} {kl[POOLED]:>7.4f} {worst + ' ' + format(kl[worst], '.4f'):>26}"
-              f" {'yes' if ok else 'no':>6}")
+        ok = all(kl[s] <= lim[s] for s in lim if s in kl) and all(v >= INT8_MIN_TOP1 for v in top1.values())
+        print(f"{o:<12} {k:>2} {size:>+6.1%} {kl[POOLED]:>7.4f} {worst + ' ' + format(kl[worst], '.4f'):>26}"
+              f" {low + ' ' + format(top1[low], '.3f'):>26} {'yes' if ok else 'no':>6}  {kept}")
     plan = smallest_repair(before, gains, lim, max_kept=a.max_kept)
     if plan is None:
         print(f"\nno repair of at most {a.max_kept} layers is predicted to bring every slice within 0.8 x its limit")
