@@ -56,7 +56,9 @@ class FakeServer:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/version", self._version)
-        self._runner = web.AppRunner(app, access_log=None)
+        # a client that gave up mid-request (an error-rate stop) can leave a handler waiting: stopping waits for it at
+        # most 2 s instead of aiohttp's 60 (it once took longer than __exit__'s 10 s, and the test failed on that)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         self._loop.run_until_complete(site.start())

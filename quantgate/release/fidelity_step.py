@@ -49,9 +49,9 @@ from quantgate.fidelity.core import CONTEXT_PREFIX, SampleFidelity, merge_draws,
 from quantgate.fidelity.stream import DRAW, floor_ids, stream_order
 from quantgate.fidelity.parts import finished_lines, merge_parts, part, part_dir, seed, stream_dir
 from quantgate.fidelity.record import FidelityRecord, SubsetDraw, load_fidelity_record
-from quantgate.gate.repairfile import load_repair
 from quantgate.fidelity.run import (DUMP, Sequence, append_scores, compare_dumps, is_complete,
                                     read_lines, score_sequences)
+from quantgate.gate.repairfile import load_repair
 from quantgate.recall.run import build_checked_grid, load_needle_data
 from quantgate.spec.schema import ReleaseSpec
 
@@ -394,4 +394,5 @@ def held_out(run: Path, candidate: str) -> set[str]:
     return set(load_repair(path).ranking.prompts) if path.is_file() else set()
 
 
-__all__ = ["baseline_dumps", "compare", "samples_beside", "done", "dump_dirs", "held_out", "measure", "sample", "samples_dir"]
+__all__ = ["baseline_dumps", "compare", "done", "dump_dirs", "held_out", "measure", "sample", "samples_beside",
+           "samples_dir"]

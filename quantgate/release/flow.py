@@ -231,9 +231,9 @@ def _measure(pool: schedule.SlotPool, model_dir: Path, base: rel.MeasureRequest,
     verdicts = base.verdicts
     after = [base_job] if base_job is not None and pool.width == 1 and base.variant.endpoint is None else None
 
-    def start(c: str | RepairRung | rel.Variant) -> PrefectFuture:  # a scheme is quantized first: Prefect hands
-        variant: Any = quantize.submit(s, model_dir, c, run, pool, verdicts) if isinstance(c, (str, RepairRung)) \
-            else c  # the job its Variant
+    def start(c: str | RepairRung | rel.Variant) -> PrefectFuture:  # a scheme (or a repair) is quantized first:
+        variant: Any = (quantize.submit(s, model_dir, c, run, pool, verdicts)  # Prefect hands the job its Variant
+                        if isinstance(c, (str, RepairRung)) else c)
         return serve_and_evaluate.submit(  # type: ignore[call-overload]  # Task.submit's overloads omit wait_for
             rel.MeasureRequest(s, variant, run, parity=False, tokenizer=model_dir, reference=reference,
                                verdicts=verdicts),
@@ -299,7 +299,7 @@ def _release(s: ReleaseSpec, run: Path, not_promoted: outcome.EndAs = "failed"):
     decisions: list[Decision] = []
     probed: dict[str, Path] = {}  # variant -> its pooled probe of the speed window
     while rung := rel.next_schemes(s, decisions) or (repair(s, run, model_dir, base_ev, decisions, variants)
-                                                      if s.repair else []):
+                                                      if repair_step.to_repair(s, decisions, variants) else []):
         again = base_ev is None or isinstance(rung[0], RepairRung) and bool(base_ev.skipped)  # a repair: what the
         measured_base, evidence = measure(s, run, pool, model_dir, rung, baseline=again)  # baseline skipped, resumed
         base_ev = measured_base or base_ev

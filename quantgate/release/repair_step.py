@@ -218,8 +218,8 @@ def looks(spec: ReleaseSpec, names: list[str]) -> dict[str, Look]:
     if policy.fidelity is None:
         return {}
     first, second = repair_split(policy.fidelity.alpha, spec.repair.alpha_share)
-    return {n: second if n.endswith(SUFFIX) else first for n in names
-            if n.endswith(SUFFIX) or n in spec.schemes}
+    repairs = {repair_name(s) for s in spec.schemes}
+    return {n: second if n in repairs else first for n in names if n in repairs or n in spec.schemes}
 
 
 __all__ = ["RepairRung", "looks", "plan", "repair_name", "to_repair"]
