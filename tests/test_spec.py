@@ -63,6 +63,8 @@ def test_hardware_id_is_case_insensitive(tmp_path):
          "fidelity is null"),
         (("schemes: [w4a16-gptq]", "schemes: [w4a16-gptq]\nrepair: {max_size_ratio: 0.9}"), 7, "repair.max_size_ratio",
          "greater than 1"),
+        (("schemes: [w4a16-gptq]", "schemes: [w4a16-gptq]\nrepair: {}\ncandidates: [{name: w4a16-gptq-repaired, "
+          "endpoint: 'http://127.0.0.1:9/v1', model: m}]"), 7, "repair", "rename the candidate"),
     ],
 )
 def test_errors_name_file_line_and_field(tmp_path, edit, line, field, words):

@@ -45,9 +45,10 @@ from quantgate.quantize.schemes import load_schemes
 from quantgate.release import fidelity_step
 from quantgate.release.variants import Evidence, RepairRung, Variant
 from quantgate.spec.schema import ReleaseSpec, policy_path
+from quantgate.spec.sections import RepairSpec
 
 Log = Callable[[str], None]
-SUFFIX = "-repaired"
+SUFFIX = RepairSpec.SUFFIX
 KL_CHECK = "fidelity:kl"  # the pooled check; per slice: fidelity:kl:<slice>
 TOP1_CHECK = "fidelity:top1"
 

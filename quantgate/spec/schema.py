@@ -322,6 +322,10 @@ class ReleaseSpec(BaseModel):
                if self.adaptive is not None else
                "executor.kind is pools: the repair rung runs on this host only; drop `repair` or use the local executor"
                if self.executor.kind != "local" else None)
+        taken = [c.name for c in self.candidates if any(c.name == s + RepairSpec.SUFFIX for s in self.schemes)]
+        if taken and why is None:
+            why = (f"a candidate is named {taken[0]!r}, the name the repair of a scheme is measured under (its folder "
+                   "in the run): rename the candidate")
         if why:
             raise field_error(("repair",), why)
         return self

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, overload
+from typing import ClassVar, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -112,6 +112,7 @@ class RepairSpec(BaseModel):
     transformers on the CPU), keep the fewest at 16 bits that bring those slices within `margin` x their limits
     together, quantize again and gate that candidate with the same policy (docs/repair.md)."""
     model_config = ConfigDict(extra="forbid")
+    SUFFIX: ClassVar[str] = "-repaired"  # a repair of scheme S is measured and gated as S + SUFFIX
 
     max_kept: int = Field(8, ge=1, description="decoder layers kept at 16 bits, at most")
     max_size_ratio: float | None = Field(1.25, gt=1, description="the repaired checkpoint at most this many times the "
