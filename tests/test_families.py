@@ -137,6 +137,11 @@ def test_the_family_s_kept_modules_join_the_ignore_list_each_with_its_reason(tmp
     assert not any("gate" in name for name in res.targeted) and any("experts.0.w1" in n for n in res.targeted)
     dense = preflight.check(preflight.read_layout(llama(tmp_path / "llama", 576, 1536)), recipe)
     assert dense.family == "llama" and [k.pattern for k in dense.kept] == ["lm_head"]
+    # what the spec (or a repair rung) asks to keep is listed too, with its reason, and skipped by the recipe
+    asked = preflight.check(preflight.read_layout(llama(tmp_path / "llama", 576, 1536)), recipe,
+                            extra_ignore=[r"re:model\.layers\.0\."])
+    assert [k.pattern for k in asked.kept] == ["lm_head", r"re:model\.layers\.0\."] and "asked for" in asked.kept[1].why
+    assert not any(n.startswith("model.layers.0.") for n in asked.targeted) and asked.skipped
 
 
 def test_a_family_pattern_that_matches_no_module_is_left_out(tmp_path):

@@ -174,6 +174,8 @@ def check(layout: ModelLayout, recipe: dict[str, Any], *, extra_ignore: Sequence
     kept += [Kept(pattern=p, why="MoE router gate (found by its name or its output size, one per expert)") for p in router_pattern]
     if router_pattern:
         notes.append(f"MoE router gates kept at 16 bits: {', '.join(router_pattern)}")
+    kept += [Kept(pattern=p, why="asked for: the `ignore` list (the spec's quantization.overrides, `quantize --ignore`, "
+                  "or the layers a repair rung keeps)") for p in extra_ignore if p not in {k.pattern for k in kept}]
     ignore = settings["ignore"] + ignore_added + list(extra_ignore)
     targeted, skipped = [], []
     for layer in layout.linears:
