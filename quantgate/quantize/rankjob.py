@@ -66,6 +66,7 @@ class RankResult(BaseModel):
 
 def run(job: RankJob, say=print) -> RankResult:
     wanted = set(job.prompts)
+    # a prompt's k-th draw is `<id>#<k>` (quantgate.fidelity.stream.DRAW, a layer above this one)
     seqs = [s for s in read_samples(job.samples) if s.id.split("#", 1)[0] in wanted]
     if not seqs:
         raise SystemExit(f"none of the {len(wanted)} ranking prompts is in {job.samples}")

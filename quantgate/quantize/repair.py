@@ -23,6 +23,7 @@ The release's repair rung (quantgate.release.repair_step) therefore measures ins
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,16 +182,22 @@ def ranking_prompts(order: list[str], category: dict[str, str], sampled: set[str
     return out
 
 
+_LAYER = re.compile(r"^(.*\.layers\.)(\d+)\.")  # a decoder layer's module: <prefix>.layers.<i>.<rest>
+
+
+def layer_of(name: str) -> tuple[int, str] | None:
+    """(decoder layer index, the name's prefix up to and with `layers.<i>.`) of a module name; None outside them."""
+    m = _LAYER.match(name)
+    return (int(m.group(2)), m.group(1) + m.group(2) + ".") if m else None
+
+
 def layer_patterns(layers: list[int], linear_names: list[str]) -> list[str]:
     """llmcompressor `ignore` entries that keep decoder layers `layers` at 16 bits: one `re:` prefix per layer, read
     from the model's own Linear names (`model.layers.3.mlp.up_proj` -> `re:model\\.layers\\.3\\.`)."""
-    import re
-
     prefixes: dict[int, str] = {}
     for name in linear_names:
-        m = re.match(r"^(.*\.layers\.)(\d+)\.", name)
-        if m:
-            prefixes.setdefault(int(m.group(2)), m.group(1) + m.group(2) + ".")
+        if (found := layer_of(name)) is not None:
+            prefixes.setdefault(*found)
     missing = [i for i in layers if i not in prefixes]
     if missing:
         raise ValueError(f"no Linear layer named like <...>.layers.<i>. for decoder layers {missing}")

@@ -33,14 +33,15 @@ from pathlib import Path
 from quantgate.base.errors import QuantgateError
 from quantgate.base.runfiles import REPAIR
 from quantgate.fidelity.sampling import SAMPLES
-from quantgate.fidelity.stream import stream_ids
+from quantgate.fidelity.run import read_lines
+from quantgate.fidelity.stream import DRAW, stream_ids
 from quantgate.gate.looks import repair_split
 from quantgate.gate.models import Decision, KeptLayer, Look
 from quantgate.gate.policy import load_policy
 from quantgate.gate.repairfile import LayerRanking, RepairRecord, load_repair
 from quantgate.quantize.preflight import read_layout
 from quantgate.quantize.rankjob import PROGRESS, RankJob, RankResult
-from quantgate.quantize.repair import POOLED, choose, layer_patterns, ranking_prompts
+from quantgate.quantize.repair import POOLED, choose, layer_of, layer_patterns, ranking_prompts
 from quantgate.quantize.schemes import load_schemes
 from quantgate.release import fidelity_step
 from quantgate.release.variants import Evidence, RepairRung, Variant
@@ -164,25 +165,15 @@ def _chosen(rec: RepairRecord) -> str:
 
 def _sampled(samples: Path) -> dict[str, str]:
     """prompt id -> its slice, for the prompts the baseline sampled (a stopped sampling: those it reached)."""
-    import json
-
-    out: dict[str, str] = {}
-    with open(samples, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                out[row["id"].split("#", 1)[0]] = row["category"]
-    return out
+    return {row["id"].split(DRAW, 1)[0]: row["category"] for row in read_lines(samples)}
 
 
 def _extra_bytes(linears, weight_bits: int) -> list[int]:
     """Per decoder layer: the bytes its Linear weights add at 16 bits instead of `weight_bits`."""
-    import re
-
     per: dict[int, int] = {}
     for lin in linears:
-        if m := re.match(r"^.*\.layers\.(\d+)\.", lin.name):
-            per[int(m.group(1))] = per.get(int(m.group(1)), 0) + lin.in_features * lin.out_features
+        if (found := layer_of(lin.name)) is not None:
+            per[found[0]] = per.get(found[0], 0) + lin.in_features * lin.out_features
     return [per.get(i, 0) * (16 - weight_bits) // 8 for i in range(max(per) + 1 if per else 0)]
 
 
