@@ -28,7 +28,8 @@ release-time: setup model
 # processes keep both cores busy through each other's waits), then the real-component tests (slow) one at a time in
 # one process, sharing its servers and measured work (they time, kill and count processes, which another test beside
 # them would disturb; and two of them side by side oversubscribe the 2 cores' OpenMP threads: two llmcompressor
-# quantizations that take 38 s alone each ran over 9 minutes beside each other, on 2026-12-07 on an Intel Xeon).
+# quantizations that take 38 s alone each ran over 9 minutes beside each other, on 2026-12-07 on an Intel Xeon; with
+# OMP_WAIT_POLICY=PASSIVE two at a time were only 1.2x as fast, each test 1.7x slower: docs/measurements.md).
 # A pass that collects no test is not a failure unless neither collects one (exit 5).
 TEST_WORKERS ?= 2
 test: setup lmeval mlflow s3 model browser lint docs-env
