@@ -1,9 +1,9 @@
 """The repair rung in a real release (real llmcompressor, real vLLM, real Prefect, the demo model), small: an INT8
-W8A8 candidate REJECTed by fidelity under a policy whose KL and top-1 limits it cannot meet, then the rung: its layers ranked in
-the child process, INT8 quantized again with the chosen layers kept at 16 bits, served, measured beside the baseline
-(which resumes what it skipped) and gated as `int8-w8a8-repaired`. Whatever the repair's verdict, the release must
-show what it kept, hold the ranking prompts out of its fidelity sample and judge both at their share of alpha.
-Slow (about two to three minutes on 2 cores); CI runs it."""
+W8A8 candidate REJECTed by fidelity under a policy whose KL and top-1 limits it cannot meet, then the rung: its
+layers ranked in the child process, INT8 quantized again with the chosen layers kept at 16 bits, served, measured
+beside the baseline (which resumes what it skipped) and gated as `int8-w8a8-repaired`. Whatever the repair's
+verdict, the release must show what it kept, hold the ranking prompts out of its fidelity sample and judge both at
+their share of alpha. Slow (about two to three minutes on 2 cores); CI runs it."""
 
 from __future__ import annotations
 
