@@ -20,10 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from collections import defaultdict
 from pathlib import Path
+
+import pytest
+
+from quantgate.serving.kernel_probe import cpuinfo
 
 OUT = Path(os.environ.get("SUITE_PROFILE", "results/suite-profile.jsonl"))
 
@@ -36,22 +39,17 @@ def _cpu_times() -> tuple[int, int]:
     return sum(ticks) - idle, sum(ticks)
 
 
-try:
-    import pytest
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(item, nextitem):
-        busy0, total0 = _cpu_times()
-        start = time.monotonic()
-        yield
-        busy1, total1 = _cpu_times()
-        row = {"test": item.nodeid, "wall": round(time.monotonic() - start, 1),
-               "busy": round((busy1 - busy0) / max(1, total1 - total0), 3)}
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        with OUT.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-except ImportError:  # run as a script from an environment without pytest
-    pass
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    busy0, total0 = _cpu_times()
+    start = time.monotonic()
+    yield
+    busy1, total1 = _cpu_times()
+    row = {"test": item.nodeid, "wall": round(time.monotonic() - start, 1),
+           "busy": round((busy1 - busy0) / max(1, total1 - total0), 3)}
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    with OUT.open("a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def rows(path: Path) -> dict[str, dict]:
@@ -72,16 +70,6 @@ def by_module(tests: dict[str, dict], only: set[str] | None = None) -> dict[str,
     return {m: (w, b / w if w else 0.0, int(n)) for m, (w, b, n) in acc.items()}
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("profile", type=Path)
@@ -97,7 +85,7 @@ def main() -> None:
         mods, other = by_module(mine, both), by_module(theirs, both)
     wall = sum(w for w, _, _ in mods.values())
     busy = sum(w * b for w, b, _ in mods.values()) / wall if wall else 0.0
-    print(f"{sum(n for *_, n in mods.values())} tests, {wall:.0f} s of test time, busy share {busy:.2f}; {cpu_model()}")
+    print(f"{sum(n for *_, n in mods.values())} tests, {wall:.0f} s of test time, busy share {busy:.2f}; {cpuinfo()[0]} ({os.cpu_count()} cores)")
     for m, (w, b, n) in sorted(mods.items(), key=lambda kv: -kv[1][0])[:a.top]:
         there = f"  {other[m][0]:7.1f} s there ({other[m][0] / w:.2f}x)" if m in other else ""
         print(f"{w:8.1f} s  busy {b:.2f}  {n:3d} tests  {m}{there}")
