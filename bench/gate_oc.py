@@ -117,7 +117,7 @@ from quantgate.gate.models import (Decision, GateEvidence, Look, ParityEvidence,
 from quantgate.perf.models import PayOffFigures  # noqa: E402
 from quantgate.gate.policy import GatePolicy, load_policy  # noqa: E402
 from quantgate.gate.statistical import fidelity_checks
-from quantgate.release.adaptive import fidelity_looks, fidelity_size  # noqa: E402
+from quantgate.spec.adaptive import fidelity_looks, fidelity_size  # noqa: E402
 from quantgate.spec.schema import ReleaseSpec  # noqa: E402
 
 # Baseline behaviour of the simulated model, per metric: the share answered right (binary) or the mean score
@@ -143,7 +143,7 @@ CONTEXT = [f"context:{n}" for n in LENGTHS]  # fidelity at each recall length (f
 def fidelity_shape(spec: Path = RELEASES / "demo.yaml") -> tuple[int, int, int, int, int, int]:
     """(fidelity samples at the first look, at the last look the adaptive design plans, haystack prompts per length,
     sampled answers per eval prompt, tokens per haystack continuation, sequences of the floor's path) of a release
-    spec, read through the project's own spec model and look plan (quantgate.release.adaptive.fidelity_looks)."""
+    spec, read through the project's own spec model and look plan (quantgate.spec.adaptive.fidelity_looks)."""
     raw = yaml.safe_load(spec.read_text(encoding="utf-8"))
     raw["hardware"] = "a100"  # a GPU profile: no kernel probe; the shape does not depend on the machine
     s = ReleaseSpec.model_validate(raw, context={"path": str(spec)})

@@ -40,7 +40,7 @@ from quantgate.parity.core import ParityPolicy, check_parity
 from quantgate.parity.engine import ParityRecord, passed
 from quantgate.release import steps as rel
 from quantgate.spec.resolve import load_spec
-from quantgate.release.stopping import descendants
+from quantgate.base.proctree import descendants
 from quantgate.serving.server import free_port
 from tests._procs import live
 
@@ -388,8 +388,9 @@ def test_the_flow_sigtermed_between_steps_leaves_nothing_running_and_two_resumed
 
 STOPPED_PARENT = textwrap.dedent("""
     import subprocess, sys, time
+    from quantgate.base import proctree
     from quantgate.release import stopping
-    stopping.GRACE_S = 1.0
+    proctree.GRACE_S = 1.0
     with stopping.on_stop_signals(stopping.STOP_SIGNALS):  # what a release sets: SIGTERM, SIGHUP, SIGINT
         kids = [subprocess.Popen(["sleep", "300"]),                                  # a plain child
                 subprocess.Popen(["sleep", "301"], start_new_session=True),          # its own session and group

@@ -1,4 +1,4 @@
-"""Every look spends its share (quantgate.gate.looks), planned from the spec (release.adaptive.fidelity_looks), and a
+"""Every look spends its share (quantgate.gate.looks), planned from the spec (spec.adaptive.fidelity_looks), and a
 candidate exactly at its limit stays at most alpha likely to be promoted over every look together (simulated
 through the gate's own bounds)."""
 
@@ -36,7 +36,7 @@ def test_spend_names_the_look_and_what_was_spent():
 
 
 def test_the_looks_are_planned_from_the_spec():
-    from quantgate.release.adaptive import fidelity_looks
+    from quantgate.spec.adaptive import fidelity_looks
 
     from quantgate.spec.sections import AdaptiveSpec
 

@@ -115,7 +115,7 @@ def test_widen_grows_samples_only_for_inconclusive_candidates_within_the_budget(
 
     from quantgate.base.paths import REPO
     from quantgate.spec.resolve import load_spec
-    from quantgate.release.adaptive import widen
+    from quantgate.spec.adaptive import widen
 
     path = tmp_path / "s.yaml"
     path.write_text(f"version: 1\nname: w\nmodel: demo\nhardware: x86-cpu\nschemes: [int8-w8a8]\n"

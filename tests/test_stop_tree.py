@@ -1,4 +1,4 @@
-"""quantgate.release.stopping.stop_tree on real processes, as a stop signal runs it in `quantgate release`: the
+"""quantgate.base.proctree.stop_tree on real processes, as a stop signal runs it in `quantgate release`: the
 children are stopped, but the release's own multiprocessing resource tracker is left to unlink the semaphores it
 tracks when the release exits. (It ignores SIGTERM: stopped with the others, it held the stop for the whole grace
 period and was then SIGKILLed, leaving a `/dev/shm/sem.mp-*` file behind at every stopped release.)"""
@@ -17,7 +17,7 @@ from quantgate.base.paths import REPO
 
 RELEASE = r"""
 import multiprocessing as mp, os, subprocess, sys, time
-from quantgate.release.stopping import stop_tree
+from quantgate.base.proctree import stop_tree
 
 lock = mp.get_context("spawn").Lock()  # a named semaphore, tracked by this process's resource tracker
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])

@@ -14,7 +14,7 @@ from quantgate.fidelity.core import SampleFidelity, summarize
 from quantgate.fidelity.record import FidelityRecord
 from quantgate.gate.early import early_fidelity_checks
 from quantgate.gate.policy import load_policy
-from quantgate.release.adaptive import fidelity_looks, fidelity_size
+from quantgate.spec.adaptive import fidelity_looks, fidelity_size
 from quantgate.release.fidelity_step import DRAW, sampled_prompts
 from quantgate.spec.resolve import load_spec
 

@@ -38,7 +38,7 @@ from quantgate.fidelity.record import StreamLook
 from quantgate.gate.early import early_fidelity_checks
 from quantgate.gate.models import Check
 from quantgate.release import fidelity_step
-from quantgate.release.adaptive import fidelity_looks, fidelity_size
+from quantgate.spec.adaptive import fidelity_looks, fidelity_size
 from quantgate.spec.schema import ReleaseSpec, policy_path
 from quantgate.release.variants import Log, Variant
 

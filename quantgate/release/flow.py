@@ -44,7 +44,7 @@ from quantgate.release import fidelity_step, judge_cache, outcome, repair_step, 
 from quantgate.release.executors import remote
 from quantgate.spec import familycheck, warn as spec_warnings
 from quantgate.publishing import publish as publishing, webhook
-from quantgate.release.adaptive import fidelity_looks, widen
+from quantgate.spec.adaptive import fidelity_looks, widen
 from quantgate.spec.autoschemes import at_flow_start
 from quantgate.spec.external import candidate_names
 from quantgate.release.early import Verdicts

@@ -32,6 +32,7 @@ from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json
 from quantgate.base.runfiles import PAY_OFF, PLAN
 from quantgate.perf.compare import compare, level_medians
+from quantgate.perf.machine import Span
 from quantgate.perf.models import PerfResult, ProbeSettings
 from quantgate.perf.client import BenchClient
 from quantgate.perf.probe import load_result, run_probe
@@ -177,26 +178,19 @@ class _Probing:
 
 
 def _probe(s: PlannedProbe, srv, ev: Evidence, p: _Probing) -> Probe:
-    folder, settings, tokenizer, cores = p.folder, p.settings, p.tokenizer, p.cores
+    folder, settings, tokenizer = p.folder, p.settings, p.tokenizer
     name = f"r{s.round + 1}-{s.index}-{s.variant}" + (f"-{s.half}" if s.half else "")
-    rec = Probe(round=s.round, index=s.index, variant=s.variant, half=s.half, folder=name, started=_now(),
-                load_before=_load1(), cpu_mhz=_cpu_mhz(cores))
-    busy0, own0, t0 = _busy(cores), _own_cpu(), time.perf_counter()
+    rec = Probe(round=s.round, index=s.index, variant=s.variant, half=s.half, folder=name, started=_now())
+    span = Span(p.cores)
     try:
         run_probe(srv.base_url, srv.config.name, folder / name, settings, tokenizer=tokenizer, api_key=srv.api_key,
                   checkpoint=ev.variant.path, server_log=srv.log_path, plan=ev.folder / PLAN, python=srv.config.python,
                   check=True, client=p.client)
     except QuantgateError as exc:
         rec.status, rec.error = "error", exc.message
-    rec.seconds = round(time.perf_counter() - t0, 2)
-    rec.load_after = _load1()
-    busy1, own1 = _busy(cores), _own_cpu()
-    if busy0 is not None and busy1 is not None and cores and rec.seconds > 0:
-        busy = (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1e-9)
-        rec.busy_share = round(busy, 3)
-        if own0 is not None and own1 is not None:
-            own = (own1 - own0) / (rec.seconds * len(cores))
-            rec.others_share = round(max(busy - own, 0.0), 3)
+    span.end()
+    rec.seconds, rec.load_before, rec.load_after = span.seconds, span.load_before, span.load_after
+    rec.cpu_mhz, rec.busy_share, rec.others_share = span.cpu_mhz, span.busy_share, span.others_share
     return rec
 
 
@@ -263,61 +257,3 @@ def _now() -> str:
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0%}"
-
-
-def _load1() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
-
-
-def _cpu_mhz(cores: list[int]) -> float | None:
-    """The mean clock of `cores` from /proc/cpuinfo (None where it has none, as in many VMs)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    mhz, cpu = {}, None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "processor":
-            cpu = int(value)
-        elif key.strip() == "cpu MHz" and cpu is not None:
-            mhz[cpu] = float(value)
-    got = [mhz[c] for c in cores if c in mhz]
-    return round(sum(got) / len(got), 1) if got else None
-
-
-def _busy(cores: list[int]) -> tuple[float, float] | None:
-    """(busy jiffies, all jiffies) summed over `cores` (/proc/stat)."""
-    try:
-        lines = Path("/proc/stat").read_text().splitlines()
-    except OSError:
-        return None
-    busy = total = 0.0
-    for line in lines:
-        head, *vals = line.split()
-        if head.startswith("cpu") and head[3:].isdigit() and int(head[3:]) in cores:
-            v = [float(x) for x in vals]
-            idle = v[3] + (v[4] if len(v) > 4 else 0.0)
-            busy, total = busy + sum(v[:8]) - idle, total + sum(v[:8])
-    return (busy, total) if total else None
-
-
-def _own_cpu() -> float | None:
-    """CPU seconds used so far by this process and its children's trees (the servers, the probe clients)."""
-    try:
-        import psutil
-    except ImportError:
-        return None
-    me = psutil.Process()
-    own = me.cpu_times()
-    total = own.children_user + own.children_system  # children that have ended (probe clients)
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            continue
-    return total

@@ -38,7 +38,7 @@ from quantgate.plan.slots import Slot
 from quantgate.recall import run as recall
 from quantgate.publishing import registry
 from quantgate.publishing.registryfile import NoEntry
-from quantgate.release.adaptive import fidelity_size
+from quantgate.spec.adaptive import fidelity_size
 from quantgate.release.early import SKIPPABLE, early_decision, waited_for
 from quantgate.release.cachelayout import engine_of, eval_dirs, variant_cache
 from quantgate.release.judge_step import api_key, failure, judge_candidates
