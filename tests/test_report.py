@@ -270,6 +270,34 @@ def test_fidelity_section_with_floor_categories_and_worst(run2):
     assert f"Fidelity ({cand['n_samples']} samples): KL {iv(kl)} (noise floor {iv(fkl)}); top-1" in md
 
 
+def test_a_bound_judged_at_a_looks_level_is_the_one_shown(run2):
+    """A look judges each slice at its share of the policy's alpha: the gate's reason states a 99% bound, wider
+    than the fidelity file's own 95% one. The section's table, its sentence and the chart show the gate's bound at
+    the gate's level for the slices it judged, and the file's 95% bound for a slice it did not judge."""
+    html_path = run2 / "report.html"
+    cand = json.loads((run2 / "fidelity" / f"{CAND}.json").read_text())["summary"]
+    cats = sorted(cand["by_category"])
+    judged_cat, other_cat = cats[0], cats[1]
+    ckl = cand["by_category"][judged_cat]["kl"]
+    wide = round(ckl["high"] * 1.5 + 0.001, 5)  # the 99% bound: wider than the file's 95% one
+    doc = json.loads((run2 / "decision.json").read_text())
+    doc["candidates"][CAND]["checks"].append(
+        {"name": f"fidelity:kl:{judged_cat}", "measured": ckl["mean"], "limit": 0.02, "bound": "ci", "required": True,
+         "outcome": "inconclusive", "evidence_file": None, "passed": False,
+         "reason": f"mean KL {ckl['mean']:.4g} nats (99% upper bound {wide}) over 300 tokens in 5 samples; limit 0.02: "
+                   "the interval crosses the limit"})
+    (run2 / "decision.json").write_text(json.dumps(doc))
+    html = unescape(write_report(run2, html_path)[0].read_text())
+    row = html.split(f"<tr><td>{judged_cat}</td>")[1].split("</tr>")[0]
+    assert f"{ckl['mean']:.3g} (99% upper bound {wide:.3g})" in row and f"{ckl['high']:.3g})" not in row
+    okl = cand["by_category"][other_cat]["kl"]
+    other = html.split(f"<tr><td>{other_cat}</td>")[1].split("</tr>")[0]
+    assert f"{okl['mean']:.3g} (95% upper bound {okl['high']:.3g})" in other  # not judged: the file's own bound
+    assert "at the level it judged it (99%: its share of the policy's error rate at this look), and the 95% bound" in html
+    chart = html.split(f'id="fidelity-{CAND}"')[1].split("</figure>")[0]
+    assert f"{judged_cat} (99%)" in chart and f"{other_cat} (95%)" in chart and "upper bound judged" in chart
+
+
 def test_fidelity_with_shifted_field_names_still_reads(run2):
     """The summary at the top level, intervals named value / ci_low / ci_high, a bare number, no worst list."""
     path = run2 / "fidelity" / f"{CAND}.json"
@@ -399,11 +427,11 @@ def test_an_early_reject_before_the_eval_sets_says_they_were_skipped_not_missing
 
 
 def test_a_kl_interval_is_never_below_zero():
-    from quantgate.report import sections
+    from quantgate.report import fidelitysection
 
-    assert sections.interval({"mean": -1e-8, "low": -0.002, "high": 0.003}, "kl") == \
+    assert fidelitysection.interval({"mean": -1e-8, "low": -0.002, "high": 0.003}, "kl") == \
         {"mean": 0.0, "low": 0.0, "high": 0.003, "level": None}
-    assert sections.interval({"mean": -0.001, "low": -0.002, "high": 0.003}, "dnll")["low"] == -0.002
+    assert fidelitysection.interval({"mean": -0.001, "low": -0.002, "high": 0.003}, "dnll")["low"] == -0.002
 
 
 def test_a_repaired_candidate_shows_what_it_keeps_in_the_report_and_its_card(run):

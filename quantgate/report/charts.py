@@ -75,11 +75,12 @@ def forest(rows: Sequence[dict], title: str, name: str = "forest") -> str | None
 
 
 def fidelity_slices(rows: Sequence[dict], name: str = "fidelity") -> str | None:
-    """Fidelity by slice (quantgate.report.sections.slices): left KL, right top-1 agreement, one row per slice
-    (the pooled sample first): a dot at the mean, a bar to the 95% bound the gate judges, the slice's limit as a
-    red tick, coloured by the check's outcome (a failing slice red, with its label in red)."""
-    measures = [(k, t) for k, t in (("kl", "KL, nats/token (95% upper bound)"), ("top1", "top-1 agreement (95% lower bound)"))
-                if any(r["measure"] == k for r in rows)]
+    """Fidelity by slice (quantgate.report.fidelitysection.slices): left KL, right top-1 agreement, one row per
+    slice (the pooled sample first), labelled with the one-sided level of its bound: a dot at the mean, a bar to the
+    bound the gate judged, the slice's limit as a red tick, coloured by the check's outcome (a failing slice red,
+    with its label in red)."""
+    measures = [(k, t) for k, t in (("kl", "KL, nats/token (upper bound judged)"),
+                                    ("top1", "top-1 agreement (lower bound judged)")) if any(r["measure"] == k for r in rows)]
     if not measures:
         return None
     plt = _plt()
@@ -97,7 +98,8 @@ def fidelity_slices(rows: Sequence[dict], name: str = "fidelity") -> str | None:
             if r["limit"] is not None:
                 (lim,) = ax.plot([r["limit"], r["limit"]], [i - 0.4, i + 0.4], color="#b22222", lw=1.5)
                 lim.set_gid(f"limit-{key}-{i}")
-        ax.set_yticks(range(len(names)), names, fontsize=8)
+        levels = {r["slice"]: r.get("level") for r in rows if r["measure"] == key}
+        ax.set_yticks(range(len(names)), [_with_level(n, levels.get(n)) for n in names], fontsize=8)
         for label, slice_name in zip(ax.get_yticklabels(), names):
             if any(r["slice"] == slice_name and r["outcome"] == "fail" for r in rows):
                 label.set_color(COLOURS["fail"])
@@ -112,6 +114,10 @@ def fidelity_slices(rows: Sequence[dict], name: str = "fidelity") -> str | None:
     handles.append(plt.Line2D([], [], color="#b22222", lw=1.5, label="limit"))
     _legend_outside(axes[0][-1], handles=handles)
     return _svg(fig, name)
+
+
+def _with_level(name: str, level: float | None) -> str:
+    return name if level is None else f"{name} ({level * 100:.4g}%)"
 
 
 def trade_off(points: Sequence[dict], name: str = "trade-off") -> str | None:

@@ -1,8 +1,7 @@
 """The release report of one run: a self-contained HTML page and a Markdown summary (the Prefect artifact).
 
-`context(view)` turns a run's evidence (quantgate.report.runview) into plain values (the gate checks, flips ledger
-and fidelity sections come from quantgate.report.sections); templates/report.html and templates/report.md.j2 lay
-them out. The page leads with the decision: per candidate the checks that decided it, each in one line
+`context(view)` turns a run's evidence (quantgate.report.runview) into plain values (the sections come from
+quantgate.report.sections and .fidelitysection); templates/report.html and templates/report.md.j2 lay them out. The page leads with the decision: per candidate the checks that decided it, each in one line
 (sections.deciding), and what would change it; steps the release skipped on purpose (decided early by fidelity)
 are named once, in grey, and are no gap. A section whose evidence is missing or malformed shows the gap instead of
 failing: every section is built on its own, and an unexpected shape becomes a gap naming the file. Paths are
@@ -22,7 +21,7 @@ from typing import Any
 from quantgate.gate import kinds
 from quantgate.base.runfiles import REPAIR, REPORT_HTML
 from quantgate.gate.repairfile import load_repair
-from quantgate.report import charts, sections
+from quantgate.report import charts, fidelitysection, sections
 from quantgate.report.runview import (BASELINE, Candidate, ReportGap, RunView, load_run, outcome_of, shorten,
                                       size_ratio, skipped_steps)
 from quantgate.report.sections import d as _d, need as _need, num as _num
@@ -157,9 +156,10 @@ def _candidate(view: RunView, c: Candidate, link: Links, floor: dict | None) -> 
         f"forest-{c.name}"))
     out["flips"] = _section(view, f"{c.name}: flips", lambda: sections.flips(c.compare))
     out["evals_skipped"] = "evals" in c.skipped  # its eval sets not run: decided early (quantgate.release.early)
-    out["fidelity"] = _section(view, f"{c.name}: fidelity", lambda: sections.fidelity(c.fidelity, floor))
+    fid = fidelitysection
+    out["fidelity"] = _section(view, f"{c.name}: fidelity", lambda: fid.fidelity(c.fidelity, floor, out["checks"]))
     out["slices"] = _section(view, f"{c.name}: fidelity chart", lambda: charts.fidelity_slices(
-        sections.slices(out["fidelity"], out["checks"]), f"fidelity-{c.name}"))
+        fid.slices(out["fidelity"], out["checks"]), f"fidelity-{c.name}"))
     out["judge"] = _section(view, f"{c.name}: judge", lambda: _judge(c))
     out["human"] = _section(view, f"{c.name}: human review", lambda: _human(c))
     out["recall"] = _section(view, f"{c.name}: recall", lambda: _recall(c))
@@ -237,7 +237,7 @@ def context(view: RunView, out_dir: Path, link_root: Path) -> dict:
     """Everything the templates show, as plain values."""
     link = Links(out_dir, link_root)
     dec = view.decision or {}
-    floor = _section(view, "fidelity noise floor", lambda: sections.fidelity_summary(view.floor))
+    floor = _section(view, "fidelity noise floor", lambda: fidelitysection.fidelity_summary(view.floor))
     cands = [_candidate(view, c, link, floor) for c in view.candidates.values()]
     points = [{"name": c["name"], "size_ratio": c["perf"].get("size_ratio"),
                "throughput_ratio": c["perf"].get("ratios", {}).get("throughput_ratio"),
@@ -291,7 +291,7 @@ def _fmt_sig(x: Any, digits: int = 3) -> str:
 
 
 def _fmt_interval(iv: Any, fmt: str = "sig") -> str:
-    """"mean [low, high]" of a sections.interval (either end may be missing); "—" without one."""
+    """"mean [low, high]" of a fidelitysection.interval (either end may be missing); "—" without one."""
     if not isinstance(iv, dict) or _num(iv.get("mean")) is None:
         return "—"
     f = _pct if fmt == "pct" else _fmt_sig
@@ -300,8 +300,9 @@ def _fmt_interval(iv: Any, fmt: str = "sig") -> str:
 
 
 def _fmt_bounded(iv: Any, fmt: str, side: str, level: float | None) -> str:
-    """"mean (95% upper bound high)" of a sections.interval, the bound the gate judges on `side` at the one-sided
-    `level` (sections.one_sided): the gate's own wording. Without a level, "mean [low, high]"."""
+    """"mean (99% upper bound high)" of a fidelitysection.interval: the bound on `side` at the level the gate judged
+    it (its `bound_level`, else `level`), in the gate's words. Without a level, "mean [low, high]"."""
+    level = iv.get("bound_level", level) if isinstance(iv, dict) else level
     if level is None or not isinstance(iv, dict) or iv.get("low" if side == "lower" else "high") is None:
         return _fmt_interval(iv, fmt)
     f = _pct if fmt == "pct" else _fmt_sig

@@ -1,5 +1,6 @@
 """Per-candidate sections of the release report built from the gate's and the comparison's files (adapter-free, but
-every shape is checked): the gate's checks with their outcomes and power, the flips ledger, and fidelity.
+every shape is checked): the gate's checks with their outcomes and power, the flips ledger and speed (fidelity:
+quantgate.report.fidelitysection).
 
 Each function takes plain JSON values and returns plain values for the templates. A wrong container type raises
 TypeError (quantgate.report.page turns it into a gap naming the section); a missing or odd scalar becomes None.
@@ -21,14 +22,8 @@ from quantgate.perf.rounds import floor_speeds, speedup
 
 MAX_REGRESSIONS = 40   # flips shown per kind (the counts cover them all)
 MAX_GAINS = 40
-MAX_WORST = 10         # worst fidelity samples shown
 OUTCOMES = ("pass", "fail", "inconclusive", "skipped")
 PASSED: dict[Any, str] = {True: "pass", False: "fail"}  # schema 1's `passed` -> the outcome
-# key, short, label, format, the side the gate bounds (a larger KL or NLL increase is worse, a smaller top-1)
-FIDELITY_MEASURES = (("kl", "KL", "KL(baseline || candidate), nats/token", "sig", "upper"),
-                     ("top1", "top-1", "top-1 agreement", "pct", "lower"),
-                     ("dnll", "NLL increase", "NLL increase of the baseline's tokens, nats/token", "sig", "upper"))
-NON_NEGATIVE = ("kl",)  # a KL below zero is estimator noise: its interval is shown from 0
 EARLY = DECIDED_EARLY
 MAX_LEAD = 8  # deciding checks on the first screen (the rest are in the checks table)
 BOUND = re.compile(r"\((\d+(?:\.\d+)?% (?:upper|lower) bound) ([^)]+)\)")
@@ -225,108 +220,6 @@ def flips(compare: dict | None) -> dict | None:
     return {"n_regressions": len(regs), "n_gains": len(gains), "gains_recorded": gains_recorded,
             "regressions": order(regs)[:MAX_REGRESSIONS], "gains": order(gains)[:MAX_GAINS],
             "by_category": [{**c, "net": c["gained"] - c["lost"]} for c in by_cat], "pooled": pooled}
-
-
-# --- fidelity -----------------------------------------------------------------------------------------------------
-
-def interval(x: Any, key: str = "") -> dict | None:
-    """{"mean", "low", "high", "level"} from an interval object (or a bare number: the mean alone); a measure that
-    cannot be negative (NON_NEGATIVE, by `key`) has its ends clipped at 0."""
-    if num(x) is not None:
-        return {"mean": num(x), "low": None, "high": None, "level": None}
-    if not isinstance(x, dict):
-        return None
-    mean = _first(x, "mean", "value", "estimate")
-    if mean is None:
-        return None
-    low, high = _first(x, "low", "ci_low", "lower"), _first(x, "high", "ci_high", "upper")
-    if key in NON_NEGATIVE:
-        mean, low, high = (None if v is None else max(v, 0.0) for v in (mean, low, high))
-    return {"mean": mean, "low": low, "high": high, "level": _first(x, "level")}
-
-
-def one_sided(level: float | None) -> float | None:
-    """The one-sided level of a two-sided interval's end: the gate judges the end of a 90% interval as a 95% bound."""
-    return None if level is None else 1 - (1 - level) / 2
-
-
-def fidelity_summary(doc: dict | None) -> dict | None:
-    """The summary of a fidelity file: its "summary" object, or the file itself when it is the summary."""
-    if doc is None:
-        return None
-    s = doc.get("summary")
-    if isinstance(s, dict):
-        return s
-    if "kl" in doc:
-        return doc
-    raise TypeError("no \"summary\" object in the fidelity file")
-
-
-def _measures(s: dict, floor: dict | None) -> list[dict]:
-    return [{"key": k, "short": short, "label": label, "fmt": fmt, "side": side, "cand": interval(s.get(k), k),
-             "floor": interval(floor.get(k), k) if floor else None} for k, short, label, fmt, side in FIDELITY_MEASURES
-            if k in s or (floor and k in floor)]
-
-
-def _categories(s: dict, floor: dict | None) -> list[dict]:
-    fcats = d(d(floor).get("by_category"))
-    out = []
-    for cat, v in sorted(need(s.get("by_category") or {}, dict, "fidelity by_category").items(), key=_slice_order):
-        v = d(v)
-        out.append({"category": cat, "n_samples": _int(v.get("n_samples")), "n_tokens": _int(v.get("n_tokens")),
-                    **{k: interval(v.get(k), k) for k, *_ in FIDELITY_MEASURES},
-                    "floor_kl": interval(d(fcats.get(cat)).get("kl"), "kl")})
-    return out
-
-
-def _slice_order(item: tuple[str, Any]) -> tuple:
-    """Task categories by name, then context lengths by length (context:512 before context:1024)."""
-    name = item[0]
-    length = name.partition(":")[2]
-    return (1, int(length), name) if name.startswith("context:") and length.isdigit() else (0, 0, name)
-
-
-def _worst(s: dict) -> list[dict]:
-    rows = []
-    for w in need(s.get("worst") or [], list, "fidelity worst")[:MAX_WORST]:
-        w = d(w)
-        rows.append({"id": w.get("id"), "category": w.get("category"), "kl": _first(w, "kl_mean", "kl"),
-                     "top1": _first(w, "top1", "top1_mean", "top1_agreement"), "dnll": _first(w, "dnll_mean", "dnll"),
-                     "n_tokens": _int(w.get("n_tokens"))})
-    return rows
-
-
-def slices(fid: dict | None, checks_ctx: dict | None) -> list[dict]:
-    """The fidelity chart's rows: the pooled sample, then each category and context length, per measure (KL and
-    top-1) its mean, the bound the gate judges (KL's upper, top-1's lower end) and, from the gate's check of that
-    slice (fidelity:<measure>[:<slice>]), its limit and outcome. A slice the gate did not judge has no limit."""
-    if not fid:
-        return []
-    by_name = {r["name"]: r for r in (checks_ctx or {}).get("checks") or []}
-    pooled = {"category": "all", **{m["key"]: m["cand"] for m in fid["measures"]}}
-    out = []
-    for row in [pooled, *fid["categories"]]:
-        suffix = "" if row["category"] == "all" else f":{row['category']}"
-        for key, side in (("kl", "high"), ("top1", "low")):
-            iv, check = row.get(key), by_name.get(f"fidelity:{key}{suffix}", {})
-            if iv is None:
-                continue
-            out.append({"slice": row["category"], "measure": key, "mean": iv["mean"], "bound": iv[side],
-                        "limit": num(check.get("limit")), "outcome": check.get("outcome")})
-    return out
-
-
-def fidelity(doc: dict | None, floor: dict | None) -> dict | None:
-    """Teacher-forced fidelity against the baseline, with the noise floor (the baseline against itself) beside it.
-    `bound`: the one-sided level of the intervals' ends (what the gate calls its "95% upper bound")."""
-    s = fidelity_summary(doc)
-    if s is None:
-        return None
-    levels = [iv["level"] for m in _measures(s, None) if (iv := m["cand"]) and iv["level"] is not None]
-    return {"n_samples": _int(s.get("n_samples")), "n_tokens": _int(s.get("n_tokens")),
-            "floor_n_samples": _int(d(floor).get("n_samples")), "has_floor": floor is not None,
-            "bound": one_sided(levels[0]) if levels else None, "measures": _measures(s, floor),
-            "categories": _categories(s, floor), "worst": _worst(s)}
 
 
 # --- serving performance: curves per variant and the workload profile's pay-off figures -----------------------------
