@@ -558,12 +558,12 @@ def test_a_hung_engine_is_named_by_the_watchdog(demo_model, tmp_path):
     in the engine's process and holds no /dev/shm file (quantgate.plan.commands.ONE_PROCESS): this one is served with
     a worker process of its own, as every multi-worker plan is, so that it does."""
     variant = Variant(name="demo", path=demo_model, content_hash="x", size_bytes=1)
-    cfg = server_config(_spec(tmp_path, "serving: {stall_timeout_s: 20}\n"), variant, tmp_path / "demo")
+    cfg = server_config(_spec(tmp_path, "serving: {stall_timeout_s: 10}\n"), variant, tmp_path / "demo")
     cfg = cfg.model_copy(update={"env": {**cfg.env, ONE_PROCESS: "1"}})
     errors: list[BaseException] = []
     with VLLMServer(cfg, log_path=tmp_path / "server.log") as srv:
         tag, pid = srv.tag[TAG_VAR], srv.proc.pid
-        assert srv._watchdog is not None and srv._watchdog.stall_s == 20  # the spec's limit is the watchdog's
+        assert srv._watchdog is not None and srv._watchdog.stall_s == 10  # the spec's limit is the watchdog's
         shm = shm_held(leftovers(pid, tag))
         assert shm, "vLLM holds no /dev/shm file: the assertion below proves nothing"
         job = ClientConfig(endpoint=srv.base_url, model="demo", api_key=srv.api_key, concurrency=4, progress=False,
@@ -591,7 +591,7 @@ def test_a_hung_engine_is_named_by_the_watchdog(demo_model, tmp_path):
         with pytest.raises(QuantgateError) as err:
             srv.raise_if_dead()
         text = err.value.render()
-        print(f"hung engine named {named_s:.1f} s after its SIGSTOP (stall limit 20 s, polled every 5 s); the client "
+        print(f"hung engine named {named_s:.1f} s after its SIGSTOP (stall limit 10 s, polled every 5 s); the client "
               f"ended with: {type(errors[0]).__name__ if errors else 'no error'}")
         assert f"at {root} (pid {pid}) is stalled" in text and "in flight" in text and "last log lines" in text.lower()
     assert tagged(tag) == [] and listening([srv.port]) == {}
