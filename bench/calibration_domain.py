@@ -76,7 +76,7 @@ def main() -> int:
     prompts = build_prompts(records, demo, limit=args.limit)
     with serve(demo, "baseline", BASE_ARGS, out / "baseline.server.log") as srv:
         t = time.monotonic()
-        sample_continuations(srv.base_url, "baseline", srv.api_key, prompts, out / "samples", max_tokens=args.max_tokens,
+        sample_continuations(srv.endpoint, prompts, out / "samples", max_tokens=args.max_tokens,
                              top_k=TOP_K)
         print(f"baseline sampled {len(prompts)} continuations ({time.monotonic() - t:.0f} s)", flush=True)
     write_dump(out / "samples", out / "baseline-dump")
@@ -84,7 +84,7 @@ def main() -> int:
     summaries = {}
     for name, ckpt in ckpts.items():
         with serve(ckpt, name, QUANT_ARGS, out / f"{name}.server.log") as srv:
-            score_sequences(srv.base_url, name, srv.api_key, sequences, out / f"{name}-dump", top_k=TOP_K)
+            score_sequences(srv.endpoint, sequences, out / f"{name}-dump", top_k=TOP_K)
         summaries[name] = summarize(compare_dumps(out / "baseline-dump", out / f"{name}-dump"))
     cats = sorted(summaries["default"].by_category)
     print(f"\nINT8 W8A8 on the demo model, fidelity to the FP32 baseline per category (90% intervals); "

@@ -151,7 +151,7 @@ def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path,
         with _served(base, "base", BASE_ARGS, log) as srv:
             started, step = time.monotonic() - t, "parity"
             parity = run_parity(base, srv.base_url, srv.api_key, "base", folder / "parity", dtype="float32")
-            sample_continuations(srv.base_url, "base", srv.api_key, _prompts(base), folder / "samples",
+            sample_continuations(srv.endpoint, _prompts(base), folder / "samples",
                                  max_tokens=MAX_TOKENS, top_k=TOP_K)
             write_dump(folder / "samples", folder / "base-dump")
         status = "ok" if parity.verdict == "pass" else "fails"
@@ -174,7 +174,7 @@ def measure(family: str, schemes: list[str], work: Path, tokenizer_dir: Path,
         try:
             with _served(ckpt, scheme, QUANT_ARGS, log) as srv:
                 step = "fidelity"
-                score_sequences(srv.base_url, scheme, srv.api_key, sequences, folder / f"{scheme}-dump", top_k=TOP_K,
+                score_sequences(srv.endpoint, sequences, folder / f"{scheme}-dump", top_k=TOP_K,
                                 max_attempts=2)
             per_sample = compare_dumps(folder / "base-dump", folder / f"{scheme}-dump")
             tokens = sum(x.n_tokens for x in per_sample)

@@ -58,17 +58,17 @@ def main() -> int:
     t0 = time.time()
     cfg = ServerConfig(model=model, name="m", args=[*ARGS, "--dtype", "float32"], env=ENV)
     with VLLMServer(cfg, log_path=work / "fp32.log") as srv:
-        run_eval(evalset, srv.base_url, "m", work / "eval", limit=args.samples, api_key=srv.api_key, progress=False)
+        run_eval(evalset, srv.endpoint, work / "eval", limit=args.samples, progress=False)
         answers = read_results(work / "eval" / "results.jsonl")
         records = [{"id": s.id, "category": s.category, "messages": s.chat(), "output": answers[s.id]["output"]}
                    for s in load_evalset(evalset, with_dataset=False).samples
                    if s.id in answers and answers[s.id].get("error") is None and answers[s.id].get("output")]
         seqs = build_sequences(records, model, max_len=2048)
-        score_sequences(srv.base_url, "m", srv.api_key, seqs, work / "fp32-main", concurrency=8)
-        score_sequences(srv.base_url, "m", srv.api_key, seqs, work / "fp32-alt", concurrency=1)
+        score_sequences(srv.endpoint, seqs, work / "fp32-main", concurrency=8)
+        score_sequences(srv.endpoint, seqs, work / "fp32-alt", concurrency=1)
     cfg = ServerConfig(model=model, name="m", args=[*ARGS, "--dtype", "bfloat16"], env=ENV)
     with VLLMServer(cfg, log_path=work / "bf16.log") as srv:
-        score_sequences(srv.base_url, "m", srv.api_key, seqs, work / "bf16", concurrency=8)
+        score_sequences(srv.endpoint, seqs, work / "bf16", concurrency=8)
     print(f"# fidelity of the activation dtype on CPU: {model.name}, {len(seqs)} of the default set's answers; "
           f"CPU {_cpu()}; {time.time() - t0:.0f} s\n")
     print("| comparison | samples | tokens | mean KL, nats [90% interval] | top-1 agreement | mean dNLL |")

@@ -67,9 +67,9 @@ def main() -> int:
         t0 = time.perf_counter()
         with server as srv:
             startup = time.perf_counter() - t0
-            res = probe(srv.base_url, "demo", out / name, concurrency=levels, num_prompts=args.num_prompts,
+            res = probe(srv.endpoint, out / name, concurrency=levels, num_prompts=args.num_prompts,
                         input_len=args.input_len, output_len=args.output_len, repeats=args.repeats, tokenizer=model,
-                        api_key=srv.api_key, python=srv.config.python)
+                        python=srv.config.python)
         rows[name] = (startup, {m.concurrency: m for m in res.medians})
         print(f"  {name}: healthy after {startup:.1f} s", flush=True)
     write_json(out / "summary.json", {n: {"startup_s": s, "medians": {c: m.model_dump() for c, m in ms.items()}}

@@ -144,7 +144,7 @@ def main() -> int:
 
         def probe(name: str, where: Path, s=one):
             srv = servers[name]
-            return run_probe(srv.base_url, name, where, s, tokenizer=args.baseline, api_key=srv.api_key,
+            return run_probe(srv.endpoint, where, s, tokenizer=args.baseline,
                              checkpoint=args.baseline, server_log=srv.log_path, check=False)
 
         for rep in range(args.reps):

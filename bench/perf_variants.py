@@ -93,12 +93,12 @@ def main() -> int:
             print(f"[round {rnd + 1}/{args.rounds}] serving {name} ({ck}) ...", flush=True)
             try:
                 with VLLMServer(cfg, log_path=where / "server.log") as srv:
-                    io = dict(tokenizer=tokenizer, api_key=srv.api_key, checkpoint=ck, server_log=srv.log_path, check=False)
+                    io = dict(tokenizer=tokenizer, checkpoint=ck, server_log=srv.log_path, check=False)
                     if args.workload:
                         s = settings(args.workload, get_profile(args.hardware), PerfOverrides(repeats=args.repeats))
-                        parts[name].append(run_probe(srv.base_url, name, where, s, **io))
+                        parts[name].append(run_probe(srv.endpoint, where, s, **io))
                     else:
-                        parts[name].append(probe(srv.base_url, name, where, concurrency=levels, num_prompts=args.num_prompts,
+                        parts[name].append(probe(srv.endpoint, where, concurrency=levels, num_prompts=args.num_prompts,
                                                  input_len=args.input_len, output_len=args.output_len, repeats=args.repeats, **io))
             except QuantgateError as exc:
                 print(f"  {name}: {exc.render()}", flush=True)

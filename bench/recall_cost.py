@@ -75,7 +75,7 @@ def packed(srv, model: Path, lengths: list[int], ctx: int, out: Path, samples: i
     prompts, grid = build_checked_grid(model, lengths, DEPTHS, KINDS, samples, seed=0, max_model_len=ctx,
                                        max_answer_tokens=32, ask="turns")
     t0 = time.monotonic()
-    cells = run_recall(prompts, out, endpoint=srv.base_url, model="demo", api_key=srv.api_key, grid=grid,
+    cells = run_recall(prompts, out, endpoint=srv.endpoint, grid=grid,
                        concurrency=concurrency, log=lambda line: print("  " + line, flush=True))
     wall = time.monotonic() - t0
     c, r = cells.cost, cells.cost["run"]

@@ -41,8 +41,7 @@ def config(model: Path, name: str, bind: str) -> ServerConfig:
 def answer(srv: VLLMServer, name: str, out: Path, samples: int) -> tuple[float, float, float]:
     """(start, end, seconds) of one eval run of `samples` samples at concurrency 8."""
     t0 = time.monotonic()
-    run_eval(EVAL_SETS / "default.jsonl", srv.base_url, name, out, concurrency=8, limit=samples, api_key=srv.api_key,
-             progress=False)
+    run_eval(EVAL_SETS / "default.jsonl", srv.endpoint, out, concurrency=8, limit=samples, progress=False)
     t1 = time.monotonic()
     return t0, t1, t1 - t0
 

@@ -16,6 +16,7 @@ from quantgate.evals.client import ClientConfig
 from quantgate.evals.manifestfile import (ClientStats, EvalManifest, LmEvalManifest, LmEvalTaskRef, parse_manifest,
                                           read_manifest, read_status)
 from quantgate.gate.evidence import _eval_error_rate
+from quantgate.base.http import Endpoint
 
 RUNNING = ["schema", "status", "cache_key", "evalset", "model", "model_hash", "endpoint", "engine_version", "decoding",
            "default_max_tokens", "limit", "n_samples", "started_at"]
@@ -108,7 +109,8 @@ def test_a_run_that_fails_after_its_claim_leaves_its_manifest_failed_not_running
     monkeypatch.setattr(evrun, "_score", broken)
     out = tmp_path / "run"
     with FakeServer() as server, pytest.raises(RuntimeError, match="scoring broke"):
-        evrun.run_eval(Path(__file__).parents[1] / "eval_sets" / "default.jsonl", server.url, "fake-model", out,
+        evrun.run_eval(Path(__file__).parents[1] / "eval_sets" / "default.jsonl", Endpoint(server.url, "fake-model"),
+                       out,
                        limit=3, progress=False)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["error"] == "RuntimeError: scoring broke", manifest

@@ -42,6 +42,7 @@ from quantgate.release import steps as rel
 from quantgate.spec.resolve import load_spec
 from quantgate.base.proctree import descendants
 from quantgate.serving.server import free_port
+from quantgate.base.http import Endpoint
 from tests._procs import live
 
 EVALSET = EVAL_SETS / "default.jsonl"
@@ -56,7 +57,7 @@ def test_an_eval_with_failed_requests_is_not_cached_and_its_failures_are_asked_a
     with FakeServer() as server:
         for prompt in failing:
             server.script[prompt] = ["400"]  # refused once (not retried): the sample fails in this run only
-        first = run_eval(EVALSET, server.url, "fake-model", out, limit=60, progress=False, max_error_rate=0.1)
+        first = run_eval(EVALSET, Endpoint(server.url, "fake-model"), out, limit=60, progress=False, max_error_rate=0.1)
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["status"] == "partial" and manifest["n_failed"] == len(failing)
         assert first["n_failed"] == len(failing) and first["n_answered"] == 60 - len(failing)
@@ -67,7 +68,8 @@ def test_an_eval_with_failed_requests_is_not_cached_and_its_failures_are_asked_a
         _, records = load_run(out)
         assert len(records) == 60 - len(failing) and all(r["output"] is not None for r in records)  # answered only
         asked_before = len(server.requests)
-        second = run_eval(EVALSET, server.url, "fake-model", out, limit=60, progress=False, max_error_rate=0.1)
+        second = run_eval(EVALSET, Endpoint(server.url, "fake-model"), out, limit=60, progress=False,
+                          max_error_rate=0.1)
         asked_again = [r["messages"][-1]["content"] for r in server.requests[asked_before:]]
     assert sorted(asked_again) == sorted(failing)  # only the failed ids, answered ones kept
     assert second["n_failed"] == 0 and is_complete(out)

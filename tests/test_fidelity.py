@@ -18,6 +18,7 @@ from quantgate.base.paths import EVAL_SETS
 from quantgate.fidelity import parts, run
 from quantgate.fidelity.core import (FidelityInterval, FidelityStats, SampleFidelity, ScoredSample, compare_sample,
                                      kl_topk, merge_draws, needed_samples, score_position, summarize)
+from quantgate.base.http import Endpoint
 
 L = math.log
 CORPUS = EVAL_SETS / "fidelity_corpus.txt"
@@ -355,7 +356,7 @@ def test_scoring_through_a_fake_endpoint_retries_then_stops_on_a_refused_k(tmp_p
     done: list[int] = []
     with FakeServer() as srv:
         srv.script = {"ids:1,10,20": ["500", "drop", "ok"]}  # transient failures: retried
-        run.score_sequences(srv.url, "fake-model", None, seqs, tmp_path / "a", top_k=3, concurrency=2,
+        run.score_sequences(Endpoint(srv.url, "fake-model"), seqs, tmp_path / "a", top_k=3, concurrency=2,
                             progress=lambda d, t: done.append(d))
         assert srv.calls["ids:1,10,20"] == 3 and sorted(done) == [1, 2, 3, 4]
         dump = run.load_dump(tmp_path / "a")
@@ -363,7 +364,7 @@ def test_scoring_through_a_fake_endpoint_retries_then_stops_on_a_refused_k(tmp_p
         srv.max_logprobs = 2
         sent = len(srv.requests)
         with pytest.raises(ConfigError, match="--max-logprobs 3"):  # no retry can fix it: stops at once
-            run.score_sequences(srv.url, "fake-model", None, seqs, tmp_path / "b", top_k=3, concurrency=1)
+            run.score_sequences(Endpoint(srv.url, "fake-model"), seqs, tmp_path / "b", top_k=3, concurrency=1)
         assert len(srv.requests) == sent + 1
 
 
@@ -409,7 +410,7 @@ def sequences(demo_model, greedy_records):
 def test_real_scoring_shape_floor_and_cache(demo_model, demo_server, greedy_records, sequences, tmp_path):
     srv, calls = demo_server, []
     t0 = time.monotonic()
-    path = run.score_sequences(srv.base_url, "demo", srv.api_key, sequences, tmp_path / "a", concurrency=8,
+    path = run.score_sequences(srv.endpoint, sequences, tmp_path / "a", concurrency=8,
                                progress=lambda done, total: calls.append((done, total)))
     elapsed = time.monotonic() - t0
     assert calls[-1] == (12, 12) and len(calls) == 12
@@ -433,10 +434,10 @@ def test_real_scoring_shape_floor_and_cache(demo_model, demo_server, greedy_reco
         hits += [t == ids[0] for t, (ids, _) in zip(s.ids[-n_out:], s.top[-n_out:])]
     assert len(hits) >= 8 and sum(hits) >= 0.8 * len(hits), hits
     # cached: a second call sends nothing
-    run.score_sequences(srv.base_url, "demo", srv.api_key, sequences, tmp_path / "a",
+    run.score_sequences(srv.endpoint, sequences, tmp_path / "a",
                         progress=lambda *a: pytest.fail("a complete dump was scored again"))
     # noise floor: the same model scored one request at a time (other batches) agrees with itself
-    run.score_sequences(srv.base_url, "demo", srv.api_key, sequences, tmp_path / "b", concurrency=1)
+    run.score_sequences(srv.endpoint, sequences, tmp_path / "b", concurrency=1)
     floor = summarize(run.floor(tmp_path / "a", tmp_path / "b"), n_boot=200)
     print(f"\nscored {len(sequences)} sequences ({floor.n_tokens} tokens) in {elapsed:.1f} s;"
           f" floor KL {floor.kl.mean:.3g} (high {floor.kl.high:.3g}), top1 {floor.top1.mean:.4f}")
@@ -452,10 +453,10 @@ def test_real_scoring_in_parts_merges_into_the_whole_dump(demo_server, sequences
     import threading
 
     srv, out, n = demo_server, tmp_path / "parted", 3
-    run.score_sequences(srv.base_url, "demo", srv.api_key, sequences, tmp_path / "whole")
+    run.score_sequences(srv.endpoint, sequences, tmp_path / "whole")
 
     def score(i: int) -> bool:
-        run.score_sequences(srv.base_url, "demo", srv.api_key, parts.part(sequences, i, n), parts.part_dir(out, i, n))
+        run.score_sequences(srv.endpoint, parts.part(sequences, i, n), parts.part_dir(out, i, n))
         return parts.merge_parts(out, sequences, n, top_k=10)
 
     assert score(0) is False and not run.is_complete(out, run.sequences_hash(sequences), top_k=10)
@@ -479,13 +480,13 @@ def test_real_scoring_in_parts_merges_into_the_whole_dump(demo_server, sequences
 @pytest.mark.slow
 def test_real_scoring_resumes_after_losing_lines(demo_server, sequences, tmp_path):
     srv, out = demo_server, tmp_path / "dump"
-    run.score_sequences(srv.base_url, "demo", srv.api_key, sequences, out)
+    run.score_sequences(srv.endpoint, sequences, out)
     lines = (out / run.DUMP).read_text(encoding="utf-8").splitlines(keepends=True)
     kept = lines[: len(lines) // 2]
     (out / run.DUMP).write_text("".join(kept) + lines[-1][:40], encoding="utf-8")  # half the lines + a torn one
     (out / run.MANIFEST).unlink()
     calls = []
-    run.score_sequences(srv.base_url, "demo", srv.api_key, sequences, out, progress=lambda d, t: calls.append(d))
+    run.score_sequences(srv.endpoint, sequences, out, progress=lambda d, t: calls.append(d))
     after = (out / run.DUMP).read_text(encoding="utf-8").splitlines(keepends=True)
     assert after[: len(kept)] == kept and len(after) == len(sequences)
     assert calls == list(range(len(kept) + 1, len(sequences) + 1))
@@ -499,10 +500,10 @@ def test_real_scoring_resumes_after_losing_lines(demo_server, sequences, tmp_pat
 def test_a_server_with_small_max_logprobs_is_named(odd_demo_server, sequences, tmp_path):
     srv = odd_demo_server  # --max-logprobs 2 (tests/conftest.py)
     with pytest.raises(ConfigError, match=r"--max-logprobs 10") as err:
-        run.score_sequences(srv.base_url, "demo", srv.api_key, sequences[:3], tmp_path / "k10", top_k=10)
+        run.score_sequences(srv.endpoint, sequences[:3], tmp_path / "k10", top_k=10)
     assert "max allowed: 2" in str(err.value)
     assert not (tmp_path / "k10" / run.MANIFEST).exists()
-    run.score_sequences(srv.base_url, "demo", srv.api_key, sequences[:3], tmp_path / "k2", top_k=2)
+    run.score_sequences(srv.endpoint, sequences[:3], tmp_path / "k2", top_k=2)
     assert run.is_complete(tmp_path / "k2", run.sequences_hash(sequences[:3]), top_k=2)
 
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from _fake_openai import FakeServer
 from quantgate.fidelity import parts, run, sampling
 from quantgate.release import fidelity_step
+from quantgate.base.http import Endpoint
 
 TOP_K = 3
 
@@ -64,7 +65,8 @@ def test_parts_score_only_what_was_scored_ahead_and_merge_the_same_dump(tmp_path
     done = threading.Event()
     logs: list[str] = []
     with FakeServer() as fake:
-        srv = SimpleNamespace(base_url=fake.url, config=SimpleNamespace(name="fake-model"), api_key=None)
+        srv = SimpleNamespace(base_url=fake.url, config=SimpleNamespace(name="fake-model"), api_key=None,
+                              endpoint=Endpoint(fake.url, "fake-model"))  # a served variant as the release sees one
         ahead: list[int] = []
         worker = threading.Thread(target=lambda: ahead.append(fidelity_step.score_ahead(
             spec, srv, out, samples, done.is_set, logs.append)))

@@ -79,21 +79,21 @@ def test_real_sampling_is_cached_resumable_and_scored_over_the_continuation_only
     short = next(p.id for p in prompts if p.category == "corpus")  # its own length, as a haystack's
     prompts = [p.model_copy(update={"max_tokens": 3}) if p.id == short else p for p in prompts]
     done: list[int] = []
-    sampling.sample_continuations(srv.base_url, "demo", srv.api_key, prompts, tmp_path / "a", max_tokens=24,
+    sampling.sample_continuations(srv.endpoint, prompts, tmp_path / "a", max_tokens=24,
                                   top_k=5, concurrency=6, progress=lambda d, t: done.append(d))
     assert sorted(done) == list(range(1, 7)) and sampling.is_complete(tmp_path / "a")
     lines = {r["id"]: r for r in run.read_lines(tmp_path / "a" / sampling.SAMPLES)}
     assert all(0 < len(r["ids"]) <= 24 for r in lines.values())
     assert len(lines[short]["ids"]) <= 3 < max(len(r["ids"]) for r in lines.values())
     # complete: a second call asks nothing (the samples are what every variant scores)
-    sampling.sample_continuations(srv.base_url, "demo", srv.api_key, prompts, tmp_path / "a", max_tokens=24,
+    sampling.sample_continuations(srv.endpoint, prompts, tmp_path / "a", max_tokens=24,
                                   top_k=5, progress=lambda *a: pytest.fail("complete samples were drawn again"))
     # resume: a lost line is drawn again, the rest is kept and not asked
     kept = (tmp_path / "a" / sampling.SAMPLES).read_text().splitlines(keepends=True)
     (tmp_path / "a" / sampling.SAMPLES).write_text("".join(kept[:-1]))
     (tmp_path / "a" / run.MANIFEST).unlink()
     calls: list[int] = []
-    sampling.sample_continuations(srv.base_url, "demo", srv.api_key, prompts, tmp_path / "a", max_tokens=24,
+    sampling.sample_continuations(srv.endpoint, prompts, tmp_path / "a", max_tokens=24,
                                   top_k=5, progress=lambda d, t: calls.append(d))
     after = (tmp_path / "a" / sampling.SAMPLES).read_text().splitlines(keepends=True)
     assert calls == [6] and after[:-1] == kept[:-1] and len(after) == 6
@@ -105,7 +105,7 @@ def test_real_sampling_is_cached_resumable_and_scored_over_the_continuation_only
     # (a candidate's path, here the same model) agrees with it up to engine numerics: the noise floor
     sampling.write_dump(tmp_path / "a", tmp_path / "main")
     assert run.is_complete(tmp_path / "main", run.sequences_hash(seqs), top_k=5)
-    run.score_sequences(srv.base_url, "demo", srv.api_key, seqs, tmp_path / "alt", top_k=5, concurrency=6)
+    run.score_sequences(srv.endpoint, seqs, tmp_path / "alt", top_k=5, concurrency=6)
     base, alt = run.load_dump(tmp_path / "main"), run.load_dump(tmp_path / "alt")
     assert {i: len(d.lp) for i, d in base.items()} == {i: len(r["ids"]) for i, r in lines.items()}
     assert max(abs(a - b) for i in base for a, b in zip(base[i].lp, alt[i].lp)) < 1e-3  # same logprobs

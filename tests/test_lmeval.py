@@ -29,6 +29,7 @@ from quantgate.evals.run import compare_dirs, load_run
 from quantgate.gate.evidence import comparison_evidence
 from quantgate.release.cachelayout import eval_complete, eval_dirs, lmeval_dir
 from quantgate.spec.resolve import load_spec
+from quantgate.base.http import Endpoint
 
 DATA = Path(__file__).parent / "data" / "lmeval"
 RECORDED = DATA / "samples_qg_numbers.jsonl"
@@ -224,18 +225,18 @@ def test_failed_run_resumes_and_empty_answers_make_a_partial_run(tmp_path):
         server.answer = lambda p: next(d["answer"] for d in docs if d["question"] == p)
         server.script[docs[2]["question"]] = ["500"] * 3  # lm-eval's 3 attempts all fail: the run fails
         with pytest.raises(QuantgateError, match="lm-eval exited with code"):
-            lmeval.run_lm_eval(TASK, "qg_numbers", server.url, "fake-model", tmp_path / "r", api_key="k", limit=6,
+            lmeval.run_lm_eval(TASK, "qg_numbers", Endpoint(server.url, "fake-model", "k"), tmp_path / "r", limit=6,
                                concurrency=2)
         assert json.loads((tmp_path / "r" / "manifest.json").read_text())["status"] == "failed"
         asked = len(server.requests)
-        summary = lmeval.run_lm_eval(TASK, "qg_numbers", server.url, "fake-model", tmp_path / "r", api_key="k",
+        summary = lmeval.run_lm_eval(TASK, "qg_numbers", Endpoint(server.url, "fake-model", "k"), tmp_path / "r",
                                      limit=6, concurrency=2)
         assert summary["n_answered"] == 6 and eval_complete(tmp_path / "r")
         assert summary["metrics"]["exact_match"]["overall"]["mean"] == 1.0
         assert len(server.requests) - asked < 6  # the answers of the failed run came from lm-eval's response cache
 
         server.answer = lambda p: None if p == docs[0]["question"] else "0"  # no content for one: lm-eval's placeholder
-        summary = lmeval.run_lm_eval(TASK, "qg_numbers", server.url, "fake-model", tmp_path / "p", api_key="k",
+        summary = lmeval.run_lm_eval(TASK, "qg_numbers", Endpoint(server.url, "fake-model", "k"), tmp_path / "p",
                                      limit=6, concurrency=2, max_error_rate=0.5)
         manifest, records = load_run(tmp_path / "p")
         assert manifest["status"] == "partial" and summary["n_failed"] == 1 and len(records) == 5
@@ -249,8 +250,8 @@ def test_local_task_against_the_demo_server_pairs_with_itself(demo_server, tmp_p
     folders = {}
     for name in ("base", "cand"):
         folders[name] = lmeval_dir(tmp_path / name, lm, "qg_numbers")
-        summary = lmeval.run_spec_task(lm, "qg_numbers", demo_server.base_url, demo_server.config.name, folders[name],
-                                       api_key=demo_server.api_key, model_hash=f"sha256:{name}", label=name)
+        summary = lmeval.run_spec_task(lm, "qg_numbers", demo_server.endpoint, folders[name],
+                                       model_hash=f"sha256:{name}", label=name)
         assert summary["n_samples"] == 20 and summary["n_failed"] == 0 and eval_complete(folders[name])
     log = (folders["base"] / "lm_eval.log").read_text()
     assert demo_server.api_key not in log and demo_server.api_key not in " ".join(os.environ.values())

@@ -15,6 +15,7 @@ from quantgate.cli.main import app, user_error
 from quantgate.perf.compare import compare, first_error, level_medians, ratio
 from quantgate.perf.models import EngineMemory, PerfResult, RunResult, Workload, parse_engine_log, run_from_bench
 from quantgate.perf.probe import check_endpoint, load_result, planner_kv, probe, weights_bytes
+from quantgate.base.http import Endpoint
 
 from _fake_openai import FakeServer
 
@@ -161,7 +162,7 @@ def test_engine_memory_gpu_wording_two_workers_and_only_the_last_start():
 
 def test_unreachable_endpoint_is_an_error_naming_it(tmp_path):
     with pytest.raises(QuantgateError) as err:
-        probe("http://127.0.0.1:9/v1", "demo", tmp_path, concurrency=[1])
+        probe(Endpoint("http://127.0.0.1:9/v1", "demo"), tmp_path, concurrency=[1])
     assert "cannot reach the endpoint http://127.0.0.1:9/v1/models" in err.value.message and "error rate 100%" in err.value.message
     assert not (tmp_path / "perf.json").exists()
 
@@ -173,7 +174,7 @@ def test_cli_unreachable_endpoint_exits_with_the_message(tmp_path):
 
 def test_endpoint_that_does_not_serve_the_model_lists_what_it_serves():
     with FakeServer(model="demo") as srv, pytest.raises(QuantgateError, match=r"does not serve 'other'.*\['demo'\]"):
-        check_endpoint(srv.url, "other", None)
+        check_endpoint(Endpoint(srv.url, "other"))
 
 
 @pytest.mark.parametrize("args, where", [
@@ -230,7 +231,8 @@ class HalfFailingServer(FakeServer):
 def test_server_erroring_under_load_is_an_error_with_its_rate(tmp_path, demo_model):
     with HalfFailingServer(model="demo") as srv:
         with pytest.raises(QuantgateError) as err:
-            probe(srv.url, "demo", tmp_path, concurrency=[2], num_prompts=8, input_len=16, output_len=4, repeats=1,
+            probe(Endpoint(srv.url, "demo"), tmp_path, concurrency=[2], num_prompts=8, input_len=16, output_len=4,
+                  repeats=1,
                   warmups=0, tokenizer=demo_model)
     assert "4 of 8 requests failed at concurrency 2 (error rate 50.0%)" in err.value.message
     assert "Internal Server Error" in err.value.message  # vLLM's client keeps the HTTP reason; it comes along
@@ -241,8 +243,8 @@ def test_server_erroring_under_load_is_an_error_with_its_rate(tmp_path, demo_mod
 @pytest.mark.slow
 def test_real_probe_of_the_demo_model(tmp_path, demo_model, demo_server):
     srv = demo_server
-    res = probe(srv.base_url, "demo", tmp_path / "perf", concurrency=[1, 4], num_prompts=16, input_len=64, output_len=16,
-                repeats=1, api_key=srv.api_key, checkpoint=demo_model, server_log=srv.log_path)
+    res = probe(srv.endpoint, tmp_path / "perf", concurrency=[1, 4], num_prompts=16, input_len=64, output_len=16,
+                repeats=1, checkpoint=demo_model, server_log=srv.log_path)
     assert res.status == "ok" and res.error is None
     assert {m.concurrency for m in res.medians} == {1, 4}
     for r in res.runs:
@@ -278,7 +280,8 @@ def test_benchmark_client_that_crashes_counts_every_request_as_failed(tmp_path, 
     fake_python.chmod(0o755)
     monkeypatch.setenv("QUANTGATE_SERVE_PYTHON", str(fake_python))
     with FakeServer(model="demo") as srv, pytest.raises(QuantgateError) as err:
-        probe(srv.url, "demo", tmp_path / "out", concurrency=[1, 4], num_prompts=5, repeats=2, tokenizer=tmp_path)
+        probe(Endpoint(srv.url, "demo"), tmp_path / "out", concurrency=[1, 4], num_prompts=5, repeats=2,
+              tokenizer=tmp_path)
     assert "10 of 10 requests failed at concurrency 1 (error rate 100.0%)" in err.value.message  # both repeats pooled
     assert "exited with code 3" in err.value.message and "no vllm here" in err.value.message
     saved = load_result(tmp_path / "out")

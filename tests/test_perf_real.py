@@ -37,7 +37,7 @@ def test_latency_probe_of_the_demo_server_with_goodput_metrics_and_cost(tmp_path
     srv = demo_server
     # an SLO that a loaded CI machine still meets: a level where no request meets the SLO ends the sweep (test below)
     s = tiny("latency", slo=SLO(ttft_ms=30_000, tpot_ms=5_000))
-    res = run_probe(srv.base_url, "demo", tmp_path, s, tokenizer=demo_model, api_key=srv.api_key)
+    res = run_probe(srv.endpoint, tmp_path, s, tokenizer=demo_model)
     assert res.status == "ok" and res.workload.profile == "latency" and [r.concurrency for r in res.runs] == [1, 1]
     for r in res.runs:
         raw = json.loads((tmp_path / "raw" / f"c1-r{r.repeat}.json").read_text())
@@ -55,13 +55,13 @@ def test_budget_and_saturation_stop_runs_before_they_start(tmp_path, demo_model,
     srv = demo_server
     # a budget spent before the first run: only the two runs of the lowest level that an interval needs are run
     s = tiny("throughput", concurrency=[1, 2], sweep=False, slo=LENIENT, budget_s=1)
-    res = run_probe(srv.base_url, "demo", tmp_path / "budget", s, tokenizer=demo_model, api_key=srv.api_key)
+    res = run_probe(srv.endpoint, tmp_path / "budget", s, tokenizer=demo_model)
     assert [(r.repeat, r.concurrency) for r in res.runs] == [(0, 1), (1, 1)]
     assert {(k.repeat, k.concurrency) for k in res.sweep.skipped} == {(0, 2), (1, 2)}
     assert res.sweep.over_budget and not (tmp_path / "budget" / "raw" / "c2-r0.json").exists()
     # an SLO nobody meets breaks at the first level: the sweep stops there
     s = tiny("throughput", concurrency=[1, 2, 4], slo=SLO(ttft_ms=0.001), repeats=1)
-    res = run_probe(srv.base_url, "demo", tmp_path / "slo", s, tokenizer=demo_model, api_key=srv.api_key)
+    res = run_probe(srv.endpoint, tmp_path / "slo", s, tokenizer=demo_model)
     assert [r.concurrency for r in res.runs] == [1] and "the SLO broke at concurrency 1" in res.sweep.stopped
 
 
@@ -69,7 +69,7 @@ def test_probe_sends_the_eval_sets_prompts_with_their_output_lengths(tmp_path, d
     evalset = Path(__file__).parents[1] / "eval_sets" / "default.jsonl"
     req = write_requests(evalset, tmp_path / "requests.json", limit=12)
     s = tiny("latency", slo=LENIENT).model_copy(update={"requests": str(req)})
-    res = run_probe(demo_server.base_url, "demo", tmp_path / "p", s, tokenizer=demo_model, api_key=demo_server.api_key)
+    res = run_probe(demo_server.endpoint, tmp_path / "p", s, tokenizer=demo_model)
     assert res.workload.dataset == "sharegpt" and res.workload.requests_sha256 and res.status == "ok"
     assert [r.output_tokens for r in res.runs] == [4 * 8, 4 * 8]  # 4 prompts of the set, output_len 8 each (ignore-eos)
     raw = json.loads((tmp_path / "p" / "raw" / "c1-r0.json").read_text())
@@ -88,9 +88,9 @@ def _gate(tmp_path, name: str, base_dir, cand_dir) -> dict:
 def test_a_slower_candidate_is_rejected_for_pay_off_under_the_throughput_profile(tmp_path, demo_model, demo_server,
                                                                               vllm_server):
     probe = tiny("throughput", concurrency=[4], sweep=False, slo=LENIENT, repeats=3)
-    run_probe(demo_server.base_url, "demo", tmp_path / "base", probe, tokenizer=demo_model, api_key=demo_server.api_key)
+    run_probe(demo_server.endpoint, tmp_path / "base", probe, tokenizer=demo_model)
     with vllm_server(demo_model, name="slow", args=[*CPU_TEST_ARGS, "--max-num-seqs", "1"]) as slow:
-        run_probe(slow.base_url, "slow", tmp_path / "cand", probe, tokenizer=demo_model, api_key=slow.api_key)
+        run_probe(slow.endpoint, tmp_path / "cand", probe, tokenizer=demo_model)
     d = _gate(tmp_path, "gate", tmp_path / "base", tmp_path / "cand")
     assert d["decision"] == "REJECT" and d["workload"] == "throughput", [c["reason"] for c in d["checks"] if "/" in c["name"]]
     c = next(c for c in d["checks"] if c["name"] == "pay_off:throughput/goodput_rps")

@@ -20,6 +20,7 @@ from quantgate.recall.client import cost, queues
 from quantgate.recall import score as recall_score
 from quantgate.recall.resultfile import RecallCells, RecallDelta, load_recall_cells, load_recall_delta
 from quantgate.recall.run import is_complete, jobs_of, load_filler, load_needle_data, read_jsonl, run_recall
+from quantgate.base.http import Endpoint
 
 
 def check_run_dir(out: Path, *, delta: bool = False) -> dict:
@@ -49,7 +50,7 @@ def test_run_writes_requests_cells_and_heatmaps_and_deltas(demo_model, tmp_path)
     prompts = nd.build_grid([256, 384], [0, 100], ["number", "multi"], 1, seed=3, data=data, filler=filler, counter=counter,
                             max_answer_tokens=20)
     with FakeServer() as server:  # answers "echo: <user message>": the document, so every value is in the answer
-        kw = dict(endpoint=server.url, model="fake-model", api_key=None, grid={})
+        kw = dict(endpoint=Endpoint(server.url, "fake-model"), grid={})
         base = run_recall(prompts, tmp_path / "base", **kw)
         assert len(server.requests) == len(prompts)
         caps = {p.messages[-1]["content"]: p.max_tokens for p in prompts}
@@ -97,7 +98,7 @@ def test_each_haystacks_other_questions_wait_until_its_first_is_answered(kit, tm
     with FakeServer(delay_s=0.05) as server:
         server.requests = Events(log)
         server.answer = lambda prompt: log.append(("answer", prompt)) or f"echo: {prompt}"
-        out = run_recall(prompts, tmp_path / "r", endpoint=server.url, model="fake-model", api_key=None, grid={},
+        out = run_recall(prompts, tmp_path / "r", endpoint=Endpoint(server.url, "fake-model"), grid={},
                          concurrency=8)
     assert out.status == "complete" and out.overall.recall == 1.0
     for hay in {p.haystack for p in prompts}:
@@ -126,7 +127,7 @@ def test_progress_counts_a_haystacks_prompt_once_in_tokens_so_the_first_eta_is_n
     assert work < sum(j.prompt_tokens for j in jobs)  # each haystack's prompt once, not once per question
     lines: list[str] = []
     with FakeServer(delay_s=0.01) as server, progress.reporting("baseline: recall", log=lines.append, every_s=0.0):
-        out = run_recall(prompts, tmp_path / "r", endpoint=server.url, model="fake-model", api_key=None, grid={},
+        out = run_recall(prompts, tmp_path / "r", endpoint=Endpoint(server.url, "fake-model"), grid={},
                          concurrency=8)
     assert out.status == "complete"
     assert lines and all(" prompt+sampled tokens" in x for x in lines), lines
@@ -140,7 +141,7 @@ def test_together_scores_every_needle_of_one_answer_on_its_own(kit, tmp_path):
         asked.setdefault(p.messages[-1]["content"], p)
     with FakeServer() as server:  # answers only the first needle's value of each request
         server.answer = lambda prompt: " ".join(asked[prompt].expected)
-        out = run_recall(prompts, tmp_path / "r", endpoint=server.url, model="fake-model", api_key=None, grid={})
+        out = run_recall(prompts, tmp_path / "r", endpoint=Endpoint(server.url, "fake-model"), grid={})
         assert len(server.requests) == 4
     recs = read_jsonl(tmp_path / "r" / "requests.jsonl")
     assert len(recs) == 12 and out.cost["needles"] == 12 and out.cost["requests"] == 4
@@ -155,7 +156,7 @@ def test_failed_requests_leave_the_run_partial_and_only_they_are_asked_again(kit
     broken = prompts[4]
     with FakeServer() as server:
         server.script[broken.messages[-1]["content"]] = ["400"]  # not retried: an error at once, then answers
-        kw = dict(endpoint=server.url, model="fake-model", api_key=None, grid={}, max_error_rate=0.5)
+        kw = dict(endpoint=Endpoint(server.url, "fake-model"), grid={}, max_error_rate=0.5)
         first = run_recall(prompts, tmp_path / "r", **kw)
         assert first.status == "partial" and not is_complete(tmp_path / "r")
         assert (first.overall.n, first.overall.n_error) == (11, 1)
@@ -172,7 +173,7 @@ def test_too_many_failures_stop_the_run_and_leave_it_partial(kit, tmp_path):
         for p in prompts[:3]:
             server.script[p.messages[-1]["content"]] = ["400"]
         with pytest.raises(QuantgateError, match="requests failed"):
-            run_recall(prompts, tmp_path / "r", endpoint=server.url, model="fake-model", api_key=None, grid={})
+            run_recall(prompts, tmp_path / "r", endpoint=Endpoint(server.url, "fake-model"), grid={})
     cells = json.loads((tmp_path / "r" / "cells.json").read_text())
     assert cells["status"] == "partial" and not is_complete(tmp_path / "r")
 
@@ -192,7 +193,7 @@ def test_the_first_pending_request_of_a_haystack_carries_the_whole_prompt_even_w
 def test_only_a_whole_finished_run_counts_as_done(kit, tmp_path, damage):
     prompts = turns(kit, lengths=(256,), kinds=("number",))
     with FakeServer() as server:
-        run_recall(prompts, tmp_path / "r", endpoint=server.url, model="fake-model", api_key=None, grid={})
+        run_recall(prompts, tmp_path / "r", endpoint=Endpoint(server.url, "fake-model"), grid={})
     assert is_complete(tmp_path / "r")
     cells_path, req_path = tmp_path / "r" / "cells.json", tmp_path / "r" / "requests.jsonl"
     cells, lines = json.loads(cells_path.read_text()), req_path.read_text().splitlines(keepends=True)
@@ -216,7 +217,7 @@ def test_long_prompts_are_held_back_when_the_server_cannot_finish_them_within_th
     measures the rate), then the other five at once. Every deadline is at least the budget: nothing times out."""
     prompts = hs.build_grid([256], [0, 100], ["number", "name", "multi"], 1, seed=2, ask="single", **kit)
     with FakeServer(delay_s=1.0) as server:
-        out = run_recall(prompts, tmp_path / "r", endpoint=server.url, model="fake-model", api_key=None, grid={},
+        out = run_recall(prompts, tmp_path / "r", endpoint=Endpoint(server.url, "fake-model"), grid={},
                          concurrency=8, deadline_s=deadline_s)
     run = out.cost["run"]
     assert run["most_in_flight"] == most and run["timeouts"] == 0 and out.status == "complete"

@@ -28,6 +28,7 @@ from quantgate.gate.evidence import collect
 from quantgate.gate.looks import shares
 from quantgate.gate.policy import load_policy
 from quantgate.base.paths import REPO
+from quantgate.base.http import Endpoint
 
 POLICY = REPO / "releases" / "policies" / "default.yaml"
 
@@ -100,14 +101,14 @@ def test_a_stopped_sampling_keeps_its_lines_and_the_next_one_resumes_in_order(tm
     path = tmp_path / sampling.SAMPLES
     with FakeServer(delay_s=0.2) as srv:  # 6 s in all: the stop (asked every 0.5 s) comes well before
         lines = lambda: path.read_text().count("\n") if path.exists() else 0  # noqa: E731
-        sampling.sample_continuations(srv.url, "fake-model", None, prompts, tmp_path, max_tokens=2, top_k=2,
+        sampling.sample_continuations(Endpoint(srv.url, "fake-model"), prompts, tmp_path, max_tokens=2, top_k=2,
                                       concurrency=1, stop=lambda: lines() >= 5)
         m = sampling.SamplesManifest.read(tmp_path)
         assert m is not None and m.status == "partial" and m.stopped and m.error is None
         assert sampling.is_stopped(tmp_path) and sampling.is_final(tmp_path) and not sampling.is_complete(tmp_path)
         first = [json.loads(x)["id"] for x in path.read_text().splitlines()]
         assert 5 <= len(first) < 30 and first == [p.id for p in prompts[: len(first)]]  # sent in the given order
-        sampling.sample_continuations(srv.url, "fake-model", None, prompts, tmp_path, max_tokens=2, top_k=2,
+        sampling.sample_continuations(Endpoint(srv.url, "fake-model"), prompts, tmp_path, max_tokens=2, top_k=2,
                                       concurrency=4)
     assert sampling.is_complete(tmp_path) and not sampling.is_stopped(tmp_path)
     ids = [json.loads(x)["id"] for x in path.read_text().splitlines()]

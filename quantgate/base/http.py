@@ -11,6 +11,8 @@ Requests (async; sync callers wrap them in asyncio.run):
   honoured up to backoff_max_s); the delay doubles from backoff_s up to backoff_max_s. Not retried: other
   statuses, a 200 whose body `parse` cannot read, and any status `fatal` turns into an exception (raised at once).
 
+An `Endpoint` is one served model as its clients address it: URL, model name, API key.
+
 Probe (sync): get / get_json / served_models / model_entry; every failure is an EndpointError whose `reason` is
 "unreachable", "status", "invalid" or "not_served", so that a caller may word it for its own users.
 
@@ -26,7 +28,7 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,6 +44,21 @@ def api_base(endpoint: str) -> str:
     """'http://h:p', 'http://h:p/' or 'http://h:p/v1' -> 'http://h:p/v1'."""
     base = endpoint.rstrip("/")
     return base if base.endswith("/v1") else base + "/v1"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI-compatible server as a client addresses it: its URL (with or without /v1), the model name it serves
+    and its API key (None: no key is sent; never in repr). Every client of a served model takes one; a running
+    server hands out its own (`.endpoint` of quantgate.serving's servers)."""
+    url: str
+    model: str
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def base(self) -> str:
+        """The URL ending in /v1."""
+        return api_base(self.url)
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

@@ -14,6 +14,7 @@ import typer
 from quantgate.base import progress as progress_lines
 from quantgate.base.errors import ConfigError
 from quantgate.base.fileio import resolve_api_key
+from quantgate.base.http import Endpoint
 from quantgate.base.pairedstat import PairedStat
 from quantgate.evals.lmeval import run_lm_eval
 from quantgate.evals.lmeval_tasks import DEFAULT_INCLUDE, find_tasks
@@ -42,16 +43,16 @@ def eval_cmd(
     if (evalset is None) == (lm_eval_task is None):
         raise ConfigError("give exactly one of --evalset or --lm-eval-task", where="--evalset/--lm-eval-task",
                           fix="e.g. --evalset eval_sets/default.jsonl, or --lm-eval-task qg_numbers")
-    api_key = resolve_api_key(api_key_env)
+    at = Endpoint(endpoint, model, resolve_api_key(api_key_env))
     if lm_eval_task is not None:
         shown = progress_lines.reporting(f"lm-eval {lm_eval_task}", print) if progress else contextlib.nullcontext()
         with shown:  # lines every 30 s, and a bar on a terminal
-            summary = run_lm_eval(_task_file(include_path, lm_eval_task), lm_eval_task, endpoint, model, out,
-                                  api_key=api_key, model_hash=model_hash, limit=limit, num_fewshot=num_fewshot,
+            summary = run_lm_eval(_task_file(include_path, lm_eval_task), lm_eval_task, at, out,
+                                  model_hash=model_hash, limit=limit, num_fewshot=num_fewshot,
                                   concurrency=concurrency, max_error_rate=max_error_rate)
     else:
         assert evalset is not None  # exactly one of the two is given (checked above)
-        summary = run_eval(evalset, endpoint, model, out, concurrency=concurrency, limit=limit, api_key=api_key,
+        summary = run_eval(evalset, at, out, concurrency=concurrency, limit=limit,
                            model_hash=model_hash, seed=seed, timeout_s=timeout, max_error_rate=max_error_rate,
                            progress=progress)
     print(f"{summary['n_answered']}/{summary['n_samples']} answered, error rate {summary['error_rate']:.1%} -> {out}")

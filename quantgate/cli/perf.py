@@ -13,6 +13,7 @@ from rich.table import Table
 
 from quantgate.base.errors import ConfigError
 from quantgate.base.fileio import resolve_api_key, write_json
+from quantgate.base.http import Endpoint
 from quantgate.perf.compare import compare
 from quantgate.perf.models import SLO, PerfResult, ProbeSettings
 from quantgate.perf.probe import load_result, probe, run_probe
@@ -119,20 +120,20 @@ def perf(
     """Probe a served variant with vLLM's benchmark client: throughput, goodput, TTFT/ITL, memory; writes OUT/perf.json.
     With --workload, the profile decides the levels (a sweep that stops at saturation for `throughput`), the SLO,
     repeats and the time budget; --concurrency, --repeats, --num-prompts, --input-len and --output-len given override it."""
-    api_key = resolve_api_key(api_key_env)
-    io: dict[str, Any] = dict(tokenizer=tokenizer, api_key=api_key, checkpoint=checkpoint, server_log=server_log, plan=plan)
+    at = Endpoint(endpoint, model, resolve_api_key(api_key_env))
+    io: dict[str, Any] = dict(tokenizer=tokenizer, checkpoint=checkpoint, server_log=server_log, plan=plan)
     given = {"concurrency": parse_levels(concurrency) if concurrency is not None else None, "num_prompts": num_prompts,
              "input_len": input_len, "output_len": output_len, "repeats": repeats}
     if workload is None:
         fixed: dict[str, Any] = {**FIXED_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
-        result = probe(endpoint, model, out, seed=seed, warmups=warmups, **fixed, **io)
+        result = probe(at, out, seed=seed, warmups=warmups, **fixed, **io)
     else:
         slo = {k: v for k, v in (("ttft_ms", ttft_ms), ("tpot_ms", tpot_ms)) if v is not None}
         over = PerfOverrides(slo=SLO(**slo) if slo else None, budget_s=budget_s, **{k: v for k, v in given.items() if v is not None})
         s = workload_settings(workload, hardware, over)
         if lengths_from is not None:
             s = s.model_copy(update={"requests": str(write_requests(lengths_from, Path(out) / "requests.json"))})
-        result = run_probe(endpoint, model, out, s, **io)
+        result = run_probe(at, out, s, **io)
     show(result, Console())
     print(f"wrote {Path(out) / 'perf.json'}")
 

@@ -15,6 +15,7 @@ import typer
 from quantgate.base.runfiles import CELLS, DELTA, REQUESTS
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import resolve_api_key
+from quantgate.base.http import Endpoint
 from quantgate.recall import haystack as hs, needle as nd, run as rc
 from quantgate.recall.resultfile import RecallCells, RecallDelta, load_recall_cells, load_recall_delta
 
@@ -51,12 +52,12 @@ def recall(
     length_list = nd.parse_ints(lengths, "--lengths", 1)
     if max_model_len is not None:
         nd.check_lengths(length_list, max_model_len, max_answer_tokens, "--max-model-len")
-    api_key = resolve_api_key(api_key_env)
+    at = Endpoint(endpoint, model, resolve_api_key(api_key_env))
     if baseline is not None and not (baseline / REQUESTS).is_file():
         raise QuantgateError("no requests.jsonl in the baseline directory", where=f"--baseline {baseline}",
                              fix="give the --out directory of a finished `quantgate recall` run")
     if max_model_len is None:
-        max_model_len = rc.served_max_model_len(endpoint, model, api_key)
+        max_model_len = rc.served_max_model_len(at)
         if max_model_len is None:
             raise QuantgateError("the server does not report max_model_len", where=f"--endpoint {endpoint}",
                                  fix="pass --max-model-len (the served context)")
@@ -66,7 +67,7 @@ def recall(
     prompts, grid = rc.build_checked_grid(tokenizer, length_list, depth_list, kind_list, samples, seed=seed,
                                           max_model_len=max_model_len, max_answer_tokens=max_answer_tokens,
                                           source=source, needles=needles, filler=filler, ask=ask)  # type: ignore[arg-type]
-    rc.run_recall(prompts, out, endpoint=endpoint, model=model, api_key=api_key, grid=grid,
+    rc.run_recall(prompts, out, endpoint=at, grid=grid,
                   concurrency=concurrency, deadline_s=deadline, baseline=baseline,
                   log=(lambda line: print(line, file=sys.stderr)) if progress else None)
     _report(load_recall_cells(out / CELLS), load_recall_delta(out / DELTA) if baseline is not None else None, out)

@@ -39,7 +39,7 @@ from quantgate.base.runfiles import MANIFEST, RESULTS, SCORES, SUMMARY
 from quantgate.base import progress
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import child_env, lock, log_tail, write_json, write_text
-from quantgate.base.http import api_base
+from quantgate.base.http import Endpoint, api_base
 from quantgate.base.paths import REPO, home
 from quantgate.base.procs import guarded
 from quantgate.evals.compare import RunSummary, cache_key, summarize
@@ -169,17 +169,17 @@ def write_scored(out: Path, task: str, metrics: list[str], samples: Path) -> tup
     return summary, used
 
 
-def run_lm_eval(task_file: Path, task: str, endpoint: str, model: str, out: Path | str, *, api_key: str | None = None,
-                model_hash: str | None = None, limit: int | None = None, num_fewshot: int | None = None,
-                concurrency: int = 16, max_error_rate: float = 0.05, timeout_s: float | None = None,
-                log=print) -> RunSummary:
+def run_lm_eval(task_file: Path, task: str, endpoint: Endpoint, out: Path | str, *, model_hash: str | None = None,
+                limit: int | None = None, num_fewshot: int | None = None, concurrency: int = 16,
+                max_error_rate: float = 0.05, timeout_s: float | None = None, log=print) -> RunSummary:
     """Run one lm-eval task against a running server into `out` (module docstring); returns the summary."""
     out, task_file = Path(out).resolve(), Path(task_file).resolve()  # lm-eval runs in the task's folder
     config = read_task(task_file)
     if (why := task_problem(task, config)) is not None:
         raise QuantgateError(why, where=str(task_file), fix="choose a generate_until task scored by a known metric")
-    server = probe_server(endpoint, model, api_key)
+    server = probe_server(endpoint)
     python = lm_eval_python(log)
+    model, api_key = endpoint.model, endpoint.api_key
     digest = task_digest(task_file, settings(limit, num_fewshot))
     decoding = {"generation_kwargs": config.get("generation_kwargs"), "num_fewshot": num_fewshot,
                 "apply_chat_template": True, "seed": 0}
@@ -188,11 +188,11 @@ def run_lm_eval(task_file: Path, task: str, endpoint: str, model: str, out: Path
         cache_key=cache_key(model_hash or f"name:{model}", digest, decoding, server["engine_version"]),
         evalset=LmEvalTaskRef(path=str(task_file), name=set_name(task), task=task, sha256=digest,
                               version=(config.get("metadata") or {}).get("version")),
-        model=model, model_hash=model_hash, endpoint=endpoint, engine_version=server["engine_version"],
+        model=model, model_hash=model_hash, endpoint=endpoint.url, engine_version=server["engine_version"],
         decoding=decoding, limit=limit, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     out.mkdir(parents=True, exist_ok=True)
     path = _claim(out, manifest)
-    argv = lm_eval_argv(python, task, task_file.parent, endpoint, model, out, concurrency=concurrency, limit=limit,
+    argv = lm_eval_argv(python, task, task_file.parent, endpoint.url, model, out, concurrency=concurrency, limit=limit,
                         num_fewshot=num_fewshot)
     t0 = time.monotonic()
     code = _run_child(argv, task_file.parent, api_key, out / "lm_eval.log", _doc_count(task_file, config, limit), timeout_s)
@@ -215,13 +215,13 @@ def run_lm_eval(task_file: Path, task: str, endpoint: str, model: str, out: Path
     return summary
 
 
-def run_spec_task(lm: LmEvalSpec, task: str, endpoint: str, model: str, out: Path, *, api_key: str | None,
-                  model_hash: str | None, label: str, log=print) -> RunSummary:
+def run_spec_task(lm: LmEvalSpec, task: str, endpoint: Endpoint, out: Path, *, model_hash: str | None, label: str,
+                  log=print) -> RunSummary:
     """One task of a release spec's `lm_eval:` section against a variant's server (quantgate.release.steps), with
     a log line and progress lines under `label` (the variant)."""
     log(f"{label}: lm-eval task {task} ({lm.limit or 'all'} samples, concurrency {lm.concurrency})")
     with progress.reporting(f"{label}: lm-eval {task}", log):
-        return run_lm_eval(lm.task_file(task), task, endpoint, model, out, api_key=api_key, model_hash=model_hash,
+        return run_lm_eval(lm.task_file(task), task, endpoint, out, model_hash=model_hash,
                            limit=lm.limit, num_fewshot=lm.num_fewshot, concurrency=lm.concurrency,
                            max_error_rate=lm.max_error_rate, log=log)
 

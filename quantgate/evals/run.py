@@ -25,7 +25,7 @@ from typing import Any, TypedDict
 from quantgate.base.runfiles import MANIFEST, RESULTS, SCORES, SUMMARY
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import write_json, write_text
-from quantgate.base.http import EndpointError, api_base, get_json, model_entry, read_results
+from quantgate.base.http import Endpoint, EndpointError, get_json, model_entry, read_results
 from quantgate.evals import scoring
 from quantgate.evals.client import ClientConfig, ErrorRateExceeded, Request, run
 from quantgate.evals.compare import RunSummary, SetReport, cache_key, compare_runs, summarize
@@ -64,11 +64,11 @@ class ServerInfo(TypedDict):
     engine_version: str | None
 
 
-def probe_server(endpoint: str, model: str, api_key: str | None, timeout_s: float = 10.0) -> ServerInfo:
-    """Check that the server answers and serves `model`; return its max_model_len and engine version if given."""
-    entry = model_entry(endpoint, model, api_key, timeout_s)
+def probe_server(endpoint: Endpoint, timeout_s: float = 10.0) -> ServerInfo:
+    """Check that the server answers and serves its model; return its max_model_len and engine version if given."""
+    entry = model_entry(endpoint.url, endpoint.model, endpoint.api_key, timeout_s)
     try:
-        version = get_json(api_base(endpoint).removesuffix("/v1") + "/version", api_key, timeout_s)
+        version = get_json(endpoint.base.removesuffix("/v1") + "/version", endpoint.api_key, timeout_s)
     except EndpointError:
         version = None
     engine = version.get("version") if isinstance(version, dict) else None
@@ -117,13 +117,11 @@ def _score(out: Path, samples, metrics: list[str]) -> RunSummary:
 
 def run_eval(
     evalset: Path | str,
-    endpoint: str,
-    model: str,
+    endpoint: Endpoint,
     out: Path | str,
     *,
     concurrency: int = 16,
     limit: int | None = None,
-    api_key: str | None = None,
     model_hash: str | None = None,
     seed: int = 0,
     timeout_s: float = 120.0,
@@ -132,14 +130,14 @@ def run_eval(
 ) -> RunSummary:
     """Answer, score and summarize an eval set against a running server; returns the summary."""
     out = Path(out)
-    server = probe_server(endpoint, model, api_key)
+    server = probe_server(endpoint)
     es = load_evalset(evalset, max_context=server["max_model_len"], with_dataset=False)
     samples = stratified_subset(es.samples, limit)
     metrics = sorted({m for s in samples for m in s.metrics})
     # `datasets` and `evaluate` load while the client waits on the server
     loader = _Background(lambda: (es.load_dataset(), [scoring.load_metric(m) for m in metrics]))
-    cfg = ClientConfig(endpoint=endpoint, model=model, api_key=api_key, concurrency=concurrency, timeout_s=timeout_s,
-                       seed=seed, max_error_rate=max_error_rate, progress=progress)
+    cfg = ClientConfig(endpoint=endpoint.url, model=endpoint.model, api_key=endpoint.api_key, concurrency=concurrency,
+                       timeout_s=timeout_s, seed=seed, max_error_rate=max_error_rate, progress=progress)
     manifest = _manifest(es, cfg, server, model_hash=model_hash, limit=limit, n_samples=len(samples))
     manifest_path = _claim(out, manifest)
     requests = [Request(s.id, s.chat(), es.max_tokens(s)) for s in samples]

@@ -1,7 +1,7 @@
 """One dump scored in parts, so that several servers of the same variant can share it (adapter).
 
     for i in range(count):                      # each on whichever server is free
-        score_sequences(url_i, name, key, part(seqs, i, count), part_dir(out, i, count), top_k=k)
+        score_sequences(server_i.endpoint, part(seqs, i, count), part_dir(out, i, count), top_k=k)
         merge_parts(out, seqs, count, k)        # True once every part is in: out is then a complete dump
 
 A candidate's fidelity scoring is the longest step of its measurement on a CPU (a prefill with prompt logprobs of

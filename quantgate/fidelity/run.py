@@ -1,8 +1,8 @@
 """Score token sequences through a served endpoint (teacher-forced prompt logprobs) and compare two dumps.
 
     seqs = build_sequences(baseline_answers, checkpoint_dir, corpus=EVAL_SETS / "fidelity_corpus.txt")
-    score_sequences(base_url, "baseline", key, seqs, run / "fidelity" / "baseline")
-    score_sequences(cand_url, "candidate", key, seqs, run / "fidelity" / "candidate")
+    score_sequences(baseline_server.endpoint, seqs, run / "fidelity" / "baseline")
+    score_sequences(candidate_server.endpoint, seqs, run / "fidelity" / "candidate")
     samples = compare_dumps(run / "fidelity" / "baseline", run / "fidelity" / "candidate")
 
 Every sequence goes to `/v1/completions` as a list of token ids with `max_tokens: 1` and `prompt_logprobs: k`;
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from quantgate.base.runfiles import MANIFEST
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import write_json
-from quantgate.base.http import JsonlAppender, Retry, api_base, for_each, post_json, repair_tail
+from quantgate.base.http import Endpoint, JsonlAppender, Retry, for_each, post_json, repair_tail
 from quantgate.base.subsets import draw
 from quantgate.fidelity.core import SampleFidelity, ScoredSample, compare_sample
 
@@ -287,17 +287,17 @@ async def _score_all(url: str, model: str, api_key: str | None, todo: list[Seque
     return failed
 
 
-def append_scores(endpoint: str, model: str, api_key: str | None, sequences: list[Sequence], path: Path, *,
+def append_scores(endpoint: Endpoint, sequences: list[Sequence], path: Path, *,
                   top_k: int, concurrency: int, retry: Retry | None = None,
                   tick: Callable[[], None] = lambda: None) -> list[tuple[str, str]]:
     """Score `sequences` and append their lines to the dump file `path` as they come (no manifest: the caller's
     folder says what the lines are); returns the (id, error) of those that failed after retries. A refused top-k,
     API key or model name is raised."""
-    return asyncio.run(_score_all(api_base(endpoint) + "/completions", model, api_key, sequences, path, top_k,
-                                  max(1, concurrency), retry or Retry(), tick))
+    return asyncio.run(_score_all(endpoint.base + "/completions", endpoint.model, endpoint.api_key, sequences, path,
+                                  top_k, max(1, concurrency), retry or Retry(), tick))
 
 
-def score_sequences(endpoint: str, model: str, api_key: str | None, sequences: list[Sequence], out_dir: Path | str,
+def score_sequences(endpoint: Endpoint, sequences: list[Sequence], out_dir: Path | str,
                     *, top_k: int = 10, concurrency: int = 4, timeout_s: float = 300.0, max_attempts: int = 4,
                     progress: Progress | None = None) -> Path:
     """Score every sequence not yet in out_dir/logprobs.jsonl; return that file's path.
@@ -324,11 +324,11 @@ def score_sequences(endpoint: str, model: str, api_key: str | None, sequences: l
         if progress is not None:
             progress(count[0], len(sequences))
 
-    failed = append_scores(endpoint, model, api_key, todo, path, top_k=top_k, concurrency=concurrency,
+    failed = append_scores(endpoint, todo, path, top_k=top_k, concurrency=concurrency,
                            retry=Retry(timeout_s=timeout_s, max_attempts=max_attempts), tick=tick) if todo else []
     first = f"{failed[0][0]}: {failed[0][1]}" if failed else None
     DumpManifest(schema=SCHEMA, status="partial" if failed else "complete", n=len(sequences),
-                 n_scored=len(sequences) - len(failed), top_k=top_k, model=model, endpoint=endpoint,
+                 n_scored=len(sequences) - len(failed), top_k=top_k, model=endpoint.model, endpoint=endpoint.url,
                  sequences_hash=digest, elapsed_s=round(time.monotonic() - t0, 3), error=first).write(out)
     if failed:
         raise QuantgateError(f"{len(failed)} of {len(sequences)} sequences were not scored; first: {first}",

@@ -1,7 +1,7 @@
 """The baseline's own continuations (adapter): the text fidelity scores, sampled by the baseline itself.
 
     prompts = build_prompts(records, checkpoint_dir, limit=120)
-    sample_continuations(base_url, "baseline", key, prompts, cache / "fidelity" / "<key>-samples", max_tokens=64)
+    sample_continuations(baseline_server.endpoint, prompts, cache / "fidelity" / "<key>-samples", max_tokens=64)
     seqs = load_sequences(cache / "fidelity" / "<key>-samples")     # prompt + continuation, scored from the prompt's end
 
 Why sampled: if the scored token x at each position is drawn from the baseline's distribution P_base, then
@@ -47,7 +47,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.http import JsonlAppender, Retry, Stopped, api_base, for_each, post_json
+from quantgate.base.http import Endpoint, JsonlAppender, Retry, Stopped, for_each, post_json
 from quantgate.base.runfiles import MANIFEST
 from quantgate.fidelity.run import DUMP, SCHEMA as DUMP_SCHEMA, DumpManifest, FolderManifest, Sequence, finished_records, items_of, prompt_ids, read_lines, sequences_hash, stratified
 
@@ -204,7 +204,7 @@ def is_final(out_dir: Path | str) -> bool:
     return is_complete(out_dir) or is_stopped(out_dir)
 
 
-def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts: list[Prompt], out_dir: Path | str,
+def sample_continuations(endpoint: Endpoint, prompts: list[Prompt], out_dir: Path | str,
                          *, max_tokens: int, top_k: int | None = None, concurrency: int = 8, timeout_s: float = 300.0,
                          max_attempts: int = 4, progress: Progress | None = None,
                          stop: Callable[[], bool] | None = None, first: int = 0) -> Path:
@@ -223,7 +223,7 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
     done = _kept(path, prompts, top_k)
     batches = [[p for p in part if p.id not in done] for part in (prompts[:first], prompts[first:])]
     count, failed = [len(done)], list[tuple[str, str]]()
-    url = api_base(endpoint) + "/completions"
+    url, model = endpoint.base + "/completions", endpoint.model
     retry = Retry(timeout_s=timeout_s, max_attempts=max_attempts)
 
     async def one(client, p: Prompt) -> None:
@@ -245,7 +245,7 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
     with JsonlAppender(path) as writer:
         try:
             for todo in (b for b in batches if b):
-                asyncio.run(for_each(todo, one, concurrency=max(1, concurrency), api_key=api_key, stop=stop,
+                asyncio.run(for_each(todo, one, concurrency=max(1, concurrency), api_key=endpoint.api_key, stop=stop,
                                      cost=("prompt+sampled tokens", lambda p: len(p.token_ids) + (p.max_tokens or max_tokens))))
         except Stopped:
             stopped = True
@@ -253,7 +253,7 @@ def sample_continuations(endpoint: str, model: str, api_key: str | None, prompts
     n_sampled = len(_kept(path, prompts, top_k)) if stopped else len(prompts) - len(failed)
     SamplesManifest(schema=SCHEMA, status="partial" if failed or stopped else "complete", n=len(prompts),
                     n_sampled=n_sampled, prompts_hash=digest, max_tokens=max_tokens, top_k=top_k, model=model,
-                    endpoint=endpoint, elapsed_s=round(time.monotonic() - t0, 3), error=error,
+                    endpoint=endpoint.url, elapsed_s=round(time.monotonic() - t0, 3), error=error,
                     stopped=stopped or None).write(out)
     if stopped:
         return path

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quantgate.base.runfiles import JUDGE_REPORT, MANIFEST
 from quantgate.base.errors import ConfigError, QuantgateError
 from quantgate.base.fileio import write_json
-from quantgate.base.http import read_results
+from quantgate.base.http import Endpoint, read_results
 from quantgate.base.paths import JUDGES
 from quantgate.base.yamlconfig import load_model
 from quantgate.evals.dataset import file_sha256, load_evalset
@@ -45,6 +45,10 @@ class JudgeEndpoint(BaseModel):
     model: str = Field(description="the model name the server answers to")
     api_key: str | None = Field(None, repr=False)
     model_hash: str | None = Field(None, description="the judge's checkpoint hash, to spot a judge that is a judged model")
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.url, self.model, self.api_key)
 
 
 class JudgeSettings(BaseModel):
@@ -175,7 +179,7 @@ def run_judge(judge_at: JudgeEndpoint, settings: JudgeSettings, *, evalset: Path
                       baseline=bm.get("cache_key"), candidate=cm.get("cache_key"), seed=st.seed)
     manifest_path = _claim(out, key)
     # unreachable judge or unknown model: a clear error before any work
-    probe_server(judge_at.url, judge_at.model, judge_at.api_key)
+    probe_server(judge_at.endpoint)
     manifest = JudgeManifest(
         schema=SCHEMA, status="running", key=key, endpoint=judge_at.url,
         judge=JudgeRef(path=str(judge_path), name=judge.spec.name, version=judge.spec.version, kind=judge.spec.kind,

@@ -98,7 +98,7 @@ class Perplexity:
                 return
             job.log(f"{job.variant.name}: perplexity on {section.text.name}")
             sequences = build_sequences([], job.tokenizer, corpus=section.text, max_len=section.max_tokens)
-            score_sequences(srv.base_url, srv.config.name, srv.api_key, sequences, folders[NAME], top_k=1,
+            score_sequences(srv.endpoint, sequences, folders[NAME], top_k=1,
                             concurrency=job.spec.eval.concurrency)
         return [Step(NAME, score)]
 

@@ -1,8 +1,8 @@
 """Serving performance probe (adapter): vLLM's own benchmark client against a running OpenAI-compatible server.
 
-    result = run_probe("http://127.0.0.1:8000", "demo", out_dir, settings, tokenizer=ckpt, checkpoint=ckpt,
+    result = run_probe(Endpoint("http://127.0.0.1:8000", "demo"), out_dir, settings, tokenizer=ckpt, checkpoint=ckpt,
                        server_log=log, plan=plan_json)      # settings: quantgate.perf.workloads.settings(...)
-    result = probe(endpoint, "demo", out_dir, concurrency=[1, 8, 32], ...)   # fixed levels, no profile
+    result = probe(server.endpoint, out_dir, concurrency=[1, 8, 32], ...)   # fixed levels, no profile
 
 One warm-up run first (not counted), then for every repeat and concurrency level `vllm bench serve` (random
 dataset, fixed lengths, fixed seed, temperature 0, ignore-eos: the same prompts and work for every variant), all in
@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from quantgate.base.runfiles import PERF
 from quantgate.base.errors import ConfigError, QuantgateError, SettingError
 from quantgate.base.fileio import write_json
-from quantgate.base.http import EndpointError, get, model_entry
+from quantgate.base.http import Endpoint, EndpointError, get, model_entry
 from quantgate.perf.client import BenchClient
 from quantgate.perf.compare import first_error, level_medians
 from quantgate.perf.metrics import parse as parse_metrics
@@ -52,11 +52,12 @@ def endpoint_root(endpoint: str) -> str:
     return root.removesuffix("/v1")
 
 
-def check_endpoint(endpoint: str, model: str, api_key: str | None, timeout_s: float = 10.0) -> dict:
-    """The server's /v1/models entry for `model`; a clear error when unreachable, unauthorised or not serving it."""
-    url = f"{endpoint_root(endpoint)}/v1/models"
+def check_endpoint(endpoint: Endpoint, timeout_s: float = 10.0) -> dict:
+    """The server's /v1/models entry for its model; a clear error when unreachable, unauthorised or not serving it."""
+    root, model = endpoint_root(endpoint.url), endpoint.model
+    url = f"{root}/v1/models"
     try:
-        return model_entry(endpoint_root(endpoint), model, api_key, timeout_s, where="endpoint")
+        return model_entry(root, model, endpoint.api_key, timeout_s, where="endpoint")
     except EndpointError as exc:  # in this command's words: a probe that sent nothing failed every request
         if exc.reason == "unreachable":
             raise SettingError(f"cannot reach the endpoint {url}: {exc.detail} (error rate 100%: no request could be sent)",
@@ -216,9 +217,9 @@ def _read_run(path: Path, key: Key, s: ProbeSettings) -> RunResult:
                           or s.num_prompts, slo=s.slo)
 
 
-def probe(endpoint: str, model: str, out: Path, *, concurrency: list[int], num_prompts: int = 64, input_len: int = 128,
+def probe(endpoint: Endpoint, out: Path, *, concurrency: list[int], num_prompts: int = 64, input_len: int = 128,
           output_len: int = 32, repeats: int = 3, seed: int = 0, warmups: int = 2, **io) -> PerfResult:
-    """A probe at fixed levels without a workload profile (see run_probe for `io`: tokenizer, api_key, ...)."""
+    """A probe at fixed levels without a workload profile (see run_probe for `io`: tokenizer, checkpoint, ...)."""
     if not concurrency or any(c < 1 for c in concurrency):
         raise SettingError(f"concurrency levels must be positive integers, got {concurrency}", setting="perf.concurrency", fix="e.g. 1,8,32")
     if min(num_prompts, input_len, output_len, repeats) < 1:
@@ -226,7 +227,7 @@ def probe(endpoint: str, model: str, out: Path, *, concurrency: list[int], num_p
                            setting="num_prompts / input_len / output_len / repeats", fix="give positive numbers")
     settings = ProbeSettings(levels=concurrency, num_prompts=num_prompts, input_len=input_len, output_len=output_len,
                              repeats=repeats, seed=seed, warmups=warmups)
-    return run_probe(endpoint, model, out, settings, **io)
+    return run_probe(endpoint, out, settings, **io)
 
 
 def _prepare(out: Path, root: str, model: str, w: Workload, s: ProbeSettings) -> tuple[list[dict], dict[Key, Path], Path | None]:
@@ -261,8 +262,8 @@ def _collect(files: dict[Key, Path], w: Workload, watch: _Watch, crash: str) -> 
     return runs, skipped
 
 
-def run_probe(endpoint: str, model: str, out: Path, settings: ProbeSettings, *, tokenizer: Path | None = None,
-              api_key: str | None = None, checkpoint: Path | None = None, server_log: Path | None = None,
+def run_probe(endpoint: Endpoint, out: Path, settings: ProbeSettings, *, tokenizer: Path | None = None,
+              checkpoint: Path | None = None, server_log: Path | None = None,
               plan: Path | None = None, python: Path | None = None, timeout_s: float = 3600.0,
               check: bool = True, client: BenchClient | None = None) -> PerfResult:
     """Probe one served variant under `settings`; writes <out>/perf.json. With `check`, any failed request raises
@@ -273,9 +274,9 @@ def run_probe(endpoint: str, model: str, out: Path, settings: ProbeSettings, *, 
     kv_plan = planner_kv(plan) if plan else None
     if server_log is not None and not Path(server_log).is_file():
         raise SettingError(f"server log not found: {server_log}", setting="server_log", fix="pass the log the vLLM server writes")
-    entry = check_endpoint(endpoint, model, api_key)
+    entry = check_endpoint(endpoint)
     tok = resolve_tokenizer(tokenizer, entry)
-    root = endpoint_root(endpoint)
+    root, model, api_key = endpoint_root(endpoint.url), endpoint.model, endpoint.api_key
     w = Workload(num_prompts=s.num_prompts, input_len=s.input_len, output_len=s.output_len, seed=s.seed, warmups=s.warmups,
                  tokenizer=str(tok), tokenizer_sha256=tokenizer_sha256(tok), profile=s.profile, waves=s.waves,
                  range_ratio=s.range_ratio, slo=s.slo, warmup_prompts=s.warmup_prompts, decide=s.decide,

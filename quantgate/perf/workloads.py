@@ -2,7 +2,7 @@
 and what a probe may cost on each hardware.
 
     s = settings("throughput", get_profile("x86-cpu"), PerfOverrides(slo=SLO(ttft_ms=1000)), concurrency=8)
-    run_probe(endpoint, model, out, s, ...)          # quantgate.perf.probe
+    run_probe(endpoint, out, s, ...)                 # quantgate.perf.probe
 
 `settings` resolves, field by field: the release spec's (or command line's) override, else the workload profile
 (levels, sweep, pay-off figures), else the hardware's budget (repeats, requests, lengths, time), and for the SLO the

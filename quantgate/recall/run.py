@@ -25,7 +25,7 @@ from pathlib import Path
 from quantgate.base.runfiles import CELLS, DELTA, REQUESTS
 from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base.fileio import write_text
-from quantgate.base.http import EndpointError, get, model_entry, read_results
+from quantgate.base.http import Endpoint, EndpointError, get, model_entry, read_results
 from quantgate.base.paths import EVAL_SETS
 from quantgate.base.yamlconfig import load_model
 from quantgate.evals.client import ClientConfig, ErrorRateExceeded
@@ -87,10 +87,11 @@ def load_tokenizer(path: Path) -> tuple[TokenCounter, int | None]:
     return TokenCounter(text=text, chat=chat), max_pos
 
 
-def served_max_model_len(endpoint: str, model: str, api_key: str | None, timeout_s: float = 30.0) -> int | None:
-    """max_model_len that an OpenAI-compatible server (vLLM) reports for `model` in /v1/models, if any."""
+def served_max_model_len(endpoint: Endpoint, timeout_s: float = 30.0) -> int | None:
+    """max_model_len that an OpenAI-compatible server (vLLM) reports for its model in /v1/models, if any."""
+    e = endpoint
     try:
-        return model_entry(endpoint, model, api_key, timeout_s, where=f"endpoint {endpoint}").get("max_model_len")
+        return model_entry(e.url, e.model, e.api_key, timeout_s, where=f"endpoint {e.url}").get("max_model_len")
     except EndpointError as exc:  # the same words, pointing at this command's options
         where, fix = ("--model", exc.fix) if exc.reason == "not_served" else (exc.where, f"{exc.fix}, or pass --max-model-len")
         raise QuantgateError(exc.message, where=where, fix=fix) from None
@@ -245,7 +246,7 @@ def jobs_of(prompts: Sequence[RecallPrompt]) -> list[sender.Job]:
     return list(jobs.values())
 
 
-def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: str, model: str, api_key: str | None,
+def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: Endpoint,
                grid: dict, concurrency: int = 8, deadline_s: float = 300.0, max_error_rate: float = 0.05,
                baseline: Path | None = None, log: Callable[[str], None] | None = None) -> RecallCells:
     """Ask every request (temperature 0, paced: quantgate.recall.pace), score each needle, write the files above;
@@ -260,23 +261,25 @@ def run_recall(prompts: Sequence[RecallPrompt], out: Path, *, endpoint: str, mod
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out / "prompts.jsonl", [p.record() for p in prompts])
-    cfg = ClientConfig(endpoint=endpoint, model=model, api_key=api_key, max_error_rate=max_error_rate, progress=False)
+    cfg = ClientConfig(endpoint=endpoint.url, model=endpoint.model, api_key=endpoint.api_key,
+                       max_error_rate=max_error_rate, progress=False)
     pacer = Pacer(budget_s=deadline_s, max_requests=concurrency)
-    before, t0, failure = prefix_cache_counters(endpoint, api_key), time.monotonic(), None
+    before, t0, failure = prefix_cache_counters(endpoint.url, endpoint.api_key), time.monotonic(), None
     try:
         stats = sender.run(jobs_of(prompts), out / "answers.jsonl", cfg, pacer, log)
     except ErrorRateExceeded as exc:  # the answers so far are kept and scored; the run stays partial
         stats, failure = None, exc
-    run_cost = {"wall_s": round(time.monotonic() - t0, 2), **_cache_use(before, prefix_cache_counters(endpoint, api_key)),
+    after = prefix_cache_counters(endpoint.url, endpoint.api_key)
+    run_cost = {"wall_s": round(time.monotonic() - t0, 2), **_cache_use(before, after),
                 **({k: getattr(stats, k) for k in ("skipped", "answered", "failed", "timeouts", "most_in_flight",
                                                    "most_tokens_in_flight", "rate")} if stats else {})}
     if run_cost.get("prefix_cache_hits") == 0 and any(p.shared_tokens for p in prompts):
         run_cost["note"] = ("the server's prefix cache served no token although the questions share their haystack: "
                             "serve with prefix caching on (vLLM: --enable-prefix-caching, its default)")
-    summary = _finish(prompts, out, model, endpoint, grid, run_cost)
+    summary = _finish(prompts, out, endpoint.model, endpoint.url, grid, run_cost)
     if base_records is not None:
         assert baseline is not None  # base_records are read from it
-        _delta(base_records, read_jsonl(out / REQUESTS), Path(baseline), out, model)
+        _delta(base_records, read_jsonl(out / REQUESTS), Path(baseline), out, endpoint.model)
     if failure is not None:
         raise failure
     return summary

@@ -214,7 +214,7 @@ def sample(spec: ReleaseSpec, reference: Mapping[str, Path], tokenizer: Path, sr
                                      name="floor ahead")
             floor.start()
             try:
-                sampling.sample_continuations(srv.base_url, srv.config.name, srv.api_key, ordered, out,
+                sampling.sample_continuations(srv.endpoint, ordered, out,
                                               max_tokens=f.max_new_tokens, top_k=f.top_k,
                                               concurrency=max(f.concurrency, SAMPLE_CONCURRENCY),
                                               progress=progress, stop=stop, first=len(keep))
@@ -245,7 +245,7 @@ def _floor_ahead(spec: ReleaseSpec, reference: Mapping[str, Path], srv, samples:
         log(f"baseline: fidelity (alt, the noise floor): {len(seqs)} sequences, all at once beside the sampling (their"
             " share of the server's batch)")
         assert spec.fidelity is not None
-        score_sequences(srv.base_url, srv.config.name, srv.api_key, seqs, alt, top_k=spec.fidelity.top_k,
+        score_sequences(srv.endpoint, seqs, alt, top_k=spec.fidelity.top_k,
                         concurrency=len(seqs))
     except QuantgateError as exc:
         log(f"baseline: the noise floor beside the sampling failed ({exc.message}); scored after it")
@@ -311,7 +311,7 @@ def score_ahead(spec: ReleaseSpec, srv, out: Path, samples: Path, finished: Call
             time.sleep(AHEAD_POLL_S)
             continue
         with progress.reporting(f"{srv.config.name}: fidelity ahead of the samples"):  # a bar, no line per batch
-            failed = append_scores(srv.base_url, srv.config.name, srv.api_key, new, path, top_k=f.top_k,
+            failed = append_scores(srv.endpoint, new, path, top_k=f.top_k,
                                    concurrency=f.concurrency, retry=Retry(timeout_s=300.0, max_attempts=4))
         seen |= {s.id for s in new}  # a failed one is the parts' to score
         lost = {sid for sid, _ in failed}
@@ -337,7 +337,7 @@ def _score(spec: ReleaseSpec, srv, scored: list[Sequence], folder: Path, label: 
         if n % every == 0 or n == total:
             log(f"{label} {n}/{total} sequences")
 
-    score_sequences(srv.base_url, srv.config.name, srv.api_key, scored, folder, top_k=f.top_k,
+    score_sequences(srv.endpoint, scored, folder, top_k=f.top_k,
                     concurrency=f.concurrency, progress=progress)
 
 

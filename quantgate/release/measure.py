@@ -31,13 +31,13 @@ def measure_recall(spec: ReleaseSpec, variant: Variant, srv, out: Path) -> None:
     assert r is not None  # a recall step exists only with spec.recall (cachelayout.recall_dir)
     prompts, grid = build_checked_grid(variant.path, r.lengths, r.depths, r.kinds, r.samples, seed=r.seed, ask=r.ask,
                                        max_model_len=spec.context, max_answer_tokens=r.max_answer_tokens, source="spec context")
-    run_recall(prompts, out, endpoint=srv.base_url, model=srv.config.name, api_key=srv.api_key, grid=grid,
-               concurrency=spec.eval.concurrency, deadline_s=r.deadline_s, max_error_rate=spec.eval.max_error_rate)
+    run_recall(prompts, out, endpoint=srv.endpoint, grid=grid, concurrency=spec.eval.concurrency, deadline_s=r.deadline_s,
+               max_error_rate=spec.eval.max_error_rate)
 
 
 def measure_perf(spec: ReleaseSpec, variant: Variant, srv, out: Path, folder: Path, tokenizer: Path) -> None:
     local = variant.endpoint is None  # an endpoint has no weights, engine log or plan here
-    run_probe(srv.base_url, srv.config.name, out, perf_settings(spec), tokenizer=tokenizer, api_key=srv.api_key,
+    run_probe(srv.endpoint, out, perf_settings(spec), tokenizer=tokenizer,
               checkpoint=variant.path if local else None, server_log=srv.log_path if local else None,
               plan=folder / PLAN if local else None, python=srv.config.python)
 
@@ -45,14 +45,13 @@ def measure_perf(spec: ReleaseSpec, variant: Variant, srv, out: Path, folder: Pa
 def measure_eval(spec: ReleaseSpec, variant: Variant, srv, name: str, out: Path, log: Log) -> None:
     if (task := lmeval_task(name)) is not None:  # an lm-evaluation-harness task (quantgate.evals.lmeval)
         assert spec.lm_eval is not None  # its tasks are the only lm-eval names (cachelayout.eval_dirs)
-        run_spec_task(spec.lm_eval, task, srv.base_url, srv.config.name, out, api_key=srv.api_key,
-                      model_hash=variant.content_hash, label=variant.name, log=log)
+        run_spec_task(spec.lm_eval, task, srv.endpoint, out, model_hash=variant.content_hash, label=variant.name, log=log)
         return
     log(f"{variant.name}: eval set {name} ({spec.eval.limit or 'all'} samples)")
     with progress.reporting(f"{variant.name}: eval {name}", log):  # counts, rate, ETA (quantgate.base.progress)
-        run_eval(eval_sets_by_name(spec)[name], srv.base_url, srv.config.name, out,
-                 concurrency=spec.eval.concurrency, limit=spec.eval.limit, api_key=srv.api_key,
-                 model_hash=variant.content_hash, max_error_rate=spec.eval.max_error_rate, progress=False)
+        run_eval(eval_sets_by_name(spec)[name], srv.endpoint, out, concurrency=spec.eval.concurrency,
+                 limit=spec.eval.limit, model_hash=variant.content_hash, max_error_rate=spec.eval.max_error_rate,
+                 progress=False)
 
 
 def parity_reference(variant: Variant, dtype: str | None, gpus: str | None) -> Future[Reference] | None:

@@ -183,7 +183,7 @@ def _probe(s: PlannedProbe, srv, ev: Evidence, p: _Probing) -> Probe:
     rec = Probe(round=s.round, index=s.index, variant=s.variant, half=s.half, folder=name, started=_now())
     span = Span(p.cores)
     try:
-        run_probe(srv.base_url, srv.config.name, folder / name, settings, tokenizer=tokenizer, api_key=srv.api_key,
+        run_probe(srv.endpoint, folder / name, settings, tokenizer=tokenizer,
                   checkpoint=ev.variant.path, server_log=srv.log_path, plan=ev.folder / PLAN, python=srv.config.python,
                   check=True, client=p.client)
     except QuantgateError as exc:

@@ -90,6 +90,11 @@ class EndpointServer:
         return http.api_base(self.config.url)
 
     @property
+    def endpoint(self) -> http.Endpoint:
+        """The served model as its clients address it."""
+        return http.Endpoint(self.base_url, self.config.name, self.api_key)
+
+    @property
     def command(self) -> list[str]:
         """No command: quantgate starts nothing. The evidence names the endpoint instead."""
         return []

