@@ -6,6 +6,8 @@ period and was then SIGKILLed, leaving a `/dev/shm/sem.mp-*` file behind at ever
 from __future__ import annotations
 
 import os
+import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from quantgate.base.paths import REPO
+from quantgate.base.procs import TAG_VAR, tagged
 
 RELEASE = r"""
 import multiprocessing as mp, os, subprocess, sys, time
@@ -41,3 +44,54 @@ def test_a_stopped_release_leaves_no_semaphore_and_does_not_wait_for_its_resourc
     while sem.exists() and time.monotonic() < deadline:  # the tracker unlinks it once the release has exited
         time.sleep(0.1)
     assert not sem.exists(), f"{sem} left behind"
+
+
+SPAWNING = r"""
+import subprocess, sys, threading, time
+from quantgate.base import procs, proctree
+from quantgate.release import stopping
+
+proctree.GRACE_S = 1.0
+
+
+def spawn_forever():  # a flow step that keeps starting children (servers) while the stop signal arrives
+    while True:
+        try:
+            # deaf to SIGTERM, as a server that takes seconds to stop: its guard's sweep SIGKILLs it after 5 s
+            subprocess.Popen(procs.guarded(["sh", "-c", "trap '' TERM; exec sleep 300"], grace_s=5.0),
+                             start_new_session=True)
+        except Exception as exc:
+            print("refused:", exc, file=sys.stderr, flush=True)
+            return
+
+
+with stopping.on_stop_signals(stopping.STOP_SIGNALS):
+    worker = threading.Thread(target=spawn_forever, daemon=True)
+    worker.start()
+    print("ready", flush=True)
+    while worker.is_alive():  # as run_flow waits for the flow's thread: the handler runs in this thread meanwhile
+        worker.join(0.5)
+"""
+
+
+def test_no_child_starts_after_a_stop_signal_so_none_outlives_the_process():
+    """A thread that starts guarded children as fast as it can while SIGTERM arrives (as a flow step starting a
+    server does): every child is gone the moment the process has exited. Before, a child started after the stop's
+    last look at the tree lived on for its guard's grace period (5 s here), and a release's SIGTERM test once found
+    a vLLM server and its guards alive after the exit."""
+    tag = secrets.token_hex(6)
+    proc = subprocess.Popen([sys.executable, "-c", SPAWNING], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), TAG_VAR: tag})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # children starting all along
+        started = len(tagged(tag))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        left = tagged(tag)  # at once: not after the guards' grace period
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert started > 0 and left == [], f"of {started} children started, alive after the process exited: {left}"
+    assert "not started: sh" in err and "Traceback" not in err, err[-2000:]  # refused, quietly

@@ -213,20 +213,23 @@ def main(argv: list[str]) -> None:
         raise _ParentDied
 
     signal.signal(PARENT_DIED, parent_died)
-    set_parent_death_signal(PARENT_DIED)
-    if os.getppid() != parent:  # the parent died before the kernel watch was set
-        os._exit(1)
-    child = _start(command, os.getpid())
+    try:
+        set_parent_death_signal(PARENT_DIED)
+        if os.getppid() != parent:  # the parent died before the kernel watch was set
+            os._exit(1)
+        child = _start(command, os.getpid())
 
-    def forward(*_: object) -> None:
-        try:
-            os.kill(child, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        def forward(*_: object) -> None:
+            try:
+                os.kill(child, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    watcher = _start_watcher(grace_s)
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        watcher = _start_watcher(grace_s)
+    except _ParentDied:  # the parent died while the guard started: quietly, as a child already forked dies with the
+        os._exit(1)  # guard (its own parent-death SIGKILL), and a watcher already forked sweeps the group
     shm: set[str] = set()  # the group's shared-memory files, removed after the sweep
     try:
         noted = 0.0

@@ -4,7 +4,9 @@
   whole process group when quantgate dies, even by SIGKILL (PR_SET_PDEATHSIG plus a parent-id poll). Start it in
   a new session (`start_new_session=True`) so that the group is the child's alone. The kernel's parent-death
   signal follows the THREAD that started the child: start a long-lived child from a thread that outlives it
-  (the `with server:` block's thread, as every caller here does).
+  (the `with server:` block's thread, as every caller here does). Once `close_children()` was called (a stop
+  signal is stopping this process's tree), `guarded` refuses: a child started after the stop's last look at the
+  tree would outlive the process by its guard's grace period.
 - `tag_env()`: a variable that marks a child and everything it starts; `tagged(tag)` finds them again, in any
   process group or session (a worker that called setsid included).
 - `leftovers(pgid, tag)`, `listening(ports)`: what is still alive / still bound after a stop, from /proc and
@@ -22,6 +24,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,16 +32,29 @@ from pathlib import Path
 from quantgate.base.errors import QuantgateError
 from quantgate.base.procguard import group_members, remove_shm, set_parent_death_signal, shm_held
 
-__all__ = ["GUARD", "TAG_VAR", "guarded", "group_members", "holders", "leftovers", "listening", "remove_shm",
-           "set_parent_death_signal", "shm_held", "tag_env", "tagged", "verify_gone"]
+__all__ = ["GUARD", "TAG_VAR", "close_children", "guarded", "group_members", "holders", "leftovers", "listening",
+           "remove_shm", "set_parent_death_signal", "shm_held", "tag_env", "tagged", "verify_gone"]
 
 GUARD = Path(__file__).with_name("procguard.py")
 TAG_VAR = "QUANTGATE_CHILD_TAG"
 LISTEN = "0A"  # TCP state code of a listening socket in /proc/net/tcp*
 
 
+_closed = threading.Event()  # close_children(): no child starts any more
+
+
+def close_children() -> None:
+    """From now on `guarded` refuses to start a child: this process is stopping its whole tree, for good."""
+    _closed.set()
+
+
 def guarded(command: list[str], python: Path | str | None = None, grace_s: float = 5.0) -> list[str]:
-    """argv that runs `command` under the guard (procguard.py), interpreted by `python` (default: this one)."""
+    """argv that runs `command` under the guard (procguard.py), interpreted by `python` (default: this one); a
+    QuantgateError once close_children() was called."""
+    if _closed.is_set():
+        raise QuantgateError(f"not started: {Path(command[0]).name} {' '.join(command[1:3])}...: this process is "
+                             "stopping every process it started", where="quantgate.base.procs.guarded",
+                             fix="nothing to fix: a stop signal ends this process")
     return [str(python or sys.executable), "-I", "-S", str(GUARD), str(os.getpid()), f"{grace_s:g}", "--", *command]
 
 

@@ -15,10 +15,12 @@ temporary API server last.
   user's) nothing is started.
 - `on_stop_signals()`: Python's default for SIGTERM ends the process at once, running no `finally` and no `atexit`.
   The handler here signals the whole process tree below this process (quantgate.base.proctree, read from /proc:
-  children, grandchildren, in any session or process group), SIGTERM first and SIGKILL after a grace period, Prefect's API server after all the
-  others (the flow's threads report to it while their servers stop), and then exits with 128 + the signal number.
-  The release's files need no other care: every evidence file is written atomically, and the next run resumes from
-  what is cached.
+  children, grandchildren, in any session or process group), SIGTERM first and SIGKILL after a grace period,
+  Prefect's API server after all the others (the flow's threads report to it while their servers stop), and then
+  exits with 128 + the signal number. From the signal on, no new child starts (quantgate.base.procs
+  .close_children): a step of the flow still running in its thread would otherwise start a server after the stop's
+  last look at the tree. The release's files need no other care: every evidence file is written atomically, and
+  the next run resumes from what is cached.
 
 Why a worker thread: while a flow runs in the main thread, Prefect's engine replaces the SIGTERM handler with its own
 (prefect.utilities.engine.capture_sigterm), which raises in the main thread; unwinding the flow then waits for every
@@ -44,7 +46,7 @@ from typing import Any, cast
 
 from quantgate.base.errors import QuantgateError
 from quantgate.base.fileio import child_env
-from quantgate.base.procs import guarded, verify_gone
+from quantgate.base.procs import close_children, guarded, verify_gone
 from quantgate.base.proctree import descendants, stop_tree
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # SIGINT: Ctrl-C; the exit code is 130 then
@@ -74,6 +76,7 @@ def _on_signal(signum: int, frame: object) -> None:
     if _stopping.is_set():  # the first signal's stop is under way (Python runs a handler again inside a handler)
         return
     _stopping.set()
+    close_children()  # a step still running starts no server or child after the tree's last look
     name = signal.Signals(signum).name
     last = _prefect_pids()
     os.write(2, f"quantgate: {name}: stopping every process of the release"
