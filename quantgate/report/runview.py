@@ -39,7 +39,7 @@ from quantgate.recall.resultfile import RecallCells, RecallDelta, load_recall_ce
 
 BASELINE = "baseline"
 M = TypeVar("M")
-_STAMP = re.compile(r"(\d{8}T\d{6}Z)(?:-[0-9a-f]{6})?$")
+_STAMP = re.compile(r"(\d{8}T\d{6}Z)(?:-[0-9a-f]{6}(?:[0-9a-f]{2})?)?$")  # 8 hex digits, 6 before 2026-12-07
 
 
 @dataclass
