@@ -293,7 +293,8 @@ def test_a_bound_judged_at_a_looks_level_is_the_one_shown(run2):
     okl = cand["by_category"][other_cat]["kl"]
     other = html.split(f"<tr><td>{other_cat}</td>")[1].split("</tr>")[0]
     assert f"{okl['mean']:.3g} (95% upper bound {okl['high']:.3g})" in other  # not judged: the file's own bound
-    assert "at the level it judged it (99%: its share of the policy's error rate at this look), and the 95% bound" in html
+    assert ("each figure with the 95% bound the gate judges (KL's upper, top-1's lower), and where the gate judged a "
+            "figure at its look's share of the policy's error rate, with that bound (99%)") in html
     chart = html.split(f'id="fidelity-{CAND}"')[1].split("</figure>")[0]
     assert f"{judged_cat} (99%)" in chart and f"{other_cat} (95%)" in chart and "upper bound judged" in chart
 

@@ -10,7 +10,6 @@ not judge (a slice it skipped, a decision file whose reasons state no bound) kee
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from quantgate.report.sections import BOUND, _first, _int, bound_of, d, need, num
@@ -94,10 +93,9 @@ def _worst(s: dict) -> list[dict]:
 def judged(check: dict | None) -> tuple[float, float] | None:
     """(bound, its one-sided level) as the gate stated them in a check's reason ("... (99% upper bound 0.07212) ..."
     -> (0.07212, 0.99)); None where the reason states none."""
-    m = BOUND.search(str((check or {}).get("reason") or ""))
-    value = bound_of(m.group(0)) if m else None
-    level = re.match(r"(\d+(?:\.\d+)?)%", m.group(1)) if m else None
-    return None if value is None or level is None else (value, float(level.group(1)) / 100)
+    reason = str((check or {}).get("reason") or "")
+    m, value = BOUND.search(reason), bound_of(reason)  # BOUND's label starts with the level: "99.47% upper bound"
+    return None if m is None or value is None else (value, float(m.group(1).partition("%")[0]) / 100)
 
 
 def as_judged(iv: dict | None, check: dict | None, key: str) -> dict | None:
@@ -113,24 +111,25 @@ def as_judged(iv: dict | None, check: dict | None, key: str) -> dict | None:
 
 def fidelity(doc: dict | None, floor: dict | None, checks_ctx: dict | None = None) -> dict | None:
     """Teacher-forced fidelity against the baseline, with the noise floor (the baseline against itself) beside it.
-    `bound`: the one-sided level of the file's intervals (its "95% upper bound"); `judged_levels`: the levels of the
-    bounds the gate judged, where its checks (quantgate.report.sections.checks, `checks_ctx`) state them."""
+    `bound`: the one-sided level of the file's intervals (its "95% upper bound"); `look_levels`: the other levels
+    at which the gate judged some of them (a look's share of alpha), as its checks (quantgate.report.sections.checks,
+    `checks_ctx`) state them."""
     s = fidelity_summary(doc)
     if s is None:
         return None
     by_name = {r["name"]: r for r in (checks_ctx or {}).get("checks") or []}
-    levels = [iv["level"] for m in _measures(s, None) if (iv := m["cand"]) and iv["level"] is not None]
+    measures = _measures(s, floor)
+    levels = [iv["level"] for m in measures if (iv := m["cand"]) and iv["level"] is not None]
+    bound = one_sided(levels[0]) if levels else None
     measures = [{**m, "cand": as_judged(m["cand"], by_name.get(f"fidelity:{m['key']}"), m["key"])
-                          if m["key"] in GATED else m["cand"]} for m in _measures(s, floor)]
+                          if m["key"] in GATED else m["cand"]} for m in measures]
     categories = [{**k, **{key: as_judged(k[key], by_name.get(f"fidelity:{key}:{k['category']}"), key)
                            for key in GATED}} for k in _categories(s, floor)]
-    judged_levels = sorted({iv["bound_level"] for iv in [*(m["cand"] for m in measures),
-                                                          *(k[key] for k in categories for key in GATED)]
-                            if iv is not None and "bound_level" in iv})
+    judged = [m["cand"] for m in measures] + [k[key] for k in categories for key in GATED]
     return {"n_samples": _int(s.get("n_samples")), "n_tokens": _int(s.get("n_tokens")),
-            "floor_n_samples": _int(d(floor).get("n_samples")), "has_floor": floor is not None,
-            "bound": one_sided(levels[0]) if levels else None, "judged_levels": judged_levels, "measures": measures,
-            "categories": categories, "worst": _worst(s)}
+            "floor_n_samples": _int(d(floor).get("n_samples")), "has_floor": floor is not None, "bound": bound,
+            "look_levels": sorted({lv for iv in judged if iv and (lv := iv.get("bound_level")) not in (None, bound)}),
+            "measures": measures, "categories": categories, "worst": _worst(s)}
 
 
 def slices(fid: dict | None, checks_ctx: dict | None) -> list[dict]:
