@@ -26,17 +26,18 @@ from pathlib import Path
 
 import pytest
 
+from quantgate.perf.machine import busy_jiffies
 from quantgate.serving.kernel_probe import cpuinfo
 
 OUT = Path(os.environ.get("SUITE_PROFILE", "results/suite-profile.jsonl"))
 
 
-def _cpu_times() -> tuple[int, int]:
-    """(busy, total) jiffies of all cores since boot."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle + iowait
-    return sum(ticks) - idle, sum(ticks)
+CORES = list(range(os.cpu_count() or 1))
+
+
+def _cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of all cores since boot (quantgate.perf.machine, as the speed window reads its slot)."""
+    return busy_jiffies(CORES) or (0.0, 0.0)
 
 
 @pytest.hookimpl(hookwrapper=True)
