@@ -15,7 +15,7 @@ import pytest
 from _fake_openai import FakeServer, kill_when
 
 from quantgate.base.errors import QuantgateError
-from quantgate.base.http import (EndpointError, JsonlAppender, Retry, api_base, for_each, get, model_entry,
+from quantgate.base.http import (Endpoint, EndpointError, JsonlAppender, Retry, api_base, for_each, get, model_entry,
                                  post_json, read_results, repair_tail, served_models)
 
 FAST = dict(backoff_s=0.005, backoff_max_s=0.02)
@@ -222,9 +222,9 @@ class _Odd(BaseHTTPRequestHandler):
 def test_models_probe_finds_the_model_and_names_what_is_served():
     with FakeServer(model="demo", max_model_len=2048) as srv:
         assert served_models(srv.url) == {"demo": {"id": "demo", "max_model_len": 2048}}
-        assert model_entry(srv.url + "/v1/", "demo")["max_model_len"] == 2048
+        assert model_entry(Endpoint(srv.url + "/v1/", "demo"))["max_model_len"] == 2048
         with pytest.raises(EndpointError) as err:
-            model_entry(srv.url, "other", where="--model")
+            model_entry(Endpoint(srv.url, "other"), where="--model")
     e = err.value
     assert (e.reason, e.served, e.where) == ("not_served", ["demo"], "--model")
     assert e.message == "model 'other' is not served; served: demo"
@@ -244,7 +244,7 @@ def test_models_probe_failures(path, key, reason, words):
 
 def test_models_probe_of_a_closed_port():
     with pytest.raises(EndpointError) as err:
-        model_entry("http://127.0.0.1:9", "demo", where="--endpoint")
+        model_entry(Endpoint("http://127.0.0.1:9", "demo"), where="--endpoint")
     e = err.value
     assert e.reason == "unreachable" and e.message.startswith("cannot reach the server at http://127.0.0.1:9/v1/models")
     assert e.where == "--endpoint" and e.fix

@@ -266,15 +266,16 @@ def served_models(endpoint: str, api_key: str | None = None, timeout_s: float = 
                             where=where or endpoint, fix="check that the endpoint is an OpenAI-compatible server") from None
 
 
-def model_entry(endpoint: str, model: str, api_key: str | None = None, timeout_s: float = 10.0, *,
-                where: str | None = None) -> dict:
-    """The `/v1/models` entry of `model`; EndpointError("not_served") naming what is served when it is not there."""
-    served = served_models(endpoint, api_key, timeout_s, where=where)
-    if model not in served:
-        raise EndpointError("not_served", f"model {model!r} is not served; served: {', '.join(map(str, served)) or 'none'}",
-                            url=api_base(endpoint) + "/models", served=sorted(map(str, served)),
-                            where=where or endpoint, fix="use one of the served model names")
-    return served[model]
+def model_entry(endpoint: Endpoint, timeout_s: float = 10.0, *, where: str | None = None) -> dict:
+    """The `/v1/models` entry of the endpoint's model; EndpointError("not_served") naming what is served when it is
+    not there."""
+    served = served_models(endpoint.url, endpoint.api_key, timeout_s, where=where)
+    if endpoint.model not in served:
+        raise EndpointError("not_served", f"model {endpoint.model!r} is not served; served: "
+                            f"{', '.join(map(str, served)) or 'none'}", url=endpoint.base + "/models",
+                            served=sorted(map(str, served)), where=where or endpoint.url,
+                            fix="use one of the served model names")
+    return served[endpoint.model]
 
 
 # --- results files ------------------------------------------------------------------------------------------------

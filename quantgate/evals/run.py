@@ -66,7 +66,7 @@ class ServerInfo(TypedDict):
 
 def probe_server(endpoint: Endpoint, timeout_s: float = 10.0) -> ServerInfo:
     """Check that the server answers and serves its model; return its max_model_len and engine version if given."""
-    entry = model_entry(endpoint.url, endpoint.model, endpoint.api_key, timeout_s)
+    entry = model_entry(endpoint, timeout_s)
     try:
         version = get_json(endpoint.base.removesuffix("/v1") + "/version", endpoint.api_key, timeout_s)
     except EndpointError:

@@ -89,9 +89,8 @@ def load_tokenizer(path: Path) -> tuple[TokenCounter, int | None]:
 
 def served_max_model_len(endpoint: Endpoint, timeout_s: float = 30.0) -> int | None:
     """max_model_len that an OpenAI-compatible server (vLLM) reports for its model in /v1/models, if any."""
-    e = endpoint
     try:
-        return model_entry(e.url, e.model, e.api_key, timeout_s, where=f"endpoint {e.url}").get("max_model_len")
+        return model_entry(endpoint, timeout_s, where=f"endpoint {endpoint.url}").get("max_model_len")
     except EndpointError as exc:  # the same words, pointing at this command's options
         where, fix = ("--model", exc.fix) if exc.reason == "not_served" else (exc.where, f"{exc.fix}, or pass --max-model-len")
         raise QuantgateError(exc.message, where=where, fix=fix) from None

@@ -68,8 +68,8 @@ def fingerprint(entry: dict) -> str:
 
 def describe(config: EndpointConfig, key: str | None = None, timeout_s: float = 30.0) -> dict:
     """{url, model, reported (the stable entry), fingerprint}: what the endpoint says about the model now."""
-    entry = http.model_entry(config.url, config.name, key if key is not None else env_api_key(config), timeout_s,
-                             where=f"release spec field '{config.where}.endpoint' ({config.url})")
+    entry = http.model_entry(http.Endpoint(config.url, config.name, key if key is not None else env_api_key(config)),
+                             timeout_s, where=f"release spec field '{config.where}.endpoint' ({config.url})")
     return {"url": http.api_base(config.url), "model": config.name,
             "reported": {k: entry.get(k) for k in STABLE_FIELDS}, "fingerprint": fingerprint(entry)}
 
@@ -134,14 +134,14 @@ class EndpointServer:
     def alive(self) -> bool:
         """Whether the endpoint still lists the model."""
         try:
-            http.model_entry(self.config.url, self.config.name, self.api_key, 10.0)
+            http.model_entry(self.endpoint, 10.0)
             return True
         except QuantgateError:
             return False
 
     def raise_if_dead(self) -> None:
         """An error when the endpoint no longer lists the model (unreachable, refused, or not served)."""
-        http.model_entry(self.config.url, self.config.name, self.api_key, 10.0,
+        http.model_entry(self.endpoint, 10.0,
                          where=f"release spec field '{self.config.where}.endpoint' ({self.config.url})")
 
     def __enter__(self) -> EndpointServer:

@@ -305,7 +305,7 @@ class MultiNodeServer:
                     raise self._died(node, "while the nodes were starting")
             elapsed = time.monotonic() - t0
             missing = [n for n in nodes if check_join and not self.joined(n)]
-            if not missing and is_ready(self.base_url, self.api_key, self.config.name):
+            if not missing and is_ready(self.endpoint):
                 return
             if missing and elapsed > self.config.join_timeout_s:
                 raise self._not_joined(missing, self._unreachable(missing), early=False)

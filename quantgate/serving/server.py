@@ -184,12 +184,12 @@ def wait_port_free(host: str, port: int, timeout_s: float = 30) -> None:
         time.sleep(0.5)
 
 
-def is_ready(base_url: str, api_key: str, name: str) -> bool:
-    """/health answers and /v1/models lists `name` (the API server is up and the engine loaded)."""
+def is_ready(endpoint: http.Endpoint) -> bool:
+    """/health answers and /v1/models lists the endpoint's model (the API server is up and the engine loaded)."""
     try:
-        if http.get(f"{base_url.removesuffix('/v1')}/health", timeout_s=2).status_code != 200:
+        if http.get(f"{endpoint.base.removesuffix('/v1')}/health", timeout_s=2).status_code != 200:
             return False
-        return name in http.served_models(base_url, api_key, timeout_s=5)
+        return endpoint.model in http.served_models(endpoint.url, endpoint.api_key, timeout_s=5)
     except http.EndpointError:
         return False
 
@@ -259,7 +259,7 @@ class VLLMServer:
                     where=str(self.log_path),
                     fix="read the log above; a model vLLM cannot load, too little KV cache space or a busy port are the usual causes",
                 )
-            if is_ready(self.base_url, self.api_key, self.config.name):
+            if is_ready(self.endpoint):
                 return
             time.sleep(READY_POLL_S)
         raise QuantgateError(
