@@ -119,7 +119,7 @@ def serve_and_evaluate(req: MeasureRequest, *, log: Log = print, slot: Slot | No
 def planned_evals(spec: ReleaseSpec, variant: Variant, run: Path, slot: Slot | None) -> dict[str, Path]:
     """The eval folders serve_and_evaluate will fill for `variant` on a slot of this size, known before it runs:
     candidates served beside the baseline are given the baseline's as their fidelity reference."""
-    config = server_config(spec, variant, run / variant.name, slot)
+    config = server_config(spec, variant, None, slot)  # its cache key: no plan.json yet
     cache = variant_cache(variant, config, engine_of(config), run)
     return eval_dirs(cache, spec)
 
@@ -129,7 +129,7 @@ def only_skippable_left(req: MeasureRequest, slot: Slot | None) -> bool:
     candidate's decided REJECT would skip (its engine checked and its answers cached, as in a re-run of a release
     whose baseline skipped them): the flow then waits for the candidates' verdicts before it takes a slot."""
     spec, variant = req.spec, req.variant
-    config = server_config(spec, variant, req.run / variant.name, slot)
+    config = server_config(spec, variant, None, slot)  # its cache key: no plan.json yet
     cache = variant_cache(variant, config, engine_of(config), req.run)
     job = VariantJob(spec=spec, variant=variant, run=req.run, folder=req.run / variant.name, cache=cache,
                      tokenizer=variant.path, reference=eval_dirs(cache, spec), baseline=True, log=lambda _: None)

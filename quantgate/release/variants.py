@@ -26,6 +26,7 @@ from quantgate.base.paths import results_dir
 from quantgate.base.typedfile import read_migrated
 from quantgate.gate.failurefile import CANDIDATE_ERROR, CandidateError
 from quantgate.plan.build import build_plan
+from quantgate.plan.models import Plan
 from quantgate.plan.slots import Slot, slots
 from quantgate.quantize.recipes import RecipeOverrides
 from quantgate.quantize.run import QuantizeRequest, quantize
@@ -217,22 +218,38 @@ def endpoint_keys(spec: ReleaseSpec) -> None:
         endpoint_api_key(endpoint_config(spec, variant))
 
 
-def server_config(spec: ReleaseSpec, variant: Variant, folder: Path, slot: Slot | None = None):
+_PLANS: dict[tuple[str, str, str | None], Plan] = {}  # (spec, checkpoint, scheme) -> its plan, made once per process
+
+
+def serving_plan(spec: ReleaseSpec, variant: Variant) -> Plan:
+    """The planner's layout for this variant under the spec, computed once per spec and variant (the release asks
+    for it before a variant runs, to know its cache key, and again where it serves it). The spec's serving knobs win
+    over the planner's defaults; serving.kv_cache_dtype applies to candidates (a variant with a scheme), the baseline
+    keeps auto KV as the reference."""
+    key = (spec.model_dump_json(), str(variant.path), variant.scheme)
+    if key not in _PLANS:
+        s = spec.serving
+        _PLANS[key] = build_plan(variant.path, spec.hardware, context=spec.context, concurrency=spec.concurrency,
+                                 gpus=spec.gpus, nodes=spec.nodes, replicas=s.replicas,
+                                 nodes_share_host=s.local_nodes or None,
+                                 master_addr="127.0.0.1" if s.local_nodes else None,
+                                 **s.plan_options(candidate=variant.scheme is not None))
+    return _PLANS[key]
+
+
+def server_config(spec: ReleaseSpec, variant: Variant, folder: Path | None, slot: Slot | None = None):
     """The plan's server for this variant: one VLLMServer config, or a MultiNodeConfig when the plan's replica spans
-    nodes (launched here only when serving.local_nodes says the nodes are process groups on this host). The spec's
-    serving knobs win over the planner's defaults; serving.kv_cache_dtype applies to candidates (a variant with a
-    scheme), the baseline keeps auto KV as the reference. `slot`
+    nodes (launched here only when serving.local_nodes says the nodes are process groups on this host). `folder`:
+    where the server will run, and its plan.json is written; None: the config only (to know its cache key). `slot`
     (quantgate.plan.slots) replaces the first replica's devices or core binding with the slot's; without one, a CPU
     server is a lone variant and binds every core of the plan (a judge server, a release serving one at a time)."""
 
     if variant.endpoint is not None:  # nothing to plan: it runs elsewhere
         return endpoint_config(spec, variant)
     s = spec.serving
-    plan = build_plan(variant.path, spec.hardware, context=spec.context, concurrency=spec.concurrency,
-                      gpus=spec.gpus, nodes=spec.nodes, replicas=s.replicas, nodes_share_host=s.local_nodes or None,
-                      master_addr="127.0.0.1" if s.local_nodes else None,
-                      **s.plan_options(candidate=variant.scheme is not None))  # the spec's knobs; KV: candidates only
-    write_json(folder / PLAN, plan.model_dump(mode="json"))
+    plan = serving_plan(spec, variant)
+    if folder is not None:
+        write_json(folder / PLAN, plan.model_dump(mode="json"))
     cfg: ServerConfig | MultiNodeConfig
     if plan.replica_plans[0].multi_node is None:
         cfg = config_from_plan(plan, variant.path, variant.name, dtype=s.dtype, extra_args=s.extra_args, python=s.python,
@@ -244,7 +261,7 @@ def server_config(spec: ReleaseSpec, variant: Variant, folder: Path, slot: Slot 
                           "multi-node servers only when the nodes are process groups on this host",
                           where="serving.local_nodes",
                           fix="set serving.local_nodes: true for one big host, or start the nodes with the commands "
-                              f"`quantgate plan` prints (saved in {folder / 'plan.json'})")
+                              f"`quantgate plan` prints{f' (saved in {folder / PLAN})' if folder else ''}")
     cfg = multinode_config_from_plan(plan, variant.path, variant.name, dtype=s.dtype, extra_args=s.extra_args,
                                      python=s.python, startup_timeout_s=s.startup_timeout_s, join_timeout_s=s.join_timeout_s)
     return cfg.model_copy(update={"stall_timeout_s": s.stall_timeout_s})
