@@ -71,6 +71,10 @@ and with adaptive widening (pooled only too), and on every subset a release draw
 plan, pooled-at-limit); P(PROMOTE | drop-10%) <= 0.10 and P(PROMOTE | drop-10%-binary) <= 0.10. Each target is
 checked on every per-sample shape given (--fidelity-file: by default the shipped shape and a fresh run's).
 
+--draws N (sampled answers per eval prompt, a multiple of the spec's) and --context-prompts N (haystacks per length)
+give the fidelity evidence a larger token budget; --simulated --lognormal SIGMA draws each sample's KL from a
+lognormal (a heavy tail) instead of the gamma.
+
 --stream adds the release's streaming looks (quantgate.gate.stream) to every scenario with one fidelity look: the
 full sample (its eval prompts and haystacks) in stream order (quantgate.base.subsets.interleave), and at each planned
 prefix (10%..90%) the gate's fidelity checks at that look's share of alpha, as quantgate.gate.early.stream_checks
@@ -162,6 +166,8 @@ ADAPTIVE_PLAN = [FIDELITY_SAMPLES, WIDENED] if WIDENED > FIDELITY_SAMPLES else \
 TOKENS_PER_SAMPLE = DRAWS * ANSWER_TOKENS  # an eval prompt's draws are one sample
 CONTEXT_TOKENS = int(0.9 * CONTEXT_NEW)  # a haystack document's continuation (a few end early)
 FIDELITY_CV = 0.5            # spread of the per-sample mean KL (real runs: about 0.3)
+LOGNORMAL: float | None = None  # --lognormal SIGMA: the per-sample mean KL lognormal (its log's sd) instead of gamma
+DRAW_SETS = 1                # --draws N: an eval prompt's sample holds N / DRAWS run samples' draws (N x its tokens)
 NOISE_V = 1.0                # the estimator's per-token variance, in units of the KL (plain log-ratio: about 2;
                              # the exact head over the shared top-k takes part of it away)
 FLOOR_KL = 0.0005            # per-token KL of the baseline against itself on another execution path
@@ -353,10 +359,19 @@ def _sample_estimate(rng: np.random.Generator, kl_mean: float, tokens: int, kind
         misses = int(round(min(max(n * miss + _moved(r_miss, d, miss), 0.0), n)))
         return n, n * kl_mean + _moved(r_kl, m, kl_mean), n - misses
     n = int(rng.poisson(tokens - 10)) + 10
-    shape = 1 / FIDELITY_CV ** 2
-    kl = float(rng.gamma(shape, kl_mean / shape))
+    if LOGNORMAL is not None:  # a heavier tail than the gamma's, the same mean
+        kl = kl_mean * float(np.exp(rng.normal(-LOGNORMAL ** 2 / 2, LOGNORMAL)))
+    else:
+        shape = 1 / FIDELITY_CV ** 2
+        kl = float(rng.gamma(shape, kl_mean / shape))
     est = n * kl + (float(rng.normal(0.0, math.sqrt(NOISE_V * kl * n))) if kl > 0 else 0.0)
     return n, est, int(rng.binomial(n, 1 - miss))
+
+
+def _draws(rng: np.random.Generator, kl: float, cap: float) -> tuple[int, float, int]:
+    """An eval prompt's sample: DRAW_SETS samples of the spec's draws each (--draws), their sums added."""
+    parts = [_sample_estimate(rng, kl, TOKENS_PER_SAMPLE, "eval", cap) for _ in range(DRAW_SETS)]
+    return sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
 
 
 def simulate_fidelity(rng: np.random.Generator, kl_of: dict[str, float], n: int, categories: list[str],
@@ -407,7 +422,7 @@ def eval_fidelity(rng: np.random.Generator, samples: list[dict], sc: Scenario, l
             f = sc.later if seen[cat] >= size[cat] / 2 else 2 - sc.later
             kl, cap = f * limit, f * max_miss if max_miss is not None else 1.0
         seen[cat] += 1
-        n_tok, est, agree = _sample_estimate(rng, kl, TOKENS_PER_SAMPLE, "eval", cap)
+        n_tok, est, agree = _draws(rng, kl, cap)
         out[s["id"]] = SampleFidelity(id=s["id"], category=cat, n_tokens=n_tok, kl_sum=est, top1_agree=agree,
                                       dnll_sum=est, kl_max=kl, kl_topk_sum=kl * n_tok)
     return out
@@ -658,6 +673,11 @@ def main(argv: list[str] | None = None) -> int:
                                                        "`recall.samples` (the grid the recall checks judge)")
     ap.add_argument("--context-prompts", type=int, help="haystack prompts per context length instead of the spec's "
                     "fidelity.context_prompts (what a larger demo would buy)")
+    ap.add_argument("--lognormal", type=float, metavar="SIGMA", help="--simulated only: each sample's mean KL "
+                    "lognormal around the scenario's (SIGMA: its log's sd; 1 is a heavy tail) instead of gamma")
+    ap.add_argument("--draws", type=int, help="sampled answers per eval prompt instead of the spec's fidelity.draws, "
+                    "a multiple of it (a real run's eval samples are summed in groups); with --context-prompts, "
+                    "what a larger token budget buys")
     ap.add_argument("--context-new-tokens", type=int, help="tokens sampled after each haystack instead of the spec's "
                     "fidelity.context_new_tokens (--simulated only: a real run's samples keep their own counts)")
     args = ap.parse_args(argv)
@@ -666,6 +686,12 @@ def main(argv: list[str] | None = None) -> int:
     globals()["FIDELITY_CV"] = args.fidelity_cv
     if args.context_prompts:
         globals()["CONTEXT_PROMPTS"] = args.context_prompts
+    if args.lognormal is not None:
+        globals()["LOGNORMAL"] = args.lognormal
+    if args.draws:
+        if args.draws % DRAWS:
+            ap.error(f"--draws {args.draws} is no multiple of the spec's fidelity.draws {DRAWS}")
+        globals()["DRAW_SETS"] = args.draws // DRAWS
     if args.context_new_tokens:
         globals()["CONTEXT_TOKENS"] = int(0.9 * args.context_new_tokens)
     if args.save_shape:
@@ -701,6 +727,12 @@ def _stream_note() -> str:
     return f"streaming looks (REJECT only, linear alpha spending) at {plans} prompts; "
 
 
+def _spread_note(shape_file: Path | None) -> str:
+    if shape_file is not None:
+        return f"the shape of {shape_file}"
+    return f"simulated per-sample {f'lognormal sigma {LOGNORMAL}' if LOGNORMAL is not None else f'CV {FIDELITY_CV}'}"
+
+
 def report(args: argparse.Namespace, policy: GatePolicy, scenarios: list[Scenario], shape_file: Path | None) -> bool:
     """Run and print every shape of the bench on one per-sample fidelity shape; True when every target is met."""
     print(f"\n# gate operating characteristics: policy {args.policy} ({policy.name}), {args.trials} trials per cell, "
@@ -708,7 +740,7 @@ def report(args: argparse.Namespace, policy: GatePolicy, scenarios: list[Scenari
           f"(intra-haystack correlation {RECALL_ICC}); fidelity {FIDELITY_SAMPLES} samples (adaptive scenarios: looks "
           f"{ADAPTIVE_PLAN}), each look's subset drawn {'as the first ids' if args.first_ids else 'by the release'}"
           f"{', interim pooled estimates unweighted' if args.unweighted else ''}; "
-          f"{f'simulated per-sample CV {FIDELITY_CV}' if shape_file is None else 'the shape of ' + str(shape_file)}; "
+          f"{_spread_note(shape_file)}; {DRAWS * DRAW_SETS} sampled answers per eval prompt; "
           f"{CONTEXT_PROMPTS} haystacks per context length"
           f"{f', about {CONTEXT_TOKENS} scored tokens each' if args.simulated else ''}; "
           f"{_stream_note() if args.stream else ''}"
