@@ -297,6 +297,26 @@ def test_release_serves_a_multi_node_plan_with_the_multi_node_manager(tmp_path, 
     assert cachelayout.cache_key(variant, cfg, "v") == cachelayout.cache_key(variant, again, "v")
 
 
+def test_a_variants_plan_is_made_once_and_written_only_where_it_is_served(tmp_path, demo_shape, monkeypatch):
+    """The cache-key look-ups before a variant runs (folder None) write no plan.json; the planner runs once per spec
+    and variant, however often the release asks."""
+    from quantgate.release import cachelayout
+
+    built = []
+    real = variants.build_plan
+    monkeypatch.setattr(variants, "build_plan", lambda *a, **k: built.append(a) or real(*a, **k))  # counts real calls
+    variant = variants.Variant(name="baseline", path=demo_shape, content_hash="x", size_bytes=1)
+    spec = _spec(tmp_path, "serving: {local_nodes: true, join_timeout_s: 43, replicas: 1}\n")
+    looked_up = variants.server_config(spec, variant, None)
+    assert not (tmp_path / "baseline").exists()
+    served = variants.server_config(spec, variant, tmp_path / "baseline")
+    assert (tmp_path / "baseline" / "plan.json").is_file() and len(built) == 1
+    assert cachelayout.cache_key(variant, looked_up, "v") == cachelayout.cache_key(variant, served, "v")
+    other = _spec(tmp_path, "serving: {local_nodes: true, join_timeout_s: 44, replicas: 1}\n")
+    variants.server_config(other, variant, None)
+    assert len(built) == 2  # another spec: planned anew
+
+
 def test_release_refuses_remote_nodes_it_cannot_launch(tmp_path, demo_shape):
     from quantgate.release import steps as rel
     from quantgate.base.errors import ConfigError

@@ -57,7 +57,7 @@ def check_endpoint(endpoint: Endpoint, timeout_s: float = 10.0) -> dict:
     root, model = endpoint_root(endpoint.url), endpoint.model
     url = f"{root}/v1/models"
     try:
-        return model_entry(Endpoint(root, model, endpoint.api_key), timeout_s, where="endpoint")
+        return model_entry(endpoint, timeout_s, where="endpoint")
     except EndpointError as exc:  # in this command's words: a probe that sent nothing failed every request
         if exc.reason == "unreachable":
             raise SettingError(f"cannot reach the endpoint {url}: {exc.detail} (error rate 100%: no request could be sent)",
