@@ -160,3 +160,70 @@ def test_a_registered_kind_is_read_by_every_floor(echo, tmp_path):
     (row,) = [r for r in _kinds(load_run(run), "int8-w8a8") if r["kind"] == "echo"]
     assert (row["n"], row["delta"], row["ci_high"], row["figures"]) == (3, 0.5, 0.6, {"base_value": 1.0})
     assert json.loads(comparison_file(run, "int8-w8a8", "echo").read_text())["unit"] == "try"
+
+
+# --- the gate's built-in kinds (quantgate.gate.builtin): the gate and `check` walk them in their registry's order ---
+
+def test_the_gate_lists_each_built_in_kinds_checks_in_the_registrys_order_and_only_theirs(tmp_path, monkeypatch):
+    from _gate_fixtures import make_run
+
+    from quantgate.gate import builtin
+
+    policy = load_policy(RELEASES / "policies" / "default.yaml")
+    ev = collect(make_run(tmp_path), "w4a16-gptq")
+    names = [c.name for c in evaluate(policy, ev).checks]
+    kind_of = {"engine_parity": "engine_parity", "error_rate": "error_rate", "primary": "evals", "pooled": "evals",
+               "category": "evals", "fidelity": "fidelity", "recall": "recall", "judge": "judge", "pay_off": "pay_off"}
+    seen = [kind_of.get(n.split(":")[0], "registered") for n in names]  # registered: the policy's `kinds`
+    assert set(seen) - {"registered"} == {name for name, _ in builtin.BUILT_IN}  # every built-in kind judged
+    assert "registered" not in seen or seen[seen.index("registered"):] == ["registered"] * seen.count("registered")
+    seen = [k for k in seen if k != "registered"]
+    # each kind's own checks first in its order, then the task checks of evals and recall, then the others in order
+    firsts = [k for k in seen if k in ("engine_parity", "error_rate", "fidelity")]
+    assert seen[:len(firsts)] == firsts and firsts == sorted(firsts, key=["engine_parity", "error_rate",
+                                                                          "fidelity"].index)
+    tail = seen[len(firsts):]
+    assert tail == sorted(tail, key=["evals", "recall", "judge", "pay_off"].index), seen
+    # a kind taken off the registry is no longer judged: the gate names none of them itself
+    monkeypatch.setattr(builtin, "BUILT_IN", tuple(k for k in builtin.BUILT_IN if k[0] != "judge"))
+    assert not [c for c in evaluate(policy, ev).checks if c.name.startswith("judge")]
+
+
+def test_a_kind_that_proves_closeness_lets_the_task_checks_lean_on_it_and_one_that_cannot_stops_that(tmp_path,
+                                                                                                     monkeypatch):
+    """The task checks accept fidelity's proof for limits their samples cannot prove; the proof is whatever the
+    registry's kinds say in `proof`, not fidelity by name."""
+    from _gate_fixtures import make_run
+
+    from quantgate.gate import builtin
+
+    # limits far below what 50 samples per category can prove: the task checks lean on fidelity's proof
+    raw = yaml.safe_load((RELEASES / "policies" / "default.yaml").read_text())
+    for section in [*raw["primary"]["families"].values(), *raw["categories"].values(), raw["own_categories"]]:
+        section["max_relative_drop"] = 0.001
+        section.pop("by_family", None)
+    (tmp_path / "tight.yaml").write_text(yaml.safe_dump(raw))
+    policy = load_policy(tmp_path / "tight.yaml")
+    ev = collect(make_run(tmp_path, lose={"factual_qa": 1}), "w4a16-gptq")  # one answer lost: a CI with width
+    proven = evaluate(policy, ev)
+
+    def doubter(j: builtin.Judging) -> builtin.KindPart:
+        return builtin.KindPart(proof=False)  # a kind that could not prove closeness
+
+    monkeypatch.setattr(builtin, "BUILT_IN", (*builtin.BUILT_IN, ("doubter", doubter)))
+    unproven = evaluate(policy, ev)
+    lean = [c.name for c in proven.checks if c.outcome == "pass" and "fidelity carries the proof" in c.reason]
+    assert lean and all(next(x for x in unproven.checks if x.name == n).outcome != "pass" for n in lean), lean
+
+
+def test_check_walks_the_kinds_in_the_gates_order():
+    from quantgate.gate import builtin, feeding
+
+    gate_order = [name for name, _ in builtin.BUILT_IN]
+    fed = [name for name, _ in feeding.FEEDS]
+    assert fed[-1] == "registered" and fed[:-1] == [n for n in gate_order if n in fed]
+    policy = load_policy(RELEASES / "policies" / "default.yaml")
+    lines = [u.line.split(":")[0] for u in unfed(policy, Feed(sets=[], binary=set(), measured=set(), needles={512: 2}))]
+    kinds_said = [{"primary": "evals", "pooled": "evals", "category": "evals"}.get(x.split(" ")[0], x.split(" ")[0])
+                  for x in lines]
+    assert kinds_said == sorted(kinds_said, key=fed.index), lines

@@ -69,22 +69,68 @@ class Unfed:
 
 
 def unfed(policy: GatePolicy, feed: Feed) -> list[Unfed]:
-    """One per check the release cannot feed or feeds too thinly to judge, with the field that would feed it."""
-    return [*_sections(policy, feed), *_tasks(policy, feed), *_categories(policy, feed), *_measurements(policy, feed)]
+    """One per check the release cannot feed or feeds too thinly to judge, with the field that would feed it: each
+    measurement kind's own, in the order the gate judges the kinds (quantgate.gate.builtin.BUILT_IN; engine parity
+    and error rates need nothing a spec can leave out), then the registered kinds'."""
+    return [u for _, said in FEEDS for u in said(policy, feed)]
 
 
-def _sections(policy: GatePolicy, feed: Feed) -> list[Unfed]:
-    """A required check whose spec section is off."""
-    out = []
-    for check, section in SECTIONS.items():
-        c = getattr(policy, check)
-        if feed.measured is not None and c is not None and c.required and section not in feed.measured:
-            out.append(_never(True, check, f"the spec measures no {section} (its `{section}` section is off)",
-                              f"give the spec a `{section}` section, or set {check}.required false in the policy"))
-    if feed.measured is not None:  # the registered kinds the policy checks (quantgate.gate.kinds)
-        out += [_never(required, name, what, fix) for name, required, what, fix in kinds.unfed(policy.kinds, feed.measured)
-                if required]
+def _section_off(policy: GatePolicy, feed: Feed, check: str) -> list[Unfed]:
+    """The check is required and its spec section (SECTIONS) is off."""
+    c, section = getattr(policy, check), SECTIONS[check]
+    if feed.measured is None or c is None or not c.required or section in feed.measured:
+        return []
+    return [_never(True, check, f"the spec measures no {section} (its `{section}` section is off)",
+                   f"give the spec a `{section}` section, or set {check}.required false in the policy")]
+
+
+def _evals(policy: GatePolicy, feed: Feed) -> list[Unfed]:
+    return _tasks(policy, feed) + _categories(policy, feed)
+
+
+def _fidelity(policy: GatePolicy, feed: Feed) -> list[Unfed]:
+    f, out = policy.fidelity, _section_off(policy, feed, "fidelity")
+    if f is not None and f.per_category and feed.fidelity is not None:
+        out += _fidelity_slices(f.required, f.alpha, f.min_category_samples, feed.fidelity)
     return out
+
+
+def _recall(policy: GatePolicy, feed: Feed) -> list[Unfed]:
+    """The recall grid's needles per length: each length is judged on its own."""
+    r, n_min, out = policy.recall, policy.min_samples, _section_off(policy, feed, "recall")
+    if r is not None and feed.needles:
+        short = {n: k for n, k in sorted(feed.needles.items()) if k < n_min}
+        total = sum(feed.needles.values())
+        if total < n_min or (len(feed.needles) > 1 and short):
+            what = f"{total} recall needles in all" if total < n_min else \
+                ", ".join(f"{k} needles at {n} tokens" for n, k in short.items())
+            out.append(_never(r.required, "recall", f"{what}, fewer than min_samples={n_min} (each length is "
+                              "judged on its own)", f"ask at least {n_min} needles per length (recall: more `depths`, "
+                              "`kinds` or `samples`)"))
+    return out
+
+
+def _judge(policy: GatePolicy, feed: Feed) -> list[Unfed]:
+    return _section_off(policy, feed, "judge")
+
+
+def _pay_off(policy: GatePolicy, feed: Feed) -> list[Unfed]:
+    """The speed probe's repeats: a speed ratio's interval needs two a side."""
+    pay, out = policy.pay_off, _section_off(policy, feed, "pay_off")
+    if pay is not None and pay.workloads and feed.perf_repeats is not None and feed.perf_repeats < 2 and \
+            (pay.bound or policy.bound) == "ci":
+        out.append(_never(pay.required, "pay_off speed", f"the probe runs {feed.perf_repeats} repeat a side, and a "
+                          "speed ratio's interval needs 2 or more", "set perf.repeats to 2 or more (3 is the "
+                          "profiles' own), or pay_off.bound: point"))
+    return out
+
+
+def _registered(policy: GatePolicy, feed: Feed) -> list[Unfed]:
+    """The registered kinds the policy checks (quantgate.gate.kinds) that the spec does not measure."""
+    if feed.measured is None:
+        return []
+    return [_never(required, name, what, fix) for name, required, what, fix in kinds.unfed(policy.kinds, feed.measured)
+            if required]
 
 
 def _tasks(policy: GatePolicy, feed: Feed) -> list[Unfed]:
@@ -162,29 +208,6 @@ def own_checks_line(policy: GatePolicy, feed: Feed) -> str | None:
             + ", ".join(f"{s}/{cat} {metric} n={n}" for s, cat, metric, n in found))
 
 
-def _measurements(policy: GatePolicy, feed: Feed) -> list[Unfed]:
-    """The speed probe's repeats, the recall grid's needles per length, fidelity's samples per category."""
-    out: list[Unfed] = []
-    n_min, pay, r, f = policy.min_samples, policy.pay_off, policy.recall, policy.fidelity
-    if pay is not None and pay.workloads and feed.perf_repeats is not None and feed.perf_repeats < 2 and \
-            (pay.bound or policy.bound) == "ci":
-        out.append(_never(pay.required, "pay_off speed", f"the probe runs {feed.perf_repeats} repeat a side, and a "
-                          "speed ratio's interval needs 2 or more", "set perf.repeats to 2 or more (3 is the "
-                          "profiles' own), or pay_off.bound: point"))
-    if r is not None and feed.needles:
-        short = {n: k for n, k in sorted(feed.needles.items()) if k < n_min}
-        total = sum(feed.needles.values())
-        if total < n_min or (len(feed.needles) > 1 and short):
-            what = f"{total} recall needles in all" if total < n_min else \
-                ", ".join(f"{k} needles at {n} tokens" for n, k in short.items())
-            out.append(_never(r.required, "recall", f"{what}, fewer than min_samples={n_min} (each length is "
-                              "judged on its own)", f"ask at least {n_min} needles per length (recall: more `depths`, "
-                              "`kinds` or `samples`)"))
-    if f is not None and f.per_category and feed.fidelity is not None:
-        out += _fidelity_slices(f.required, f.alpha, f.min_category_samples, feed.fidelity)
-    return out
-
-
 # slice kind -> (its name's test, what its samples are, the field that grows it)
 _SLICES = {"category": (False, "fidelity samples", "a larger fidelity.limit in the spec (about {n} prompts per "
                         "category), with eval.limit and the eval sets holding that many"),
@@ -223,3 +246,8 @@ def _fidelity_slices(required: bool, alpha: float, least: int, slices: dict[str,
 def _never(required: bool, check: str, what: str, fix: str) -> Unfed:
     then = "INCONCLUSIVE on every run: this release cannot PROMOTE" if required else "skipped (optional)"
     return Unfed(f"{check}: {what}, so the check is {then}; fix: {fix}", blocks=required)
+
+
+# each kind's feeding, by the kind's name, in the gate's order (quantgate.gate.builtin.BUILT_IN), registered kinds last
+FEEDS = (("evals", _evals), ("fidelity", _fidelity), ("recall", _recall), ("judge", _judge), ("pay_off", _pay_off),
+         ("registered", _registered))

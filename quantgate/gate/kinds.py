@@ -5,8 +5,9 @@ registers a `GateKind` here. Its name is the same on every floor: the spec's `me
 evidence slot `kinds.<name>`, the comparison file `<run>/<candidate>/<name>.json` (a gate.models.KindComparison), the policy's
 `kinds.<name>` section, and its checks, named `<name>` or `<name>:<slice>`. The gate reads what registered kinds
 compared (`read`), judges them (`checks`), and `quantgate check` names a required kind the spec does not measure
-(`unfed`); the report shows their comparisons. The kinds built in before this registry (eval sets, recall, fidelity,
-judge, engine parity, error rates, pay-off) are still wired by name in gate.evidence and gate.checks.
+(`unfed`); the report shows their comparisons. The kinds built in (eval sets, recall, fidelity, judge, engine
+parity, error rates, pay-off) judge their own evidence in quantgate.gate.builtin, whose kinds the gate walks first;
+their evidence readers are still one function each in gate.evidence.
 """
 
 from __future__ import annotations
