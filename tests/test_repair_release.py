@@ -64,10 +64,12 @@ def _strings(doc) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_a_rejected_scheme_is_repaired_quantized_again_and_gated_with_what_it_keeps(tmp_path, demo_model):
+def test_a_rejected_scheme_is_repaired_quantized_again_and_gated_with_what_it_keeps(tmp_path, demo_model, prefect_api):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(evalset=REPO / "eval_sets" / "default.jsonl", policy=_policy(tmp_path / "policy.yaml")))
-    env = {**os.environ, "QUANTGATE_RESULTS": str(tmp_path / "results"), "PYTHONPATH": str(REPO)}
+    # the session's Prefect server (tests/conftest.py): no temporary one started and stopped for this release
+    env = {**os.environ, "QUANTGATE_RESULTS": str(tmp_path / "results"), "PYTHONPATH": str(REPO),
+           "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": prefect_api}
     proc = subprocess.run([sys.executable, "-m", "quantgate.cli.main", "release", str(spec), "--run-id", "rr"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1100)
     out = proc.stdout + proc.stderr
