@@ -217,8 +217,6 @@ def _parity(policy: GatePolicy, ev: GateEvidence) -> Check:
                  reason=p.reason or f"verdict {p.verdict}")
 
 
-
-
 def engine_parity(j: Judging) -> KindPart:
     return KindPart(first=[_parity(j.policy, j.evidence)] if j.policy.engine_parity is not None else [])
 
