@@ -22,7 +22,7 @@ from quantgate.gate import kinds
 from quantgate.gate.models import Check, GateEvidence
 from quantgate.gate.payoff import pay_off_checks
 from quantgate.gate.policy import DropLimit, GatePolicy, own_metric
-from quantgate.gate.statistical import TaskItem, fidelity_checks, finite, missing
+from quantgate.gate.statistical import TaskItem, fidelity_checks, finite, gap_of, missing
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,6 @@ class KindPart:
     proof: bool | None = None
 
 
-def _gap(ev: GateEvidence, slot: str, default: str) -> tuple[str, str | None]:
-    g = ev.gaps.get(slot)
-    return (g.reason, g.file) if g else (default, None)
-
-
 def _primary_items(policy: GatePolicy, ev: GateEvidence, family: str) -> list[TaskItem]:
     p = policy.primary
     assert p is not None
@@ -64,12 +59,12 @@ def _primary_items(policy: GatePolicy, ev: GateEvidence, family: str) -> list[Ta
                 f"listed metric a set measures; measured here: {', '.join(sorted(measured & set(p.metrics)))})")))
         elif not found:
             out.append(TaskItem(f"primary:{metric}", None, lim.kind, lim.value, bound, p.required,
-                                why_missing=_gap(ev, "compare", f"no eval set measured {metric}")))
+                                why_missing=gap_of(ev, "compare", f"no eval set measured {metric}")))
         out += [TaskItem(f"primary:{s}/{metric}", st, lim.kind, lim.value, bound, p.required) for s, st in found]
     if policy.pooled is not None:
         if not ev.pooled:
             out.append(TaskItem("pooled", None, lim.kind, lim.value, bound, policy.pooled.required, pooled=True,
-                                why_missing=_gap(ev, "compare", "no eval set has binary-scored samples")))
+                                why_missing=gap_of(ev, "compare", "no eval set has binary-scored samples")))
         out += [TaskItem(f"pooled:{s}", st, lim.kind, lim.value, bound, policy.pooled.required, pooled=True)
                 for s, st in sorted(ev.pooled.items())]
     return out
@@ -87,7 +82,7 @@ def _category_items(policy: GatePolicy, ev: GateEvidence, family: str | None) ->
                 f"{', '.join(have)}); the policy's category checks apply to the categories a set has")))
         elif not found:
             out.append(TaskItem(f"category:{cat}/{c.metric}", None, c.kind, limit, bound, c.required,
-                                why_missing=_gap(ev, "compare", f"no eval set has category {cat} scored with {c.metric}")))
+                                why_missing=gap_of(ev, "compare", f"no eval set has category {cat} scored with {c.metric}")))
         out += [TaskItem(f"category:{s}/{cat}/{c.metric}", st, c.kind, limit, bound, c.required) for s, st in found]
     return out + _own_category_items(policy, ev, family)
 
@@ -114,9 +109,9 @@ def _recall_items(policy: GatePolicy, ev: GateEvidence) -> list[TaskItem]:
     r = policy.recall
     if r is None:
         return []
-    why, file = _gap(ev, "recall", "no recall comparison (quantgate recall --baseline)")
+    why, file = gap_of(ev, "recall", "no recall comparison (quantgate recall --baseline)")
     if ev.kv_cache is not None:
-        why = f"{why}; required because {kv_change(ev)}"
+        why = f"{why}; required because {_kv_change(ev)}"
     required = r.required or ev.kv_cache is not None
     overall = TaskItem(f"recall:{r.measure}", ev.recall.get(r.measure), r.kind, r.value, policy.bound_of(r),
                        required, why_missing=(why, file), recall=True)
@@ -129,7 +124,7 @@ def _recall_items(policy: GatePolicy, ev: GateEvidence) -> list[TaskItem]:
     return [overall, *by_length]
 
 
-def kv_change(ev: GateEvidence) -> str:
+def _kv_change(ev: GateEvidence) -> str:
     kv = ev.kv_cache
     assert kv is not None
     return f"the candidate's KV cache dtype is {kv.candidate}, the baseline's {kv.baseline}"
@@ -139,7 +134,7 @@ def _kv_without_recall(policy: GatePolicy, ev: GateEvidence) -> list[Check]:
     """A changed KV cache dtype under a policy without a recall check: undecided, never promoted (fail-closed)."""
     if ev.kv_cache is None or policy.recall is not None:
         return []
-    return [missing("recall:kv_cache", True, f"{kv_change(ev)}, which must pass long-context recall, and the policy "
+    return [missing("recall:kv_cache", True, f"{_kv_change(ev)}, which must pass long-context recall, and the policy "
                     "has no recall check: add a `recall` section to the policy", ev.kv_cache.file)]
 
 
@@ -158,7 +153,7 @@ def _judge(policy: GatePolicy, ev: GateEvidence) -> Check:
     bound, limit, name = policy.bound_of(j), -j.margin, "judge:non_inferiority"
     e = ev.judge
     if e is None:
-        return missing(name, j.required, *_gap(ev, "judge", "no judge report"), limit=limit, bound=bound)
+        return missing(name, j.required, *gap_of(ev, "judge", "no judge report"), limit=limit, bound=bound)
     if not e.counts_as_evidence:
         return missing(name, j.required, f"the judge failed calibration ({e.reason or 'unreliable'}): its verdicts "
                        "are not evidence", e.file, limit, bound)
@@ -190,7 +185,7 @@ def _error_rates(policy: GatePolicy, ev: GateEvidence) -> list[Check]:
     e = policy.error_rate
     assert e is not None
     if not ev.error_rates:
-        return [missing("error_rate", e.required, *_gap(ev, "error_rate", "no eval summary with an error rate"),
+        return [missing("error_rate", e.required, *gap_of(ev, "error_rate", "no eval summary with an error rate"),
                         limit=e.max)]
     out = []
     for r in ev.error_rates:
@@ -203,7 +198,7 @@ def _error_rates(policy: GatePolicy, ev: GateEvidence) -> list[Check]:
                          evidence_file=r.file,
                          reason=f"{r.rate:.2%} of {r.n} requests failed {'<=' if ok else '>'} limit {e.max:.2%}"))
     if "error_rate" in ev.gaps:  # some summaries could not be read: that part is missing
-        out.append(missing("error_rate:unreadable", e.required, *_gap(ev, "error_rate", ""), limit=e.max))
+        out.append(missing("error_rate:unreadable", e.required, *gap_of(ev, "error_rate", ""), limit=e.max))
     return out
 
 
@@ -211,7 +206,7 @@ def _parity(policy: GatePolicy, ev: GateEvidence) -> Check:
     req = policy.engine_parity.required  # type: ignore[union-attr]
     p = ev.parity
     if p is None:
-        return missing("engine_parity", req, *_gap(ev, "parity", "no engine parity report for the baseline"), limit="pass")
+        return missing("engine_parity", req, *gap_of(ev, "parity", "no engine parity report for the baseline"), limit="pass")
     return Check(name="engine_parity", measured=p.verdict, limit="pass", required=req,
                  outcome="pass" if p.verdict == "pass" else "fail", evidence_file=p.file,
                  reason=p.reason or f"verdict {p.verdict}")
@@ -229,10 +224,12 @@ def evals(j: Judging) -> KindPart:
     """The eval sets' checks: the primary metrics and the pooled test (for a scheme of a known family), and the
     policy's categories and the sets' own."""
     policy, ev = j.policy, j.evidence
-    if policy.primary is not None and j.family is None:
-        return KindPart(first=[_unknown_family(policy, ev)], items=_category_items(policy, ev, j.family))
-    primary = _primary_items(policy, ev, j.family) if policy.primary is not None else []  # type: ignore[arg-type]
-    return KindPart(items=primary + _category_items(policy, ev, j.family))
+    categories = _category_items(policy, ev, j.family)
+    if policy.primary is None:
+        return KindPart(items=categories)
+    if j.family is None:
+        return KindPart(first=[_unknown_family(policy, ev)], items=categories)
+    return KindPart(items=_primary_items(policy, ev, j.family) + categories)
 
 
 def fidelity(j: Judging) -> KindPart:

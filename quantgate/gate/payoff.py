@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from quantgate.gate.models import Check, GateEvidence, Ratio
 from quantgate.gate.policy import GatePolicy, PayOffCheck
-from quantgate.gate.statistical import finite, missing
+from quantgate.gate.statistical import finite, gap_of, missing
 from quantgate.perf.intervals import RatioCI
 from quantgate.perf.models import SpeedFigure
 from quantgate.perf.rounds import floor_clears, floor_drifted, floor_speeds, rounds_needed, speedup
@@ -28,11 +28,6 @@ from quantgate.perf.rounds import floor_clears, floor_drifted, floor_speeds, rou
 LABELS = {"output_tok_s": "output tokens/s", "requests_s": "requests/s", "goodput_rps": "goodput (requests/s within "
           "the SLO)", "ttft_p50_ms": "TTFT p50", "ttft_p95_ms": "TTFT p95", "itl_p50_ms": "ITL p50", "itl_p95_ms":
           "ITL p95", "tpot_p50_ms": "TPOT p50", "tpot_p95_ms": "TPOT p95", "e2el_p50_ms": "request latency p50"}
-
-
-def _gap(ev: GateEvidence, slot: str, default: str) -> tuple[str, str | None]:
-    g = ev.gaps.get(slot)
-    return (g.reason, g.file) if g else (default, None)
 
 
 def speed(ratio: float | None, lower_is_better: bool) -> float | None:
@@ -116,7 +111,7 @@ def _ratio_check(name: str, got: Ratio | None, limit: float, at_most: bool, p: P
 def _speed_checks(policy: GatePolicy, p: PayOffCheck, ev: GateEvidence) -> list[Check]:
     figs = ev.pay_off
     if figs is None:
-        why, file = _gap(ev, "throughput", "no performance probe figures (pay_off.json)")
+        why, file = gap_of(ev, "throughput", "no performance probe figures (pay_off.json)")
         return [missing("pay_off:speed", p.required, f"{why}: the workload's speed cannot be judged", file, None)]
     workload = figs.workload
     if workload is None:
@@ -142,10 +137,10 @@ def pay_off_checks(policy: GatePolicy, ev: GateEvidence) -> list[Check]:
     out = []
     if p.max_size_ratio is not None:
         out.append(_ratio_check("pay_off:size_ratio", ev.size_ratio, p.max_size_ratio, True, p,
-                                _gap(ev, "size", "no size ratio (candidate / baseline)")))
+                                gap_of(ev, "size", "no size ratio (candidate / baseline)")))
     if p.min_throughput_ratio is not None:
         out.append(_ratio_check("pay_off:throughput_ratio", ev.throughput_ratio, p.min_throughput_ratio, False, p,
-                                _gap(ev, "throughput", "no throughput ratio (candidate / baseline)")))
+                                gap_of(ev, "throughput", "no throughput ratio (candidate / baseline)")))
     if p.workloads:
         out += _speed_checks(policy, p, ev)
     figs = ev.pay_off

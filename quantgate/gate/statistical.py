@@ -36,6 +36,12 @@ def finite(x: float | None) -> TypeGuard[float]:
     return x is not None and not math.isnan(x)
 
 
+def gap_of(ev: GateEvidence, slot: str, default: str) -> tuple[str, str | None]:
+    """Why an evidence slot is empty and which file says so (GateEvidence.gaps), or `default` and no file."""
+    g = ev.gaps.get(slot)
+    return (g.reason, g.file) if g else (default, None)
+
+
 def missing(name: str, required: bool, reason: str, file: str | None, limit=None, bound=None) -> Check:
     """A check without usable evidence: inconclusive when required (fail-closed, not harm), else skipped."""
     if required:
